@@ -1,0 +1,16 @@
+//! Everything a user can set for aggregation-gateway: the YAML file, the flags (named as
+//! kube-apiserver names them), their validation into a [`Config`] before anything starts, and the
+//! TLS material (loading, self-signed generation, reloading). No networking lives here.
+
+pub mod duration;
+pub mod options;
+pub mod tls;
+pub mod validate;
+
+pub use duration::GoDuration;
+pub use options::{Cli, Options, StaticService};
+pub use validate::{
+    load, ApiServiceConfig, ApiServiceSource, AuditConfig, AuditLevel, AuthnConfig, AuthzConfig,
+    CertKeyPair, Config, ConfigError, CoreConfig, CoreEndpoint, CoreIdentity, Limits, LogFormat,
+    LoggingConfig, ServingConfig,
+};

@@ -1,0 +1,274 @@
+//! What a user can set: one YAML file (`--config`) plus flags that override it. Every setting is
+//! declared once, in [`Options`], and gets both a flag (kube-apiserver's name where the concept is
+//! the same) and a camelCase YAML key, so the file and the command line can never drift apart.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use clap::Parser;
+use serde::{Deserialize, Serialize};
+
+use crate::duration::GoDuration;
+
+/// Declares [`Options`] and its field-by-field merge in one place, so adding a setting is one edit.
+macro_rules! options {
+    ($(#[$smeta:meta])* pub struct $name:ident { $( $(#[$fmeta:meta])* pub $field:ident : Option<$ty:ty>, )* }) => {
+        $(#[$smeta])*
+        pub struct $name { $( $(#[$fmeta])* pub $field: Option<$ty>, )* }
+
+        impl $name {
+            /// Values set here win; unset ones are taken from `lower` (flags over the file).
+            pub fn or(self, lower: Self) -> Self {
+                Self { $( $field: self.$field.or(lower.$field), )* }
+            }
+        }
+    };
+}
+
+options! {
+    /// Every setting of the gateway. All optional here; defaults are applied by validation.
+    #[derive(clap::Args, Deserialize, Serialize, Debug, Default, Clone, PartialEq)]
+    #[serde(rename_all = "camelCase", deny_unknown_fields)]
+    pub struct Options {
+        // ---- serving ----
+        /// Address to serve HTTPS on [default: 127.0.0.1].
+        #[arg(long, value_name = "IP")]
+        pub bind_address: Option<IpAddr>,
+        /// Port to serve HTTPS on; 0 picks a free port (logged) [default: 8443].
+        #[arg(long, value_name = "PORT")]
+        pub secure_port: Option<u16>,
+        /// Serving certificate (PEM, may include intermediates). Without it a self-signed one is
+        /// generated into --cert-dir at start.
+        #[arg(long, value_name = "FILE")]
+        pub tls_cert_file: Option<PathBuf>,
+        /// Private key for --tls-cert-file (PEM).
+        #[arg(long, value_name = "FILE")]
+        pub tls_private_key_file: Option<PathBuf>,
+        /// Where a generated self-signed serving certificate is written
+        /// [default: $TMPDIR/aggregation-gateway].
+        #[arg(long, value_name = "DIR")]
+        pub cert_dir: Option<PathBuf>,
+        /// Minimum TLS version: VersionTLS12 or VersionTLS13 [default: VersionTLS12].
+        #[arg(long, value_name = "VERSION")]
+        pub tls_min_version: Option<String>,
+        /// Allowed TLS 1.2 cipher suites (IANA names, comma-separated) [default: rustls' secure set].
+        #[arg(long, value_name = "SUITES", value_delimiter = ',')]
+        pub tls_cipher_suites: Option<Vec<String>>,
+        /// Maximum concurrent HTTP/2 streams per client connection [default: 1000].
+        #[arg(long, value_name = "N")]
+        pub http2_max_streams_per_connection: Option<u32>,
+
+        // ---- authentication ----
+        /// CA bundle that verifies client certificates (user = CN, groups = O).
+        #[arg(long, value_name = "FILE")]
+        pub client_ca_file: Option<PathBuf>,
+        /// CA bundle that verifies a trusted front proxy's client certificate; only then are its
+        /// X-Remote-User/Group/Extra headers believed.
+        #[arg(long, value_name = "FILE")]
+        pub requestheader_client_ca_file: Option<PathBuf>,
+        /// Common names allowed for the front proxy's certificate (empty: any CN signed by the CA).
+        #[arg(long, value_name = "NAMES", value_delimiter = ',')]
+        pub requestheader_allowed_names: Option<Vec<String>>,
+        /// Allow unauthenticated requests as system:anonymous [default: true].
+        #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+        pub anonymous_auth: Option<bool>,
+        /// Check bearer tokens with a TokenReview on the core server [default: true].
+        #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+        pub authentication_token_webhook: Option<bool>,
+        /// How long a successful TokenReview is cached [default: 2m].
+        #[arg(long, value_name = "DURATION")]
+        pub authentication_token_webhook_cache_ttl: Option<GoDuration>,
+        /// How long a failed TokenReview is cached [default: 10s].
+        #[arg(long, value_name = "DURATION")]
+        pub authentication_token_webhook_cache_unauthorized_ttl: Option<GoDuration>,
+
+        // ---- authorization ----
+        /// Authorize requests to remote APIServices with a SubjectAccessReview on the core
+        /// [default: true].
+        #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+        pub authorization_webhook: Option<bool>,
+        /// How long an allowed decision is cached [default: 5m].
+        #[arg(long, value_name = "DURATION")]
+        pub authorization_webhook_cache_authorized_ttl: Option<GoDuration>,
+        /// How long a denied decision is cached [default: 30s].
+        #[arg(long, value_name = "DURATION")]
+        pub authorization_webhook_cache_unauthorized_ttl: Option<GoDuration>,
+        /// Also authorize GET /metrics (non-resource URL) [default: false].
+        #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+        pub authorize_metrics: Option<bool>,
+
+        // ---- identity towards backends ----
+        /// Client certificate the gateway presents to remote APIServices (and to the core in
+        /// passthrough mode for certificate users), with X-Remote-* identity headers.
+        #[arg(long, value_name = "FILE")]
+        pub proxy_client_cert_file: Option<PathBuf>,
+        /// Private key for --proxy-client-cert-file.
+        #[arg(long, value_name = "FILE")]
+        pub proxy_client_key_file: Option<PathBuf>,
+
+        // ---- core server ----
+        /// The core server: http://host:port, https://host:port, or a Unix socket (unix:///path or
+        /// an absolute path) [default: http://127.0.0.1:8080].
+        #[arg(long, value_name = "URL")]
+        pub core_url: Option<String>,
+        /// CA bundle that verifies the core's serving certificate (https only).
+        #[arg(long, value_name = "FILE")]
+        pub core_ca_file: Option<PathBuf>,
+        /// Client certificate the gateway presents to the core.
+        #[arg(long, value_name = "FILE")]
+        pub core_client_cert_file: Option<PathBuf>,
+        /// Private key for --core-client-cert-file.
+        #[arg(long, value_name = "FILE")]
+        pub core_client_key_file: Option<PathBuf>,
+        /// File holding a bearer token the gateway uses for its own requests to the core.
+        #[arg(long, value_name = "FILE")]
+        pub core_token_file: Option<PathBuf>,
+        /// A kubeconfig for the core (its current context); --core-url and the other --core-*
+        /// flags override what it says.
+        #[arg(long, value_name = "FILE")]
+        pub core_kubeconfig: Option<PathBuf>,
+        /// How callers reach the core: passthrough (their own credentials go on untouched) or
+        /// impersonate (the gateway's credentials plus Impersonate-* headers) [default: passthrough].
+        #[arg(long, value_name = "MODE")]
+        pub core_identity: Option<String>,
+
+        // ---- APIServices ----
+        /// Where APIService objects come from: kube (watch the core), file (--apiservice-dir) or
+        /// none [default: kube].
+        #[arg(long, value_name = "SOURCE")]
+        pub apiservice_source: Option<String>,
+        /// Directory of APIService manifests for --apiservice-source=file (reloaded on change).
+        #[arg(long, value_name = "DIR")]
+        pub apiservice_dir: Option<PathBuf>,
+        /// Only APIServices matching this label selector are served (kube source).
+        #[arg(long, value_name = "SELECTOR")]
+        pub apiservice_label_selector: Option<String>,
+        /// Route to a random ready endpoint of the Service instead of its ClusterIP [default: false].
+        #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+        pub enable_aggregator_routing: Option<bool>,
+        /// How often each remote APIService is probed [default: 30s].
+        #[arg(long, value_name = "DURATION")]
+        pub apiservice_availability_interval: Option<GoDuration>,
+        /// How often remote discovery documents are revalidated [default: 60s].
+        #[arg(long, value_name = "DURATION")]
+        pub discovery_refresh_interval: Option<GoDuration>,
+        /// Backends outside any cluster: a Service name mapped to fixed URLs (file only).
+        #[arg(skip)]
+        pub services: Option<Vec<StaticService>>,
+
+        // ---- limits ----
+        /// Maximum in-flight non-mutating requests; 0 = unlimited [default: 400].
+        #[arg(long, value_name = "N")]
+        pub max_requests_inflight: Option<u32>,
+        /// Maximum in-flight mutating requests; 0 = unlimited [default: 200].
+        #[arg(long, value_name = "N")]
+        pub max_mutating_requests_inflight: Option<u32>,
+        /// Timeout for ordinary requests; watch, exec, attach, portforward, log and proxy are
+        /// exempt [default: 60s].
+        #[arg(long, value_name = "DURATION")]
+        pub request_timeout: Option<GoDuration>,
+        /// Largest request body accepted for non-streaming requests [default: 3145728].
+        #[arg(long, value_name = "BYTES")]
+        pub max_request_body_bytes: Option<u64>,
+        /// How long a client may take to send its request headers [default: 10s].
+        #[arg(long, value_name = "DURATION")]
+        pub header_read_timeout: Option<GoDuration>,
+        /// Largest request header block accepted [default: 1048576].
+        #[arg(long, value_name = "BYTES")]
+        pub max_header_bytes: Option<u32>,
+
+        // ---- lifecycle ----
+        /// After SIGTERM, keep serving (with /readyz failing) this long so load balancers notice
+        /// [default: 0s].
+        #[arg(long, value_name = "DURATION")]
+        pub shutdown_delay_duration: Option<GoDuration>,
+        /// After the delay, how long in-flight requests may take before they are cut [default: 60s].
+        #[arg(long, value_name = "DURATION")]
+        pub shutdown_timeout: Option<GoDuration>,
+
+        // ---- observability ----
+        /// Log format: text or json [default: text].
+        #[arg(long, value_name = "FORMAT")]
+        pub logging_format: Option<String>,
+        /// Log level or tracing filter (RUST_LOG wins when set) [default: info].
+        #[arg(long, value_name = "FILTER")]
+        pub log_level: Option<String>,
+        /// Audit log destination: a file path, or - for stdout (unset: no audit log).
+        #[arg(long, value_name = "PATH")]
+        pub audit_log_path: Option<String>,
+        /// Audit level: None or Metadata [default: Metadata].
+        #[arg(long, value_name = "LEVEL")]
+        pub audit_policy_level: Option<String>,
+    }
+}
+
+/// A Service reached at fixed URLs instead of through the core's Services and EndpointSlices.
+#[derive(Deserialize, Serialize, Debug, Clone, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StaticService {
+    pub namespace: String,
+    pub name: String,
+    /// Service port the APIService names; omitted matches any port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    /// One or more `https://host:port` URLs; one is picked per connection.
+    pub urls: Vec<String>,
+}
+
+/// The command line: flags that only make sense there, plus every [`Options`] flag.
+#[derive(Parser, Debug)]
+#[command(
+    name = "aggregation-gateway",
+    version,
+    about = "A front proxy that aggregates Kubernetes-style API servers the way kube-aggregator does.",
+    long_about = "A front proxy that aggregates Kubernetes-style API servers the way kube-aggregator \
+does: routes /apis/<group>/<version> to the backend each APIService names, merges discovery, and \
+passes everything else to the core server untouched.\n\nSettings come from --config (YAML, camelCase \
+keys named like the flags: --secure-port is securePort) and from flags, which win."
+)]
+pub struct Cli {
+    /// YAML configuration file; flags override its values.
+    #[arg(long, value_name = "FILE", env = "AGGREGATION_GATEWAY_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Validate the configuration (file and flags), print it, and exit: 0 when valid, 64 when not.
+    #[arg(long)]
+    pub check_config: bool,
+    #[command(flatten)]
+    pub options: Options,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn flags_override_file_and_file_fills_gaps() {
+        let file: Options =
+            serde_saphyr::from_str("securePort: 9443\ncoreUrl: http://127.0.0.1:1\nlogLevel: debug\n")
+                .unwrap();
+        let cli = Cli::try_parse_from(["gw", "--secure-port", "10443", "--anonymous-auth=false"]).unwrap();
+        let merged = cli.options.or(file);
+        assert_eq!(merged.secure_port, Some(10443));
+        assert_eq!(merged.core_url.as_deref(), Some("http://127.0.0.1:1"));
+        assert_eq!(merged.log_level.as_deref(), Some("debug"));
+        assert_eq!(merged.anonymous_auth, Some(false));
+    }
+
+    #[test]
+    fn unknown_yaml_keys_are_refused() {
+        let err = serde_saphyr::from_str::<Options>("securPort: 1\n").unwrap_err();
+        assert!(err.to_string().contains("securPort"), "{err}");
+    }
+
+    #[test]
+    fn bool_flags_take_an_optional_value() {
+        let cli = Cli::try_parse_from(["gw", "--enable-aggregator-routing"]).unwrap();
+        assert_eq!(cli.options.enable_aggregator_routing, Some(true));
+    }
+}
