@@ -1,0 +1,172 @@
+//! Start-up and shutdown: builds the pieces from a validated `Config`, wires the tower stack,
+//! serves, and on SIGTERM/SIGINT shuts down the way kube-apiserver does (readiness fails at once,
+//! keep serving for the delay, stop accepting, close long-running streams, let ordinary requests
+//! finish within the timeout).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use gateway_config::tls::{self, ServerTlsSettings};
+use gateway_config::Config;
+use http::{Method, StatusCode};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tower::ServiceBuilder;
+
+use crate::backend::core::{CoreBackend, CoreSetupError};
+use crate::health::{self, Check, Health};
+use crate::listener::{self, ListenerSettings};
+use crate::metrics::Metrics;
+use crate::router::{Gateway, Router};
+use crate::stack::{access_log::AccessLogLayer, limits::LimitsLayer, request_info::RequestInfoLayer, rescue::RescueLayer, timeout::TimeoutLayer};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("serving TLS: {0}")]
+    Tls(#[from] tls::TlsError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Core(#[from] CoreSetupError),
+    #[error("watching certificate files: {0}")]
+    Watch(#[from] notify::Error),
+}
+
+pub async fn run(config: Config) -> Result<(), StartError> {
+    tls::install_crypto_provider();
+
+    let (serving, generated) = tls::ensure_serving_cert(&config.serving)?;
+    let mut client_ca_files = Vec::new();
+    client_ca_files.extend(config.authn.client_ca_file.clone());
+    client_ca_files.extend(config.authn.requestheader_client_ca_file.clone());
+    let tls_settings = ServerTlsSettings {
+        serving: serving.clone(),
+        client_ca_files,
+        tls13_only: config.serving.tls13_only,
+        cipher_suites: config.serving.cipher_suites.clone(),
+    };
+    let server_tls = Arc::new(ArcSwap::new(tls_settings.build()?));
+    let _tls_watch = {
+        let server_tls = server_tls.clone();
+        let settings = tls_settings.clone();
+        tls::watch_files(&settings.files(), move || match settings.build() {
+            Ok(cfg) => {
+                server_tls.store(cfg);
+                tracing::info!("serving TLS material reloaded");
+            }
+            Err(e) => tracing::error!(error = %e, "keeping the previous serving TLS material"),
+        })?
+    };
+
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| StartError::Bind { addr: config.listen, source })?;
+    let address = listener.local_addr().map_err(|source| StartError::Bind { addr: config.listen, source })?;
+
+    let (drain_tx, drain_rx) = watch::channel(false);
+    let (stop_tx, stop_rx) = watch::channel(false);
+
+    let core = CoreBackend::new(&config.core, drain_rx.clone()).await?;
+    let mut health = Health::new();
+    let core_check = Check::unhealthy("core server not checked yet");
+    health.register("core-server", health::READY, core_check.clone());
+    let shutdown_check = Check::healthy();
+    health.register("shutdown", health::READY_ONLY, shutdown_check.clone());
+
+    let metrics = Arc::new(Metrics::new());
+    let gateway = Arc::new(Gateway { core, health, metrics: metrics.clone() });
+    tokio::spawn(watch_core(gateway.clone(), core_check));
+
+    let stack = ServiceBuilder::new()
+        .layer(AccessLogLayer { metrics: metrics.clone() })
+        .layer(RescueLayer { request_timeout: config.limits.request_timeout })
+        .layer(RequestInfoLayer)
+        .layer(LimitsLayer::new(&config.limits, metrics.clone()))
+        .layer(TimeoutLayer { limit: config.limits.request_timeout })
+        .service(Router::new(gateway.clone()));
+
+    tracing::info!(
+        address = %address,
+        cert_file = %serving.cert_file.display(),
+        self_signed = generated,
+        core = %gateway.core.url(),
+        "serving"
+    );
+
+    let settings = ListenerSettings {
+        header_read_timeout: config.limits.header_read_timeout,
+        max_header_bytes: config.limits.max_header_bytes,
+        http2_max_streams: config.serving.http2_max_streams,
+    };
+    let server = tokio::spawn(listener::serve(listener, server_tls, stack, settings, stop_rx));
+
+    shutdown_signal().await;
+    shutdown_check.fail("the gateway is shutting down");
+    tracing::info!(delay = ?config.shutdown_delay, "shutdown requested: /readyz now fails; still serving during the delay");
+    tokio::time::sleep(config.shutdown_delay).await;
+
+    let _ = stop_tx.send(true);
+    let graceful = match server.await {
+        Ok(g) => g,
+        Err(e) => {
+            tracing::error!(error = %e, "listener task failed");
+            return Ok(());
+        }
+    };
+    let _ = drain_tx.send(true);
+    tracing::info!(timeout = ?config.shutdown_timeout, "stopped accepting; closing long-running requests and waiting for in-flight ones");
+    match tokio::time::timeout(config.shutdown_timeout, graceful.shutdown()).await {
+        Ok(()) => tracing::info!("all connections closed; exiting"),
+        Err(_) => tracing::warn!("shutdown timeout reached with requests still in flight; exiting"),
+    }
+    Ok(())
+}
+
+/// Keeps the `core-server` readiness check current. Any HTTP answer below 500 from the core's
+/// `/readyz` counts: the question is whether requests can reach it, not who may read that path.
+async fn watch_core(gateway: Arc<Gateway>, check: Arc<Check>) {
+    let mut refresh_token = tokio::time::interval(Duration::from_secs(60));
+    loop {
+        let req = http::Request::builder()
+            .method(Method::GET)
+            .uri("/readyz")
+            .body(crate::body::empty())
+            .expect("static request");
+        let outcome = tokio::time::timeout(Duration::from_secs(2), gateway.core.send_own(req)).await;
+        match outcome {
+            Ok(Ok(resp)) if resp.status() < StatusCode::INTERNAL_SERVER_ERROR => {
+                if !check.is_ok() {
+                    tracing::info!(core = %gateway.core.url(), "core server reachable");
+                }
+                check.pass();
+            }
+            Ok(Ok(resp)) => check.fail(&format!("core server at {} answered /readyz with {}", gateway.core.url(), resp.status())),
+            Ok(Err(e)) => {
+                if check.is_ok() {
+                    tracing::warn!(error = %e, "core server unreachable");
+                }
+                check.fail(&e.to_string());
+            }
+            Err(_) => check.fail(&format!("core server at {} did not answer /readyz within 2s", gateway.core.url())),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(if check.is_ok() { Duration::from_secs(5) } else { Duration::from_millis(500) }) => {}
+            _ = refresh_token.tick() => gateway.core.refresh_token(),
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("installing a SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => tracing::info!("received SIGTERM"),
+        _ = int.recv() => tracing::info!("received SIGINT"),
+    }
+}

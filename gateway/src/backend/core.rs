@@ -1,0 +1,281 @@
+//! The core server: a pooled client (HTTP/2 when the core offers it over TLS), a separate
+//! HTTP/1.1 client for upgrades, and the gateway's own credentials for the requests it makes
+//! itself (health, APIService watch, discovery). Proxied requests keep the caller's credentials.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use gateway_config::tls::{self, Identity, ServerTrust};
+use gateway_config::{CoreConfig, CoreEndpoint};
+use http::header::{self, HeaderValue};
+use http::uri::{Authority, Scheme};
+use http::{StatusCode, Uri};
+use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use tokio::sync::watch;
+
+use super::unix::UnixConnector;
+use crate::body::{self, Body, Request, Response};
+use crate::error::GatewayError;
+use crate::proxy::{self, Upstream};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CoreSetupError {
+    #[error("core TLS: {0}")]
+    Tls(#[from] tls::TlsError),
+    #[error("--core-kubeconfig {path}: {message}")]
+    Kubeconfig { path: PathBuf, message: String },
+    #[error("--core-url {0:?} is not a valid URL")]
+    Url(String),
+    #[error("--core-token-file {path}: {source}")]
+    Token {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+#[derive(Clone)]
+enum HttpClient {
+    Tcp(Client<HttpsConnector<HttpConnector>, Body>),
+    Unix(Client<UnixConnector, Body>),
+}
+
+impl HttpClient {
+    async fn send(&self, req: Request) -> Result<hyper::Response<Incoming>, hyper_util::client::legacy::Error> {
+        match self {
+            Self::Tcp(c) => c.request(req).await,
+            Self::Unix(c) => c.request(req).await,
+        }
+    }
+}
+
+/// Where the gateway's own credentials for the core come from.
+enum Credentials {
+    None,
+    /// Re-read periodically: projected service-account tokens rotate.
+    TokenFile(PathBuf, ArcSwapOption<HeaderValue>),
+    Token(HeaderValue),
+}
+
+pub struct CoreBackend {
+    upstream: Upstream,
+    url: String,
+    pooled: HttpClient,
+    upgrades: HttpClient,
+    credentials: Credentials,
+    drain: watch::Receiver<bool>,
+}
+
+/// Everything needed to reach the core, after merging --core-kubeconfig with the --core-* flags.
+struct Resolved {
+    endpoint: CoreEndpoint,
+    trust: Option<ServerTrust>,
+    identity: Option<Identity>,
+    token: Option<String>,
+}
+
+async fn resolve(cfg: &CoreConfig) -> Result<Resolved, CoreSetupError> {
+    let mut resolved = Resolved { endpoint: CoreEndpoint::Url(String::new()), trust: None, identity: None, token: None };
+    if let Some(path) = &cfg.kubeconfig {
+        let err = |message: String| CoreSetupError::Kubeconfig { path: path.clone(), message };
+        let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| err(e.to_string()))?;
+        let kc = kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
+            .await
+            .map_err(|e| err(e.to_string()))?;
+        resolved.endpoint = CoreEndpoint::Url(kc.cluster_url.to_string().trim_end_matches('/').to_owned());
+        if kc.accept_invalid_certs {
+            resolved.trust = Some(ServerTrust::InsecureSkipVerify);
+        } else if let Some(ders) = &kc.root_cert {
+            let mut roots = rustls::RootCertStore::empty();
+            for der in ders {
+                roots.add(der.clone().into()).map_err(|e| err(e.to_string()))?;
+            }
+            resolved.trust = Some(ServerTrust::Roots(roots));
+        }
+        resolved.identity = kubeconfig_identity(&kc.auth_info).map_err(err)?;
+        if let Some(token) = kc.auth_info.token.as_ref() {
+            use secrecy::ExposeSecret;
+            resolved.token = Some(token.expose_secret().to_owned());
+        }
+    }
+    if let Some(endpoint) = &cfg.endpoint {
+        resolved.endpoint = endpoint.clone();
+    }
+    if let Some(ca) = &cfg.ca_file {
+        resolved.trust = Some(ServerTrust::Roots(tls::load_roots(&[ca.as_path()])?));
+    }
+    if let Some(pair) = &cfg.client_cert {
+        resolved.identity = Some(Identity::load(pair)?);
+    }
+    Ok(resolved)
+}
+
+/// The client certificate a kubeconfig user names, inline (base64 `*-data`) or as files.
+fn kubeconfig_identity(user: &kube::config::AuthInfo) -> Result<Option<Identity>, String> {
+    use base64::Engine;
+    use rustls::pki_types::pem::PemObject;
+    use secrecy::ExposeSecret;
+    let decode = |b64: &str| base64::engine::general_purpose::STANDARD.decode(b64.trim()).map_err(|e| e.to_string());
+    let cert = match (&user.client_certificate_data, &user.client_certificate) {
+        (Some(data), _) => decode(data)?,
+        (None, Some(path)) => std::fs::read(path).map_err(|e| format!("{path}: {e}"))?,
+        (None, None) => return Ok(None),
+    };
+    let key = match (&user.client_key_data, &user.client_key) {
+        (Some(data), _) => decode(data.expose_secret())?,
+        (None, Some(path)) => std::fs::read(path).map_err(|e| format!("{path}: {e}"))?,
+        (None, None) => return Err("client certificate without a client key".into()),
+    };
+    let certs = rustls::pki_types::CertificateDer::pem_slice_iter(&cert)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(&key).map_err(|e| e.to_string())?;
+    Ok(Some(Identity { certs, key }))
+}
+
+fn tcp_client(trust: Option<&ServerTrust>, identity: Option<&Identity>, http2: bool) -> Result<Client<HttpsConnector<HttpConnector>, Body>, CoreSetupError> {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(Duration::from_secs(5)));
+    let trust = match trust {
+        Some(ServerTrust::Roots(r)) => ServerTrust::Roots(r.clone()),
+        Some(ServerTrust::InsecureSkipVerify) => ServerTrust::InsecureSkipVerify,
+        None => {
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in rustls_native_certs::load_native_certs().certs {
+                let _ = roots.add(cert);
+            }
+            ServerTrust::Roots(roots)
+        }
+    };
+    // hyper-rustls sets ALPN itself from the enabled HTTP versions.
+    let tls = tls::client_config(trust, identity, &[])?;
+    let builder = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls).https_or_http();
+    let connector = if http2 {
+        builder.enable_http1().enable_http2().wrap_connector(http)
+    } else {
+        builder.enable_http1().wrap_connector(http)
+    };
+    Ok(super::client_builder().build(connector))
+}
+
+impl CoreBackend {
+    pub async fn new(cfg: &CoreConfig, drain: watch::Receiver<bool>) -> Result<Self, CoreSetupError> {
+        let resolved = resolve(cfg).await?;
+        let (upstream, url, pooled, upgrades) = match &resolved.endpoint {
+            CoreEndpoint::Unix(path) => {
+                let connector = UnixConnector(Arc::new(path.clone()));
+                let client = super::client_builder().build(connector);
+                let upstream = Upstream { scheme: Scheme::HTTP, authority: Authority::from_static("localhost") };
+                (upstream, format!("unix://{}", path.display()), HttpClient::Unix(client.clone()), HttpClient::Unix(client))
+            }
+            CoreEndpoint::Url(url) => {
+                let uri: Uri = url.parse().map_err(|_| CoreSetupError::Url(url.clone()))?;
+                let (Some(scheme), Some(authority)) = (uri.scheme().cloned(), uri.authority().cloned()) else {
+                    return Err(CoreSetupError::Url(url.clone()));
+                };
+                let pooled = tcp_client(resolved.trust.as_ref(), resolved.identity.as_ref(), true)?;
+                let upgrades = tcp_client(resolved.trust.as_ref(), resolved.identity.as_ref(), false)?;
+                (Upstream { scheme, authority }, url.clone(), HttpClient::Tcp(pooled), HttpClient::Tcp(upgrades))
+            }
+        };
+        let credentials = match (&cfg.token_file, resolved.token) {
+            (Some(path), _) => {
+                let token = read_token(path)?;
+                Credentials::TokenFile(path.clone(), ArcSwapOption::from_pointee(token))
+            }
+            (None, Some(t)) => Credentials::Token(bearer(&t).ok_or_else(|| CoreSetupError::Kubeconfig {
+                path: cfg.kubeconfig.clone().unwrap_or_default(),
+                message: "token is not a valid header value".into(),
+            })?),
+            (None, None) => Credentials::None,
+        };
+        Ok(Self { upstream, url, pooled, upgrades, credentials, drain })
+    }
+
+    /// The core's URL as the user configured it (for messages).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Proxies a client request to the core: path, query and headers as the client sent them.
+    pub async fn forward(&self, mut req: Request, client: Option<SocketAddr>, long_running: bool) -> Result<Response, GatewayError> {
+        let upgrade = proxy::is_upgrade(req.headers());
+        proxy::prepare_request(&mut req, &self.upstream, client);
+        if upgrade {
+            let mut client_req = http::Request::new(body::empty());
+            *client_req.extensions_mut() = std::mem::take(req.extensions_mut());
+            let mut resp = self.upgrades.send(req).await.map_err(|e| self.unavailable(e))?;
+            if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+                proxy::tunnel(&mut client_req, &mut resp, self.drain.clone());
+            }
+            let mut resp = resp.map(body::boxed);
+            proxy::prepare_response(&mut resp);
+            return Ok(resp);
+        }
+        let resp = self.pooled.send(req).await.map_err(|e| self.unavailable(e))?;
+        let mut resp = resp.map(|b| {
+            let b = body::boxed(b);
+            if long_running { proxy::drainable(b, self.drain.clone()) } else { b }
+        });
+        proxy::prepare_response(&mut resp);
+        Ok(resp)
+    }
+
+    /// A request the gateway makes on its own behalf, with its own credentials.
+    pub async fn send_own(&self, mut req: Request) -> Result<hyper::Response<Incoming>, GatewayError> {
+        let path_and_query = req.uri().path_and_query().cloned();
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = Some(self.upstream.scheme.clone());
+        parts.authority = Some(self.upstream.authority.clone());
+        parts.path_and_query = path_and_query;
+        *req.uri_mut() = Uri::from_parts(parts).map_err(|e| GatewayError::Internal(e.to_string()))?;
+        if let Some(auth) = self.authorization() {
+            req.headers_mut().insert(header::AUTHORIZATION, auth);
+        }
+        self.pooled.send(req).await.map_err(|e| self.unavailable(e))
+    }
+
+    fn authorization(&self) -> Option<HeaderValue> {
+        match &self.credentials {
+            Credentials::None => None,
+            Credentials::Token(v) => Some(v.clone()),
+            Credentials::TokenFile(_, v) => v.load_full().map(|v| (*v).clone()),
+        }
+    }
+
+    /// Re-reads a token file (called periodically; a failed read keeps the previous token).
+    pub fn refresh_token(&self) {
+        if let Credentials::TokenFile(path, current) = &self.credentials {
+            match read_token(path) {
+                Ok(v) => current.store(Some(Arc::new(v))),
+                Err(e) => tracing::warn!(error = %e, "keeping the previous core token"),
+            }
+        }
+    }
+
+    fn unavailable(&self, e: hyper_util::client::legacy::Error) -> GatewayError {
+        GatewayError::CoreUnavailable { url: self.url.clone(), source: Box::new(e) }
+    }
+}
+
+fn bearer(token: &str) -> Option<HeaderValue> {
+    let mut v = HeaderValue::from_str(&format!("Bearer {}", token.trim())).ok()?;
+    v.set_sensitive(true);
+    Some(v)
+}
+
+fn read_token(path: &PathBuf) -> Result<HeaderValue, CoreSetupError> {
+    let text = std::fs::read_to_string(path).map_err(|source| CoreSetupError::Token { path: path.clone(), source })?;
+    bearer(&text).ok_or_else(|| CoreSetupError::Token {
+        path: path.clone(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, "not a valid bearer token"),
+    })
+}

@@ -1,0 +1,58 @@
+//! One body type for the whole request path. Boxing costs an allocation per message, but it lets
+//! every layer, the core client and the remote clients share one `Request`/`Response` type. It is
+//! a newtype rather than an alias so that service bounds name a plain struct (rustc cannot prove
+//! `Send` for futures generic over a type that has a `dyn Error` inside).
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Frame, SizeHint};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Empty, Full};
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+pub type Request = http::Request<Body>;
+pub type Response = http::Response<Body>;
+
+pub struct Body(UnsyncBoxBody<Bytes, BoxError>);
+
+impl http_body::Body for Body {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Pin::new(&mut self.get_mut().0).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.0.size_hint()
+    }
+}
+
+impl Default for Body {
+    fn default() -> Self {
+        empty()
+    }
+}
+
+pub fn empty() -> Body {
+    Body(Empty::new().map_err(|never| match never {}).boxed_unsync())
+}
+
+pub fn full(bytes: impl Into<Bytes>) -> Body {
+    Body(Full::new(bytes.into()).map_err(|never| match never {}).boxed_unsync())
+}
+
+/// Any hyper/http-body body, boxed with its error erased.
+pub fn boxed<B>(body: B) -> Body
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    Body(body.map_err(Into::into).boxed_unsync())
+}

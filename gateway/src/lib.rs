@@ -1,0 +1,18 @@
+//! aggregation-gateway: a front proxy that does for any Kubernetes-style API server what
+//! kube-aggregator does inside kube-apiserver. This crate is the process: the TLS listener, the
+//! tower stack every request crosses, the router, the backend clients (core and remote), the
+//! handlers the gateway answers itself, and start-up/shutdown.
+
+pub mod app;
+pub mod backend;
+pub mod body;
+pub mod error;
+pub mod health;
+pub mod listener;
+pub mod logging;
+pub mod metrics;
+pub mod proxy;
+pub mod request_info;
+pub mod router;
+pub mod stack;
+pub mod status;

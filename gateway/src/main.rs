@@ -1,0 +1,44 @@
+//! The `aggregation-gateway` binary: parse, validate (exit 64 on a bad value), run.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use gateway_config::Cli;
+
+/// sysexits' EX_USAGE: the configuration was refused.
+const EXIT_CONFIG: u8 = 64;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let check_only = cli.check_config;
+    let (options, config) = match gateway_config::load(cli) {
+        Ok(pair) => pair,
+        Err(e) => {
+            eprintln!("aggregation-gateway: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    if check_only {
+        match serde_saphyr::to_string(&options) {
+            Ok(yaml) => print!("# configuration is valid\n{yaml}"),
+            Err(_) => println!("configuration is valid"),
+        }
+        return ExitCode::SUCCESS;
+    }
+    aggregation_gateway::logging::init(&config.logging);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("aggregation-gateway: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(aggregation_gateway::app::run(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %aggregation_gateway::error::chain(&e), "cannot start");
+            eprintln!("aggregation-gateway: {}", aggregation_gateway::error::chain(&e));
+            ExitCode::FAILURE
+        }
+    }
+}

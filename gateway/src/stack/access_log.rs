@@ -1,0 +1,81 @@
+//! One access-log line per request (method, path, status, duration, where it was routed) and the
+//! request metrics. Measured to response headers: for a watch that is when the stream starts.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use tower::{Layer, Service};
+
+use super::{BoxFuture, RoutedTo};
+use crate::body::{Request, Response};
+use crate::metrics::{Metrics, RequestLabels, TargetLabels};
+
+#[derive(Clone)]
+pub struct AccessLogLayer {
+    pub metrics: Arc<Metrics>,
+}
+
+impl<S> Layer<S> for AccessLogLayer {
+    type Service = AccessLog<S>;
+    fn layer(&self, inner: S) -> AccessLog<S> {
+        AccessLog { inner, metrics: self.metrics.clone() }
+    }
+}
+
+#[derive(Clone)]
+pub struct AccessLog<S> {
+    inner: S,
+    metrics: Arc<Metrics>,
+}
+
+impl<S> Service<Request> for AccessLog<S>
+where
+    S: Service<Request, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<Response, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request) -> Self::Future {
+        let start = Instant::now();
+        let method = req.method().clone();
+        let uri = req.uri().path_and_query().map(|p| p.as_str().to_owned()).unwrap_or_default();
+        let client = req.extensions().get::<super::ConnInfo>().map(|c| c.remote);
+        let version = req.version();
+        let fut = self.inner.call(req);
+        let metrics = self.metrics.clone();
+        Box::pin(async move {
+            let Ok(resp) = fut.await;
+            let elapsed = start.elapsed();
+            let target = resp.extensions().get::<RoutedTo>().map(RoutedTo::label).unwrap_or_else(|| "gateway".into());
+            let code = resp.status().as_u16();
+            metrics
+                .requests
+                .get_or_create(&RequestLabels { verb: method.to_string(), target: target.clone(), code })
+                .inc();
+            metrics
+                .duration
+                .get_or_create(&TargetLabels { verb: method.to_string(), target: target.clone() })
+                .observe(elapsed.as_secs_f64());
+            tracing::info!(
+                target: "access",
+                method = %method,
+                uri = %uri,
+                status = code,
+                duration_ms = elapsed.as_secs_f64() * 1000.0,
+                routed = %target,
+                client = ?client,
+                protocol = ?version,
+                "request"
+            );
+            Ok(resp)
+        })
+    }
+}

@@ -1,0 +1,177 @@
+//! In-flight limits (kube-apiserver's --max-requests-inflight and
+//! --max-mutating-requests-inflight) answered with 429 and `Retry-After`, and the request body
+//! limit answered with 413. Long-running requests are not counted: they would otherwise hold
+//! slots for hours.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::header::CONTENT_LENGTH;
+use http_body_util::Limited;
+use prometheus_client::metrics::gauge::Gauge;
+use tower::{Layer, Service};
+
+use super::BoxFuture;
+use crate::body::{self, BoxError, Request, Response};
+use crate::error::GatewayError;
+use crate::metrics::{KindLabels, Metrics, ReasonLabels, RequestKind};
+use crate::request_info::RequestInfo;
+
+struct Slots {
+    limit: u32,
+    used: AtomicU32,
+}
+
+impl Slots {
+    fn try_take(self: &Arc<Self>) -> Option<SlotGuard> {
+        if self.limit == 0 {
+            self.used.fetch_add(1, Ordering::AcqRel);
+            return Some(SlotGuard(self.clone()));
+        }
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < self.limit).then_some(n + 1))
+            .ok()
+            .map(|_| SlotGuard(self.clone()))
+    }
+}
+
+/// Frees its slot (and the gauge) when the response body is finished or dropped, not when
+/// headers are sent: a large list still occupies the server while it streams.
+struct SlotGuard(Arc<Slots>);
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        self.0.used.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+struct InflightGuard {
+    _slot: SlotGuard,
+    gauge: Gauge,
+}
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A body that carries a guard until it is dropped.
+    struct Guarded<B> {
+        #[pin]
+        inner: B,
+        guard: InflightGuard,
+    }
+}
+
+impl<B: http_body::Body> http_body::Body for Guarded<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        self.project().inner.poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[derive(Clone)]
+pub struct LimitsLayer {
+    readonly: Arc<Slots>,
+    mutating: Arc<Slots>,
+    max_body: u64,
+    metrics: Arc<Metrics>,
+}
+
+impl LimitsLayer {
+    pub fn new(limits: &gateway_config::Limits, metrics: Arc<Metrics>) -> Self {
+        Self {
+            readonly: Arc::new(Slots { limit: limits.max_readonly_inflight, used: AtomicU32::new(0) }),
+            mutating: Arc::new(Slots { limit: limits.max_mutating_inflight, used: AtomicU32::new(0) }),
+            max_body: limits.max_request_body_bytes,
+            metrics,
+        }
+    }
+}
+
+impl<S> Layer<S> for LimitsLayer {
+    type Service = LimitsService<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        LimitsService { inner, limits: self.clone() }
+    }
+}
+
+#[derive(Clone)]
+pub struct LimitsService<S> {
+    inner: S,
+    limits: LimitsLayer,
+}
+
+impl<S> Service<Request> for LimitsService<S>
+where
+    S: Service<Request, Response = Response, Error = BoxError> + Send + 'static,
+    S::Future: Send,
+{
+    type Response = Response;
+    type Error = BoxError;
+    type Future = BoxFuture<Result<Response, BoxError>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request) -> Self::Future {
+        let info = req.extensions().get::<RequestInfo>();
+        let long_running = info.is_some_and(|i| i.long_running);
+        if long_running {
+            return Box::pin(self.inner.call(req));
+        }
+        let mutating = info.is_some_and(|i| i.is_mutating());
+        let limits = &self.limits;
+        let max_body = limits.max_body;
+        let declared = req
+            .headers()
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > max_body) {
+            limits.metrics.rejected.get_or_create(&ReasonLabels { reason: "RequestEntityTooLarge".into() }).inc();
+            return Box::pin(async move { Err(GatewayError::BodyTooLarge { limit: max_body }.into()) });
+        }
+        let (slots, kind, kind_name) = if mutating {
+            (&limits.mutating, RequestKind::mutating, "mutating")
+        } else {
+            (&limits.readonly, RequestKind::readOnly, "read-only")
+        };
+        let Some(guard) = slots.try_take() else {
+            limits.metrics.rejected.get_or_create(&ReasonLabels { reason: "TooManyRequests".into() }).inc();
+            return Box::pin(async move { Err(GatewayError::TooManyRequests { kind: kind_name }.into()) });
+        };
+        let gauge = limits.metrics.inflight.get_or_create(&KindLabels { request_kind: kind }).clone();
+        gauge.inc();
+        let guard = InflightGuard { _slot: guard, gauge };
+        // A chunked body has no length up front; Limited ends it with an error past the limit,
+        // which the backends report as 413.
+        let req = if declared.is_none() && max_body > 0 {
+            req.map(|b| body::boxed(Limited::new(b, max_body as usize)))
+        } else {
+            req
+        };
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let resp = fut.await?;
+            Ok(resp.map(|inner| body::boxed(Guarded { inner, guard })))
+        })
+    }
+}

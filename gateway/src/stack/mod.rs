@@ -1,0 +1,50 @@
+//! The tower stack every request goes through, outermost first:
+//!
+//! 1. `access_log`: one line and the request metrics per request. Outermost so that errors the
+//!    layers below answer themselves are logged and counted with their real code.
+//! 2. `rescue`: any error (and any panic) becomes a `metav1.Status`.
+//! 3. `request_info`: parses verb/group/resource once; everything below decides on it.
+//! 4. `limits`: in-flight limits (429) and request body size (413); long-running requests are
+//!    not counted, so a thousand watches never starve ordinary requests.
+//! 5. `timeout`: 504 for ordinary requests; watch/exec/attach/portforward/log/proxy are exempt.
+//! 6. the router (`crate::router`).
+//!
+//! Every service here is always ready: back-pressure is an answer (429), not a stalled
+//! `poll_ready`, because a stalled accept loop is worse for an API server than a fast refusal.
+
+pub mod access_log;
+pub mod limits;
+pub mod request_info;
+pub mod rescue;
+pub mod timeout;
+
+use std::future::Future;
+use std::pin::Pin;
+
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// Where the router sent a request; set on the response for the access log and metrics.
+#[derive(Clone, Debug)]
+pub enum RoutedTo {
+    Gateway,
+    Core,
+    ApiService(std::sync::Arc<str>),
+}
+
+impl RoutedTo {
+    pub fn label(&self) -> String {
+        match self {
+            Self::Gateway => "gateway".into(),
+            Self::Core => "core".into(),
+            Self::ApiService(name) => format!("apiservice/{name}"),
+        }
+    }
+}
+
+/// Connection facts the listener attaches to every request.
+#[derive(Clone, Debug)]
+pub struct ConnInfo {
+    pub remote: std::net::SocketAddr,
+    /// The verified client certificate chain, leaf first, when the client presented one.
+    pub peer_certs: Option<std::sync::Arc<Vec<rustls::pki_types::CertificateDer<'static>>>>,
+}

@@ -1,0 +1,65 @@
+//! Turns errors and panics from anything below into a `metav1.Status` response, so the client
+//! always gets an answer it can parse and never an empty reply.
+
+use std::convert::Infallible;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::FutureExt;
+use tower::{Layer, Service};
+
+use super::BoxFuture;
+use crate::body::{BoxError, Request, Response};
+use crate::error::{rescue, GatewayError};
+
+#[derive(Clone)]
+pub struct RescueLayer {
+    pub request_timeout: Duration,
+}
+
+impl<S> Layer<S> for RescueLayer {
+    type Service = Rescue<S>;
+    fn layer(&self, inner: S) -> Rescue<S> {
+        Rescue { inner, request_timeout: self.request_timeout }
+    }
+}
+
+#[derive(Clone)]
+pub struct Rescue<S> {
+    inner: S,
+    request_timeout: Duration,
+}
+
+impl<S> Service<Request> for Rescue<S>
+where
+    S: Service<Request, Response = Response, Error = BoxError> + Clone + Send + 'static,
+    S::Future: Send,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<Response, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request) -> Self::Future {
+        let fut = self.inner.call(req);
+        let timeout = self.request_timeout;
+        Box::pin(async move {
+            match std::panic::AssertUnwindSafe(fut).catch_unwind().await {
+                Ok(Ok(resp)) => Ok(resp),
+                Ok(Err(err)) => Ok(rescue(err, timeout)),
+                Err(panic) => {
+                    let what = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_default();
+                    tracing::error!(panic = %what, "request handler panicked");
+                    Ok(GatewayError::Internal("internal error while handling the request".into()).into_response())
+                }
+            }
+        })
+    }
+}
