@@ -109,8 +109,11 @@ mod tests {
         m.requests
             .get_or_create(&RequestLabels { verb: "GET".into(), target: "core".into(), code: 200 })
             .inc();
+        m.duration
+            .get_or_create(&TargetLabels { verb: "GET".into(), target: "core".into() })
+            .observe(0.002);
         let text = m.encode();
         assert!(text.contains("apiserver_request_total{verb=\"GET\",target=\"core\",code=\"200\"} 1"), "{text}");
-        assert!(text.contains("# TYPE apiserver_request_duration_seconds histogram"));
+        assert!(text.contains("# TYPE apiserver_request_duration_seconds histogram"), "{text}");
     }
 }
