@@ -1,0 +1,309 @@
+//! Which discovery representation a request's `Accept` header asks for.
+//!
+//! `/api` and `/apis` answer either the aggregated `APIGroupDiscoveryList` or the legacy
+//! documents, and clients (client-go, kubectl) only look at the response `Content-Type` to tell
+//! them apart, so the choice must match kube-apiserver's (`discovery/aggregated/wrapper.go` +
+//! `handlers/negotiation`):
+//!
+//! * clauses are split on `,`, parameters on `;`, whitespace around tokens ignored, parameter
+//!   names and media types compared case-insensitively (values exactly);
+//! * clauses are tried by descending `q` (default 1), then concrete types before `*`, otherwise in
+//!   the client's order (a stable sort); `q=0` means "not acceptable" and is skipped;
+//! * the first clause whose media range covers `application/json` (`application/json`,
+//!   `application/*`, `*/*`) **and** carries `g=apidiscovery.k8s.io`, `v=v2` or `v=v2beta1`,
+//!   `as=APIGroupDiscoveryList` (in any order) selects the aggregated document; a clause without
+//!   those parameters never selects it, but does not stop the search either (kube's discovery
+//!   endpoint restrictions reject it and move on);
+//! * clauses we cannot honour are skipped: protobuf/YAML (we serve JSON only), `profile=...`
+//!   (e.g. `profile=nopeer`; peer-aggregated profiles are not implemented), `sv=...`, `stream=...`;
+//! * nothing selected (including an empty or missing header) → legacy.
+
+/// `Content-Type` of an aggregated discovery answer in `apidiscovery.k8s.io/v2`.
+pub const CONTENT_TYPE_AGGREGATED_V2: &str =
+    "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
+/// `Content-Type` of an aggregated discovery answer in `apidiscovery.k8s.io/v2beta1`.
+pub const CONTENT_TYPE_AGGREGATED_V2BETA1: &str =
+    "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList";
+/// `Content-Type` of legacy discovery documents and the OpenAPI v3 root.
+pub const CONTENT_TYPE_JSON: &str = "application/json";
+
+const DISCOVERY_GROUP: &str = "apidiscovery.k8s.io";
+const DISCOVERY_KIND: &str = "APIGroupDiscoveryList";
+
+/// The representation of `/api` or `/apis` to serve.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Negotiated {
+    /// `APIGroupDiscoveryList` in `apidiscovery.k8s.io/v2`.
+    AggregatedV2,
+    /// `APIGroupDiscoveryList` in `apidiscovery.k8s.io/v2beta1` (kubectl 1.29 and older).
+    AggregatedV2Beta1,
+    /// `APIVersions` / `APIGroupList` (for `/api` that means: let the core answer).
+    Legacy,
+}
+
+impl Negotiated {
+    /// The `Content-Type` to answer with.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Negotiated::AggregatedV2 => CONTENT_TYPE_AGGREGATED_V2,
+            Negotiated::AggregatedV2Beta1 => CONTENT_TYPE_AGGREGATED_V2BETA1,
+            Negotiated::Legacy => CONTENT_TYPE_JSON,
+        }
+    }
+
+    /// Whether this is one of the aggregated representations.
+    pub fn is_aggregated(self) -> bool {
+        !matches!(self, Negotiated::Legacy)
+    }
+}
+
+/// One parsed `Accept` clause.
+struct Clause<'a> {
+    ty: &'a str,
+    subtype: &'a str,
+    q: f32,
+    /// Position in the header, so sorting is stable regardless of the sort algorithm.
+    index: usize,
+    params: &'a str,
+}
+
+impl Clause<'_> {
+    /// `0` concrete type and subtype, `1` subtype wildcard, `2` full wildcard.
+    fn wildness(&self) -> u8 {
+        u8::from(self.ty == "*") + u8::from(self.subtype == "*")
+    }
+
+    fn covers_json(&self) -> bool {
+        (self.ty == "*" && self.subtype == "*")
+            || (self.ty.eq_ignore_ascii_case("application")
+                && (self.subtype == "*" || self.subtype.eq_ignore_ascii_case("json")))
+    }
+
+    /// The aggregated representation this clause asks for, if it asks for one we can serve.
+    fn aggregated(&self) -> Option<Negotiated> {
+        let (mut g, mut v, mut kind) = (None, None, None);
+        for param in self.params.split(';') {
+            let Some((key, value)) = param.split_once('=') else {
+                continue;
+            };
+            let (key, value) = (key.trim(), value.trim().trim_matches('"'));
+            if key.eq_ignore_ascii_case("g") {
+                g = Some(value);
+            } else if key.eq_ignore_ascii_case("v") {
+                v = Some(value);
+            } else if key.eq_ignore_ascii_case("as") {
+                kind = Some(value);
+            } else if (key.eq_ignore_ascii_case("profile")
+                || key.eq_ignore_ascii_case("sv")
+                || key.eq_ignore_ascii_case("stream"))
+                && !value.is_empty()
+            {
+                // A variant we do not implement: skip the whole clause.
+                return None;
+            }
+        }
+        if g != Some(DISCOVERY_GROUP) || kind != Some(DISCOVERY_KIND) {
+            return None;
+        }
+        match v {
+            Some("v2") => Some(Negotiated::AggregatedV2),
+            Some("v2beta1") => Some(Negotiated::AggregatedV2Beta1),
+            _ => None,
+        }
+    }
+}
+
+fn parse(header: &str) -> Vec<Clause<'_>> {
+    let mut clauses = Vec::new();
+    for (index, part) in header.split(',').enumerate() {
+        let (range, rest) = match part.split_once(';') {
+            Some((range, rest)) => (range.trim(), rest),
+            None => (part.trim(), ""),
+        };
+        let (ty, subtype) = match range.split_once('/') {
+            Some((t, s)) => (t.trim(), s.trim()),
+            None if range == "*" => ("*", "*"),
+            None => continue,
+        };
+        if ty.is_empty() || subtype.is_empty() {
+            continue;
+        }
+        let mut q = 1.0f32;
+        for param in rest.split(';') {
+            if let Some((key, value)) = param.split_once('=') {
+                if key.trim().eq_ignore_ascii_case("q") {
+                    // An unparsable q counts as 0, like goautoneg's ParseFloat error path.
+                    q = value.trim().parse().unwrap_or(0.0);
+                }
+            }
+        }
+        clauses.push(Clause {
+            ty,
+            subtype,
+            q,
+            index,
+            params: rest,
+        });
+    }
+    clauses.sort_by(|a, b| {
+        b.q.total_cmp(&a.q)
+            .then(a.wildness().cmp(&b.wildness()))
+            .then(a.index.cmp(&b.index))
+    });
+    clauses
+}
+
+/// Picks the representation of `/api` or `/apis` for an `Accept` header (module docs give the
+/// rules). Never fails: anything unrecognised means [`Negotiated::Legacy`].
+pub fn negotiate(accept: Option<&str>) -> Negotiated {
+    let Some(header) = accept else {
+        return Negotiated::Legacy;
+    };
+    parse(header)
+        .iter()
+        .filter(|c| c.q > 0.0 && c.covers_json())
+        .find_map(Clause::aggregated)
+        .unwrap_or(Negotiated::Legacy)
+}
+
+/// Whether a legacy JSON document is acceptable for this `Accept` header (missing or empty header,
+/// or some clause with `q > 0` covering `application/json`). When it is not, the gateway's own
+/// legacy handlers answer 406 like kube-apiserver.
+pub fn accepts_legacy_json(accept: Option<&str>) -> bool {
+    match accept {
+        None => true,
+        Some(h) if h.trim().is_empty() => true,
+        Some(h) => parse(h).iter().any(|c| c.q > 0.0 && c.covers_json()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// kubectl 1.30–1.33 (wire-formats.md §2.3, observed).
+    const KUBECTL_132: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json";
+    /// kubectl 1.29.14 (observed).
+    const KUBECTL_129: &str =
+        "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json";
+    /// kubectl's legacy per-GV fetch and `kubectl get --raw /apis` (observed).
+    const KUBECTL_RAW: &str = "application/json, */*";
+    /// Python kubernetes client 37.0.2 (observed).
+    const PYTHON: &str = "application/json";
+
+    #[test]
+    fn observed_clients() {
+        assert_eq!(negotiate(Some(KUBECTL_132)), Negotiated::AggregatedV2);
+        assert_eq!(negotiate(Some(KUBECTL_129)), Negotiated::AggregatedV2Beta1);
+        assert_eq!(negotiate(Some(KUBECTL_RAW)), Negotiated::Legacy);
+        assert_eq!(negotiate(Some(PYTHON)), Negotiated::Legacy);
+        assert_eq!(
+            negotiate(Some(
+                kube_core::discovery::v2::ACCEPT_AGGREGATED_DISCOVERY_V2
+            )),
+            Negotiated::AggregatedV2
+        );
+    }
+
+    #[test]
+    fn missing_or_empty_header_is_legacy() {
+        assert_eq!(negotiate(None), Negotiated::Legacy);
+        assert_eq!(negotiate(Some("")), Negotiated::Legacy);
+        assert_eq!(negotiate(Some(" , ;")), Negotiated::Legacy);
+    }
+
+    #[test]
+    fn parameters_in_any_order_with_whitespace() {
+        assert_eq!(
+            negotiate(Some(
+                " application/json ; as=APIGroupDiscoveryList ; v=v2 ; g=apidiscovery.k8s.io "
+            )),
+            Negotiated::AggregatedV2
+        );
+        assert_eq!(
+            negotiate(Some(
+                "Application/JSON;V=v2beta1;G=apidiscovery.k8s.io;AS=APIGroupDiscoveryList;charset=utf-8"
+            )),
+            Negotiated::AggregatedV2Beta1
+        );
+    }
+
+    #[test]
+    fn clauses_tried_in_client_order() {
+        // v2beta1 first in the header → v2beta1, even though v2 is also offered.
+        let h = "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
+        assert_eq!(negotiate(Some(h)), Negotiated::AggregatedV2Beta1);
+        // A plain JSON clause first does not stop the search (kube rejects it for the aggregated
+        // handler and keeps going).
+        let h =
+            "application/json,application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
+        assert_eq!(negotiate(Some(h)), Negotiated::AggregatedV2);
+    }
+
+    #[test]
+    fn q_values_are_respected() {
+        let h = "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList;q=0.5,application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList;q=0.9";
+        assert_eq!(negotiate(Some(h)), Negotiated::AggregatedV2);
+        let h = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList;q=0,application/json";
+        assert_eq!(negotiate(Some(h)), Negotiated::Legacy);
+    }
+
+    #[test]
+    fn unsupported_clauses_fall_through() {
+        // profile=nopeer (newer client-go, NoPeerDiscovery) → skip to the next clause.
+        let h = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList;profile=nopeer,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json";
+        assert_eq!(negotiate(Some(h)), Negotiated::AggregatedV2Beta1);
+        // Protobuf is not served: fall through to JSON.
+        let h = "application/vnd.kubernetes.protobuf;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList";
+        assert_eq!(negotiate(Some(h)), Negotiated::AggregatedV2Beta1);
+        // Unknown discovery versions and wrong group/kind never select the aggregated document.
+        for h in [
+            "application/json;g=apidiscovery.k8s.io;v=v3;as=APIGroupDiscoveryList",
+            "application/json;g=apidiscovery.k8s.io;v=v2",
+            "application/json;g=other.io;v=v2;as=APIGroupDiscoveryList",
+            "application/yaml;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
+        ] {
+            assert_eq!(negotiate(Some(h)), Negotiated::Legacy, "{h}");
+        }
+    }
+
+    #[test]
+    fn wildcards_cover_json() {
+        assert_eq!(
+            negotiate(Some(
+                "*/*;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
+            )),
+            Negotiated::AggregatedV2
+        );
+        assert_eq!(
+            negotiate(Some(
+                "application/*;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList"
+            )),
+            Negotiated::AggregatedV2Beta1
+        );
+    }
+
+    #[test]
+    fn legacy_acceptability() {
+        assert!(accepts_legacy_json(None));
+        assert!(accepts_legacy_json(Some(KUBECTL_RAW)));
+        assert!(accepts_legacy_json(Some(PYTHON)));
+        assert!(accepts_legacy_json(Some("*/*")));
+        assert!(!accepts_legacy_json(Some("application/yaml")));
+        assert!(!accepts_legacy_json(Some("application/json;q=0")));
+    }
+
+    #[test]
+    fn content_types() {
+        assert_eq!(
+            Negotiated::AggregatedV2.content_type(),
+            CONTENT_TYPE_AGGREGATED_V2
+        );
+        assert_eq!(
+            Negotiated::AggregatedV2Beta1.content_type(),
+            CONTENT_TYPE_AGGREGATED_V2BETA1
+        );
+        assert_eq!(Negotiated::Legacy.content_type(), "application/json");
+        assert!(!Negotiated::Legacy.is_aggregated());
+    }
+}

@@ -1,0 +1,170 @@
+{{/* vim: set filetype=mustache: */}}
+
+{{/* Chart name, overridable with nameOverride. */}}
+{{- define "aggregation-gateway.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Fully qualified app name: the release name, plus the chart name unless the release already holds it. */}}
+{{- define "aggregation-gateway.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* chart label value: name-version. */}}
+{{- define "aggregation-gateway.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels on every object. */}}
+{{- define "aggregation-gateway.labels" -}}
+helm.sh/chart: {{ include "aggregation-gateway.chart" . }}
+{{ include "aggregation-gateway.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: aggregation-gateway
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Labels that select the gateway Pods (immutable once installed). */}}
+{{- define "aggregation-gateway.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "aggregation-gateway.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "aggregation-gateway.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "aggregation-gateway.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "aggregation-gateway.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
+{{- end }}
+
+{{/* Where everything the gateway reads is mounted. */}}
+{{- define "aggregation-gateway.configDir" -}}/etc/aggregation-gateway{{- end }}
+{{- define "aggregation-gateway.saDir" -}}/var/run/secrets/kubernetes.io/serviceaccount{{- end }}
+
+{{/* The Secret holding the serving certificate, or "" for a self-signed one generated at start. */}}
+{{- define "aggregation-gateway.servingSecret" -}}
+{{- if and .Values.certManager.enabled .Values.certManager.serving.enabled }}
+{{- printf "%s-serving" (include "aggregation-gateway.fullname" .) }}
+{{- else }}
+{{- .Values.tls.serving.secretName }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret holding the proxy client certificate, or "" for none. */}}
+{{- define "aggregation-gateway.proxyClientSecret" -}}
+{{- if and .Values.certManager.enabled .Values.certManager.proxyClient.enabled }}
+{{- printf "%s-proxy-client" (include "aggregation-gateway.fullname" .) }}
+{{- else }}
+{{- .Values.tls.proxyClient.secretName }}
+{{- end }}
+{{- end }}
+
+{{/* The core server URL the gateway is configured with. */}}
+{{- define "aggregation-gateway.coreUrl" -}}
+{{- if .Values.core.sidecar.enabled }}
+{{- printf "%s://127.0.0.1:%d" .Values.core.sidecar.scheme (int .Values.core.sidecar.port) }}
+{{- else }}
+{{- required "core.url is required when core.sidecar.enabled is false: set core.url to the API server the gateway fronts, or enable core.sidecar" .Values.core.url }}
+{{- end }}
+{{- end }}
+
+{{/* "true" when the core is reached over https. */}}
+{{- define "aggregation-gateway.coreIsHttps" -}}
+{{- if hasPrefix "https://" (include "aggregation-gateway.coreUrl" .) }}true{{ end }}
+{{- end }}
+
+{{/* "true" when the ServiceAccount token must be in the Pod (automount). */}}
+{{- define "aggregation-gateway.useServiceAccountToken" -}}
+{{- if and .Values.core.serviceAccountAuth (not .Values.core.tokenSecret) }}true{{ end }}
+{{- end }}
+
+{{/*
+A Go duration (1h2m3s, 10s, 500ms) in whole seconds, rounded up. Used to size
+terminationGracePeriodSeconds and the core's preStop sleep from the gateway's shutdown settings.
+*/}}
+{{- define "aggregation-gateway.durationSeconds" -}}
+{{- $total := 0.0 }}
+{{- range regexFindAll "[0-9]+(\\.[0-9]+)?(ns|us|µs|ms|h|m|s)" (toString .) -1 }}
+{{- $num := regexFind "^[0-9]+(\\.[0-9]+)?" . | float64 }}
+{{- $unit := trimPrefix (regexFind "^[0-9]+(\\.[0-9]+)?" .) . }}
+{{- if eq $unit "h" }}{{ $total = addf $total (mulf $num 3600) }}
+{{- else if eq $unit "m" }}{{ $total = addf $total (mulf $num 60) }}
+{{- else if eq $unit "s" }}{{ $total = addf $total $num }}
+{{- else if eq $unit "ms" }}{{ $total = addf $total (divf $num 1000) }}
+{{- end }}
+{{- end }}
+{{- ceil $total | int }}
+{{- end }}
+
+{{- define "aggregation-gateway.terminationGracePeriodSeconds" -}}
+{{- if .Values.shutdown.terminationGracePeriodSeconds }}
+{{- .Values.shutdown.terminationGracePeriodSeconds | int }}
+{{- else }}
+{{- $delay := include "aggregation-gateway.durationSeconds" .Values.shutdown.delayDuration | int }}
+{{- $timeout := include "aggregation-gateway.durationSeconds" .Values.shutdown.timeout | int }}
+{{- add $delay $timeout 5 }}
+{{- end }}
+{{- end }}
+
+{{/* Name of an APIService item: <version>.<group> unless given. */}}
+{{- define "aggregation-gateway.apiServiceName" -}}
+{{- $group := required "apiServices.items[].group is required" .group }}
+{{- $version := required (printf "apiServices.items[] (group %s): version is required" $group) .version }}
+{{- default (printf "%s.%s" $version $group) .name }}
+{{- end }}
+
+{{/* An APIService manifest from an apiServices.items entry. Context: dict "item" "root". */}}
+{{- define "aggregation-gateway.apiService" -}}
+{{- $item := .item -}}
+apiVersion: apiregistration.k8s.io/v1
+kind: APIService
+metadata:
+  name: {{ include "aggregation-gateway.apiServiceName" $item }}
+  labels:
+    {{- include "aggregation-gateway.labels" .root | nindent 4 }}
+    {{- with $item.labels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  {{- with $item.annotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+spec:
+  group: {{ $item.group | quote }}
+  version: {{ $item.version | quote }}
+  groupPriorityMinimum: {{ $item.groupPriorityMinimum | default 1000 | int }}
+  versionPriority: {{ $item.versionPriority | default 15 | int }}
+  {{- with $item.service }}
+  service:
+    namespace: {{ required (printf "apiServices.items (%s): service.namespace is required" $item.group) .namespace | quote }}
+    name: {{ required (printf "apiServices.items (%s): service.name is required" $item.group) .name | quote }}
+    port: {{ .port | default 443 | int }}
+  {{- end }}
+  {{- if $item.insecureSkipTLSVerify }}
+  insecureSkipTLSVerify: true
+  {{- end }}
+  {{- with $item.caBundle }}
+  caBundle: {{ . | quote }}
+  {{- end }}
+{{- end }}
