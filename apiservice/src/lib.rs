@@ -7,6 +7,8 @@ pub mod discovery;
 pub mod model;
 pub mod order;
 pub mod priority;
+pub mod resolve;
 pub mod route;
+pub mod source;
 pub mod validation;
 pub mod version;

@@ -252,15 +252,12 @@ impl Options {
             self.secure_port.unwrap_or(8443),
         );
 
-        let tls13_only = match one_of(
+        let tls13_only = one_of(
             "tls-min-version",
             self.tls_min_version.as_deref(),
             "VersionTLS12",
             &["VersionTLS12", "VersionTLS13"],
-        )? {
-            "VersionTLS13" => true,
-            _ => false,
-        };
+        )? == "VersionTLS13";
         let cipher_suites = self.tls_cipher_suites.unwrap_or_default();
         for suite in &cipher_suites {
             if !crate::tls::cipher_suite_known(suite) {

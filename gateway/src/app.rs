@@ -14,12 +14,18 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tower::ServiceBuilder;
 
+use apiservice::resolve::{ChainResolver, KubeResolver, ServiceResolver, StaticResolver};
+use gateway_config::tls::Identity;
+use gateway_config::ApiServiceSource;
+
 use crate::backend::core::{CoreBackend, CoreSetupError};
+use crate::backend::kube_client;
+use crate::routing::{AvailabilityController, AvailabilityMap, BackendFactory, RouteController, Routing};
 use crate::health::{self, Check, Health};
 use crate::listener::{self, ListenerSettings};
 use crate::metrics::Metrics;
 use crate::router::{Gateway, Router};
-use crate::stack::{access_log::AccessLogLayer, limits::LimitsLayer, request_info::RequestInfoLayer, rescue::RescueLayer, timeout::TimeoutLayer};
+use crate::stack::{access_log::AccessLogLayer, authn::AuthnLayer, limits::LimitsLayer, request_info::RequestInfoLayer, rescue::RescueLayer, timeout::TimeoutLayer};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -33,6 +39,10 @@ pub enum StartError {
     },
     #[error(transparent)]
     Core(#[from] CoreSetupError),
+    #[error("services: {0}")]
+    StaticServices(#[from] apiservice::resolve::StaticServiceError),
+    #[error("proxy client certificate: {0}")]
+    ProxyIdentity(tls::TlsError),
     #[error("watching certificate files: {0}")]
     Watch(#[from] notify::Error),
 }
@@ -71,21 +81,25 @@ pub async fn run(config: Config) -> Result<(), StartError> {
     let (drain_tx, drain_rx) = watch::channel(false);
     let (stop_tx, stop_rx) = watch::channel(false);
 
-    let core = CoreBackend::new(&config.core, drain_rx.clone()).await?;
+    let core = Arc::new(CoreBackend::new(&config.core, drain_rx.clone()).await?);
     let mut health = Health::new();
     let core_check = Check::unhealthy("core server not checked yet");
     health.register("core-server", health::READY, core_check.clone());
     let shutdown_check = Check::healthy();
     health.register("shutdown", health::READY_ONLY, shutdown_check.clone());
+    let routing = Routing::new();
+    health.register("apiservice-sources-synced", health::READY, routing.synced.clone());
 
     let metrics = Arc::new(Metrics::new());
-    let gateway = Arc::new(Gateway { core, health, metrics: metrics.clone() });
+    start_apiservices(&config, core.clone(), routing.clone(), metrics.clone(), drain_rx.clone())?;
+    let gateway = Arc::new(Gateway { core, health, metrics: metrics.clone(), routing });
     tokio::spawn(watch_core(gateway.clone(), core_check));
 
     let stack = ServiceBuilder::new()
         .layer(AccessLogLayer { metrics: metrics.clone() })
         .layer(RescueLayer { request_timeout: config.limits.request_timeout })
         .layer(RequestInfoLayer)
+        .layer(AuthnLayer)
         .layer(LimitsLayer::new(&config.limits, metrics.clone()))
         .layer(TimeoutLayer { limit: config.limits.request_timeout })
         .service(Router::new(gateway.clone()));
@@ -124,6 +138,67 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         Ok(()) => tracing::info!("all connections closed; exiting"),
         Err(_) => tracing::warn!("shutdown timeout reached with requests still in flight; exiting"),
     }
+    Ok(())
+}
+
+/// Starts the APIService source, Service resolution, and the route and availability
+/// controllers. Their only output is the routing snapshot (and, with the kube source, status
+/// writes to the core).
+fn start_apiservices(
+    config: &Config,
+    core: Arc<CoreBackend>,
+    routing: Arc<Routing>,
+    metrics: Arc<Metrics>,
+    drain: watch::Receiver<bool>,
+) -> Result<(), StartError> {
+    let api = &config.apiservices;
+    let kube = kube_client::client(core);
+    let (set_tx, set_rx) = apiservice::source::channel();
+    let (results_tx, results_rx) = watch::channel(AvailabilityMap::default());
+
+    let mut resolvers: Vec<Arc<dyn ServiceResolver>> = Vec::new();
+    if !api.static_services.is_empty() {
+        resolvers.push(Arc::new(StaticResolver::new(&api.static_services)?));
+    }
+    // Services and EndpointSlices are watched on the core when APIServices come from it, or when
+    // no static map says where backends are.
+    let kube_source = matches!(api.source, ApiServiceSource::Kube { .. });
+    if kube_source || api.static_services.is_empty() {
+        let (resolver, run) = KubeResolver::start(kube.clone(), api.endpoint_routing);
+        tokio::spawn(run);
+        resolvers.push(Arc::new(resolver));
+    }
+    let resolver: Arc<dyn ServiceResolver> = Arc::new(ChainResolver(resolvers));
+
+    match &api.source {
+        ApiServiceSource::Kube { label_selector } => {
+            tokio::spawn(apiservice::source::kube::run(kube.clone(), label_selector.clone(), set_tx));
+        }
+        ApiServiceSource::File { dir } => {
+            tokio::spawn(apiservice::source::file::run(dir.clone(), set_tx));
+        }
+        ApiServiceSource::None => {
+            let _ = set_tx.send(Some(Arc::new(Vec::new())));
+        }
+    }
+
+    let proxy_identity = match &config.proxy_client {
+        Some(pair) => Some(Arc::new(Identity::load(pair).map_err(StartError::ProxyIdentity)?)),
+        None => None,
+    };
+    let factory = BackendFactory { proxy_identity, resolver: resolver.clone(), drain };
+    tokio::spawn(RouteController::new(routing.clone(), set_rx, results_rx, factory, metrics.clone()).run());
+    tokio::spawn(
+        AvailabilityController {
+            routing,
+            results: results_tx,
+            interval: api.availability_interval,
+            resolver,
+            kube: kube_source.then_some(kube),
+            metrics,
+        }
+        .run(),
+    );
     Ok(())
 }
 

@@ -9,7 +9,18 @@ use gateway_config::Cli;
 const EXIT_CONFIG: u8 = 64;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => {
+            // --help and --version.
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
     let check_only = cli.check_config;
     let (options, config) = match gateway_config::load(cli) {
         Ok(pair) => pair,

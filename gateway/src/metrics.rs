@@ -1,95 +1,67 @@
-//! Prometheus metrics, named as kube-apiserver and kube-aggregator name them where the concept
-//! is the same. Families are registered once at start; recording is lock-free.
+//! Prometheus metrics in the classic text format, named as kube-apiserver and kube-aggregator
+//! name them where the concept is the same (so existing dashboards and alerts such as
+//! `KubeAggregatedAPIDown` work unchanged). Families are registered once at start; recording is
+//! lock-free after the first use of a label set.
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::registry::Registry;
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RequestLabels {
-    pub verb: String,
-    /// `core`, `gateway` (answered by the gateway itself) or `apiservice/<name>`.
-    pub target: String,
-    pub code: u16,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TargetLabels {
-    pub verb: String,
-    pub target: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
-#[allow(non_camel_case_types)]
-pub enum RequestKind {
-    readOnly,
-    mutating,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct KindLabels {
-    pub request_kind: RequestKind,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabels {
-    pub reason: String,
-}
-
-fn latency_histogram() -> Histogram {
-    Histogram::new([0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0])
-}
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
 
 pub struct Metrics {
     registry: Registry,
-    pub requests: Family<RequestLabels, Counter>,
-    pub duration: Family<TargetLabels, Histogram, fn() -> Histogram>,
-    pub inflight: Family<KindLabels, Gauge>,
-    pub rejected: Family<ReasonLabels, Counter>,
+    /// verb, target (`core`, `gateway`, `apiservice/<name>`), code.
+    pub requests: IntCounterVec,
+    /// verb, target: time to response headers.
+    pub duration: HistogramVec,
+    /// request_kind: readOnly | mutating.
+    pub inflight: IntGaugeVec,
+    /// reason: requests the gateway refused itself (TooManyRequests, RequestEntityTooLarge, ...).
+    pub rejected: IntCounterVec,
+    /// name: 1 when the APIService is unavailable, 0 when available.
+    pub unavailable_apiservice: IntGaugeVec,
+    /// name, reason: transitions to unavailable.
+    pub unavailable_apiservice_total: IntCounterVec,
+    /// name: APIServices refused by validation and not routed.
+    pub invalid_apiservice: IntGaugeVec,
+    /// Rebuilds of the merged aggregated discovery document.
+    pub discovery_aggregation_total: IntCounterVec,
+}
+
+fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric definition");
+    registry.register(Box::new(c.clone())).expect("metric registered once");
+    c
+}
+
+fn gauge(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric definition");
+    registry.register(Box::new(g.clone())).expect("metric registered once");
+    g
 }
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut registry = Registry::default();
-        let requests = Family::<RequestLabels, Counter>::default();
-        registry.register(
-            "apiserver_request",
-            "Requests through the gateway by verb, route target and HTTP code",
-            requests.clone(),
-        );
-        let duration = Family::<TargetLabels, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram);
-        registry.register(
-            "apiserver_request_duration_seconds",
-            "Time to response headers by verb and route target",
-            duration.clone(),
-        );
-        let inflight = Family::<KindLabels, Gauge>::default();
-        registry.register(
-            "apiserver_current_inflight_requests",
-            "Requests in flight, read-only and mutating counted apart (long-running excluded)",
-            inflight.clone(),
-        );
-        let rejected = Family::<ReasonLabels, Counter>::default();
-        registry.register(
-            "apiserver_request_terminations",
-            "Requests the gateway answered itself with an error (too many requests, timeout, body too large, ...)",
-            rejected.clone(),
-        );
-        Self { registry, requests, duration, inflight, rejected }
-    }
-
-    /// For controllers that add their own families at start (before the registry is shared).
-    pub fn registry_mut(&mut self) -> &mut Registry {
-        &mut self.registry
+        let registry = Registry::new();
+        let duration = HistogramVec::new(
+            HistogramOpts::new("apiserver_request_duration_seconds", "Time to response headers by verb and route target")
+                .buckets(vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]),
+            &["verb", "target"],
+        )
+        .expect("valid metric definition");
+        registry.register(Box::new(duration.clone())).expect("metric registered once");
+        Self {
+            requests: counter(&registry, "apiserver_request_total", "Requests through the gateway by verb, route target and HTTP code", &["verb", "target", "code"]),
+            duration,
+            inflight: gauge(&registry, "apiserver_current_inflight_requests", "Requests in flight, read-only and mutating counted apart (long-running excluded)", &["request_kind"]),
+            rejected: counter(&registry, "apiserver_request_terminations_total", "Requests the gateway answered itself with an error, by reason", &["reason"]),
+            unavailable_apiservice: gauge(&registry, "aggregator_unavailable_apiservice", "Gauge of APIServices which are marked as unavailable broken down by APIService name", &["name"]),
+            unavailable_apiservice_total: counter(&registry, "aggregator_unavailable_apiservice_total", "Counter of APIServices which are marked as unavailable broken down by APIService name and reason", &["name", "reason"]),
+            invalid_apiservice: gauge(&registry, "aggregation_gateway_invalid_apiservice", "APIServices refused by validation (1) and therefore not routed", &["name"]),
+            discovery_aggregation_total: counter(&registry, "aggregator_discovery_aggregation_count_total", "Counter of number of times discovery was aggregated", &[]),
+            registry,
+        }
     }
 
     pub fn encode(&self) -> String {
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String");
-        out
+        TextEncoder::new().encode_to_string(&self.registry.gather()).unwrap_or_default()
     }
 }
 
@@ -106,14 +78,14 @@ mod tests {
     #[test]
     fn exposition_has_kubernetes_names() {
         let m = Metrics::new();
-        m.requests
-            .get_or_create(&RequestLabels { verb: "GET".into(), target: "core".into(), code: 200 })
-            .inc();
-        m.duration
-            .get_or_create(&TargetLabels { verb: "GET".into(), target: "core".into() })
-            .observe(0.002);
+        m.requests.with_label_values(&["GET", "core", "200"]).inc();
+        m.duration.with_label_values(&["GET", "core"]).observe(0.002);
+        m.unavailable_apiservice.with_label_values(&["v1alpha1.wardle.example.com"]).set(1);
+        m.unavailable_apiservice_total.with_label_values(&["v1alpha1.wardle.example.com", "FailedDiscoveryCheck"]).inc();
         let text = m.encode();
-        assert!(text.contains("apiserver_request_total{verb=\"GET\",target=\"core\",code=\"200\"} 1"), "{text}");
+        assert!(text.contains("apiserver_request_total{code=\"200\",target=\"core\",verb=\"GET\"} 1"), "{text}");
         assert!(text.contains("# TYPE apiserver_request_duration_seconds histogram"), "{text}");
+        assert!(text.contains("aggregator_unavailable_apiservice{name=\"v1alpha1.wardle.example.com\"} 1"), "{text}");
+        assert!(text.contains("aggregator_unavailable_apiservice_total{name=\"v1alpha1.wardle.example.com\",reason=\"FailedDiscoveryCheck\"} 1"), "{text}");
     }
 }

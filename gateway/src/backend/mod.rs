@@ -2,6 +2,8 @@
 //! and, per APIService, a remote aggregated server. Both share `crate::proxy`.
 
 pub mod core;
+pub mod kube_client;
+pub mod remote;
 pub mod unix;
 
 use std::time::Duration;

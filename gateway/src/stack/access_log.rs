@@ -10,7 +10,7 @@ use tower::{Layer, Service};
 
 use super::{BoxFuture, RoutedTo};
 use crate::body::{Request, Response};
-use crate::metrics::{Metrics, RequestLabels, TargetLabels};
+use crate::metrics::Metrics;
 
 #[derive(Clone)]
 pub struct AccessLogLayer {
@@ -56,14 +56,8 @@ where
             let elapsed = start.elapsed();
             let target = resp.extensions().get::<RoutedTo>().map(RoutedTo::label).unwrap_or_else(|| "gateway".into());
             let code = resp.status().as_u16();
-            metrics
-                .requests
-                .get_or_create(&RequestLabels { verb: method.to_string(), target: target.clone(), code })
-                .inc();
-            metrics
-                .duration
-                .get_or_create(&TargetLabels { verb: method.to_string(), target: target.clone() })
-                .observe(elapsed.as_secs_f64());
+            metrics.requests.with_label_values(&[method.as_str(), &target, &code.to_string()]).inc();
+            metrics.duration.with_label_values(&[method.as_str(), &target]).observe(elapsed.as_secs_f64());
             tracing::info!(
                 target: "access",
                 method = %method,

@@ -9,13 +9,13 @@ use std::task::{Context, Poll};
 
 use http::header::CONTENT_LENGTH;
 use http_body_util::Limited;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus::IntGauge as Gauge;
 use tower::{Layer, Service};
 
 use super::BoxFuture;
 use crate::body::{self, BoxError, Request, Response};
 use crate::error::GatewayError;
-use crate::metrics::{KindLabels, Metrics, ReasonLabels, RequestKind};
+use crate::metrics::Metrics;
 use crate::request_info::RequestInfo;
 
 struct Slots {
@@ -146,19 +146,19 @@ where
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
         if declared.is_some_and(|n| n > max_body) {
-            limits.metrics.rejected.get_or_create(&ReasonLabels { reason: "RequestEntityTooLarge".into() }).inc();
+            limits.metrics.rejected.with_label_values(&["RequestEntityTooLarge"]).inc();
             return Box::pin(async move { Err(GatewayError::BodyTooLarge { limit: max_body }.into()) });
         }
         let (slots, kind, kind_name) = if mutating {
-            (&limits.mutating, RequestKind::mutating, "mutating")
+            (&limits.mutating, "mutating", "mutating")
         } else {
-            (&limits.readonly, RequestKind::readOnly, "read-only")
+            (&limits.readonly, "readOnly", "read-only")
         };
         let Some(guard) = slots.try_take() else {
-            limits.metrics.rejected.get_or_create(&ReasonLabels { reason: "TooManyRequests".into() }).inc();
+            limits.metrics.rejected.with_label_values(&["TooManyRequests"]).inc();
             return Box::pin(async move { Err(GatewayError::TooManyRequests { kind: kind_name }.into()) });
         };
-        let gauge = limits.metrics.inflight.get_or_create(&KindLabels { request_kind: kind }).clone();
+        let gauge = limits.metrics.inflight.with_label_values(&[kind]);
         gauge.inc();
         let guard = InflightGuard { _slot: guard, gauge };
         // A chunked body has no length up front; Limited ends it with an error past the limit,

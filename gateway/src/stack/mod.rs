@@ -13,6 +13,7 @@
 //! `poll_ready`, because a stalled accept loop is worse for an API server than a fast refusal.
 
 pub mod access_log;
+pub mod authn;
 pub mod limits;
 pub mod request_info;
 pub mod rescue;

@@ -1,0 +1,240 @@
+//! A remote APIService's backend: TLS verified against its `caBundle` with the server name
+//! `<service>.<namespace>.svc` (never the dialled address), our proxy client certificate
+//! presented, HTTP/2 pooled with liveness pings, a separate HTTP/1.1 path for upgrades, and the
+//! caller's identity in `X-Remote-*` headers.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use apiservice::model::{RegisteredAPIService, RemoteBackendSpec};
+use apiservice::resolve::ServiceResolver;
+use gateway_config::tls::{self, Identity, ServerTrust};
+use http::uri::{Authority, Scheme};
+use http::{Method, StatusCode};
+use hyper_rustls::{FixedServerNameResolver, HttpsConnector};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use rustls::pki_types::ServerName;
+use tokio::sync::watch;
+
+use crate::body::{self, Body, Request, Response};
+use crate::error::GatewayError;
+use crate::identity::{set_identity_headers, UserInfo};
+use crate::proxy::{self, Upstream};
+
+/// kube-aggregator's limit for `/apis/<group>/<version>` discovery through the proxy.
+const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(5);
+
+type HttpsClient = Client<HttpsConnector<HttpConnector>, Body>;
+
+pub struct RemoteBackend {
+    pub name: Arc<str>,
+    spec: RemoteBackendSpec,
+    resolver: Arc<dyn ServiceResolver>,
+    pooled: HttpsClient,
+    upgrades: HttpsClient,
+    drain: watch::Receiver<bool>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteSetupError {
+    #[error("{name}: spec.caBundle: {source}")]
+    CaBundle {
+        name: String,
+        #[source]
+        source: tls::TlsError,
+    },
+    #[error("{name}: TLS: {source}")]
+    Tls {
+        name: String,
+        #[source]
+        source: tls::TlsError,
+    },
+    #[error("{name}: {server_name:?} is not a valid TLS server name")]
+    ServerName { name: String, server_name: String },
+}
+
+fn client(tls: rustls::ClientConfig, server_name: ServerName<'static>, http2: bool) -> HttpsClient {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(Duration::from_secs(5)));
+    let builder = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_only()
+        .with_server_name_resolver(FixedServerNameResolver::new(server_name));
+    let connector = if http2 {
+        builder.enable_http1().enable_http2().wrap_connector(http)
+    } else {
+        builder.enable_http1().wrap_connector(http)
+    };
+    super::client_builder().build(connector)
+}
+
+impl RemoteBackend {
+    pub fn new(
+        api: &RegisteredAPIService,
+        spec: &RemoteBackendSpec,
+        proxy_identity: Option<&Identity>,
+        resolver: Arc<dyn ServiceResolver>,
+        drain: watch::Receiver<bool>,
+    ) -> Result<Self, RemoteSetupError> {
+        let trust = if spec.insecure_skip_tls_verify {
+            ServerTrust::InsecureSkipVerify
+        } else if let Some(pem) = &spec.ca_bundle {
+            ServerTrust::Roots(
+                tls::roots_from_pem(pem, &api.name)
+                    .map_err(|source| RemoteSetupError::CaBundle { name: api.name.clone(), source })?,
+            )
+        } else {
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in rustls_native_certs::load_native_certs().certs {
+                let _ = roots.add(cert);
+            }
+            ServerTrust::Roots(roots)
+        };
+        let server_name = spec.service.server_name();
+        let sni = ServerName::try_from(server_name.clone())
+            .map_err(|_| RemoteSetupError::ServerName { name: api.name.clone(), server_name })?;
+        let tls_config = |trust| {
+            tls::client_config(trust, proxy_identity, &[])
+                .map_err(|source| RemoteSetupError::Tls { name: api.name.clone(), source })
+        };
+        let clone_trust = |t: &ServerTrust| match t {
+            ServerTrust::Roots(r) => ServerTrust::Roots(r.clone()),
+            ServerTrust::InsecureSkipVerify => ServerTrust::InsecureSkipVerify,
+        };
+        let pooled = client(tls_config(clone_trust(&trust))?, sni.clone(), true);
+        let upgrades = client(tls_config(trust)?, sni, false);
+        Ok(Self { name: api.name.as_str().into(), spec: spec.clone(), resolver, pooled, upgrades, drain })
+    }
+
+    /// Whether this backend was built from the same spec (so it can be kept across a rebuild).
+    pub fn same_spec(&self, spec: &RemoteBackendSpec) -> bool {
+        self.spec == *spec
+    }
+
+    fn upstream(&self) -> Result<Upstream, GatewayError> {
+        let endpoint = self.resolver.resolve(&self.spec.service).map_err(|e| self.unavailable(e.message))?;
+        let authority: Authority = endpoint
+            .authority()
+            .parse()
+            .map_err(|_| self.unavailable(format!("resolved address {:?} is not valid", endpoint.authority())))?;
+        Ok(Upstream { scheme: Scheme::HTTPS, authority })
+    }
+
+    fn unavailable(&self, reason: impl Into<String>) -> GatewayError {
+        GatewayError::BackendUnavailable { api_service: self.name.to_string(), reason: reason.into() }
+    }
+
+    /// Proxies a client request: path unchanged, identity replaced by the authenticated user's.
+    pub async fn forward(&self, mut req: Request, user: &UserInfo, client: Option<SocketAddr>, long_running: bool) -> Result<Response, GatewayError> {
+        let upstream = self.upstream()?;
+        let upgrade = proxy::is_upgrade(req.headers());
+        let discovery = is_group_version_discovery(req.method(), req.uri().path());
+        proxy::prepare_request(&mut req, &upstream, client);
+        set_identity_headers(req.headers_mut(), user);
+        if upgrade {
+            let mut client_req = http::Request::new(body::empty());
+            *client_req.extensions_mut() = std::mem::take(req.extensions_mut());
+            let mut resp = self.upgrades.request(req).await.map_err(|e| self.transport_error(e))?;
+            if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+                proxy::tunnel(&mut client_req, &mut resp, self.drain.clone());
+            }
+            let mut resp = resp.map(body::boxed);
+            proxy::prepare_response(&mut resp);
+            return Ok(resp);
+        }
+        let send = self.pooled.request(req);
+        let resp = if discovery {
+            tokio::time::timeout(DISCOVERY_TIMEOUT, send)
+                .await
+                .map_err(|_| self.unavailable("discovery did not answer within 5s"))?
+        } else {
+            send.await
+        }
+        .map_err(|e| self.transport_error(e))?;
+        if resp.status().is_redirection() {
+            return Err(GatewayError::BackendRedirect { api_service: self.name.to_string(), status: resp.status().as_u16() });
+        }
+        let mut resp = resp.map(|b| {
+            let b = body::boxed(b);
+            if long_running { proxy::drainable(b, self.drain.clone()) } else { b }
+        });
+        proxy::prepare_response(&mut resp);
+        Ok(resp)
+    }
+
+    /// The availability probe: `GET /apis/<group>/<version>` through the same transport, 5 s,
+    /// any 2xx passes. No caller identity: the backend sees only our proxy certificate.
+    pub async fn probe(&self, group: &str, version: &str) -> Result<(), String> {
+        let upstream = self.upstream().map_err(|e| e.to_string())?;
+        let uri = format!("https://{}/apis/{group}/{version}", upstream.authority);
+        let req = http::Request::builder()
+            .method(Method::GET)
+            .uri(uri)
+            .header(http::header::ACCEPT, "application/json")
+            .body(body::empty())
+            .map_err(|e| e.to_string())?;
+        match tokio::time::timeout(DISCOVERY_TIMEOUT, self.pooled.request(req)).await {
+            Err(_) => Err(format!("failing or missing response from {}: timed out after 5s", upstream.authority)),
+            Ok(Err(e)) => Err(format!("failing or missing response from {}: {}", upstream.authority, crate::error::chain(&e))),
+            Ok(Ok(resp)) if resp.status().is_success() => Ok(()),
+            Ok(Ok(resp)) => Err(format!("bad status from {}: {}", upstream.authority, resp.status().as_u16())),
+        }
+    }
+
+    /// A GET the gateway makes on its own behalf (discovery, OpenAPI): no caller identity, only
+    /// our proxy certificate, bounded by `timeout`.
+    pub async fn get(
+        &self,
+        path_and_query: &str,
+        headers: http::HeaderMap,
+        timeout: Duration,
+    ) -> Result<http::Response<hyper::body::Incoming>, GatewayError> {
+        let upstream = self.upstream()?;
+        let mut req = http::Request::builder()
+            .method(Method::GET)
+            .uri(format!("https://{}{path_and_query}", upstream.authority))
+            .body(body::empty())
+            .map_err(|e| GatewayError::Internal(e.to_string()))?;
+        *req.headers_mut() = headers;
+        match tokio::time::timeout(timeout, self.pooled.request(req)).await {
+            Err(_) => Err(self.unavailable(format!("GET {path_and_query} did not answer within {}s", timeout.as_secs()))),
+            Ok(Err(e)) => Err(self.transport_error(e)),
+            Ok(Ok(resp)) => Ok(resp),
+        }
+    }
+
+    /// The Service this backend reaches (discovery is fetched once per Service).
+    pub fn service(&self) -> &apiservice::model::ServiceRef {
+        &self.spec.service
+    }
+
+    fn transport_error(&self, e: hyper_util::client::legacy::Error) -> GatewayError {
+        self.unavailable(format!("error trying to reach service: {}", crate::error::chain(&e)))
+    }
+}
+
+/// `/apis/<group>/<version>` exactly (trailing slash allowed): the discovery document kubectl
+/// fetches per group-version, which kube-aggregator bounds to 5 s.
+fn is_group_version_discovery(method: &Method, path: &str) -> bool {
+    method == Method::GET && {
+        let trimmed = path.trim_end_matches('/');
+        trimmed.strip_prefix("/apis/").is_some_and(|rest| rest.split('/').count() == 2)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn discovery_paths() {
+        assert!(is_group_version_discovery(&Method::GET, "/apis/wardle.example.com/v1alpha1"));
+        assert!(is_group_version_discovery(&Method::GET, "/apis/wardle.example.com/v1alpha1/"));
+        assert!(!is_group_version_discovery(&Method::GET, "/apis/wardle.example.com/v1alpha1/flunders"));
+        assert!(!is_group_version_discovery(&Method::POST, "/apis/wardle.example.com/v1alpha1"));
+    }
+}

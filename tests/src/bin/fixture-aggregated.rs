@@ -1,0 +1,79 @@
+//! `fixture-aggregated`: an aggregated API server (flunders and fischers) that end-to-end tests
+//! register behind the gateway with an APIService. Always HTTPS. Prints `listening on ADDR` once
+//! bound, then serves until killed.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+use e2e::fixture::{aggregated_server, RequestHeaderAuth, Server, TlsFiles};
+
+#[derive(Parser, Debug)]
+#[command(about = "In-memory aggregated API server fixture for end-to-end tests")]
+struct Args {
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: String,
+    #[arg(long)]
+    tls_cert_file: PathBuf,
+    #[arg(long)]
+    tls_private_key_file: PathBuf,
+    /// Require a client certificate chained to this CA before trusting X-Remote-* headers;
+    /// requests without one are answered 401.
+    #[arg(long)]
+    requestheader_client_ca_file: Option<PathBuf>,
+    /// Client certificate CNs allowed to assert identity (comma list; empty = any).
+    #[arg(long, value_delimiter = ',', default_value = "")]
+    requestheader_allowed_names: Vec<String>,
+    #[arg(long, default_value = "wardle.example.com")]
+    group: String,
+    /// Served versions, first preferred; repeat the flag or give a comma list.
+    #[arg(long, value_delimiter = ',', default_value = "v1alpha1")]
+    version: Vec<String>,
+    /// No aggregated discovery: /apis is always the legacy APIGroupList.
+    #[arg(long)]
+    legacy_only: bool,
+    /// Answer 404 on /openapi/v3.
+    #[arg(long)]
+    no_openapi: bool,
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let args = Args::parse();
+    let versions: Vec<String> = args
+        .version
+        .iter()
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+        .collect();
+    if versions.is_empty() {
+        return Err("at least one --version is required".into());
+    }
+    let request_header = args
+        .requestheader_client_ca_file
+        .as_ref()
+        .map(|_| RequestHeaderAuth {
+            allowed_names: args
+                .requestheader_allowed_names
+                .iter()
+                .map(|n| n.trim().to_string())
+                .filter(|n| !n.is_empty())
+                .collect(),
+        });
+    let config = aggregated_server::config(
+        &args.group,
+        &versions,
+        args.legacy_only,
+        !args.no_openapi,
+        request_header,
+    );
+    let tls = TlsFiles {
+        cert: args.tls_cert_file,
+        key: args.tls_private_key_file,
+        client_ca: args.requestheader_client_ca_file,
+    };
+    Server::bind(config, &args.listen, Some(&tls))
+        .await?
+        .announce_and_serve()
+        .await
+}

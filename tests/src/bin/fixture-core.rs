@@ -1,0 +1,59 @@
+//! `fixture-core`: a stand-in for kube-apiserver that end-to-end tests put behind the gateway.
+//! Prints `listening on ADDR` once bound, then serves until killed.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+use e2e::fixture::{core_server, Policy, Server, TlsFiles};
+
+#[derive(Parser, Debug)]
+#[command(about = "In-memory core API server fixture for end-to-end tests")]
+struct Args {
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: String,
+    /// Serve HTTPS with this certificate (PEM; requires --tls-private-key-file).
+    #[arg(long, requires = "tls_private_key_file")]
+    tls_cert_file: Option<PathBuf>,
+    #[arg(long, requires = "tls_cert_file")]
+    tls_private_key_file: Option<PathBuf>,
+    /// Verify client certificates against this CA when presented (they stay optional).
+    #[arg(long, requires = "tls_cert_file")]
+    client_ca_file: Option<PathBuf>,
+    /// Minor version reported by /version (kubectl's dispatcher picks its binary from it).
+    #[arg(long, default_value = "32")]
+    minor: String,
+    /// Answer /api and /apis with legacy discovery only, whatever Accept says.
+    #[arg(long)]
+    no_aggregated_discovery: bool,
+    /// JSON policy for TokenReview and SubjectAccessReview.
+    #[arg(long)]
+    policy: Option<PathBuf>,
+}
+
+fn load_policy(path: Option<&PathBuf>) -> Result<Policy, String> {
+    let Some(path) = path else {
+        return Ok(Policy::default());
+    };
+    let text = std::fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    serde_json::from_slice(&text).map_err(|e| format!("parsing {}: {e}", path.display()))
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let args = Args::parse();
+    let policy = load_policy(args.policy.as_ref())?;
+    let config = core_server::config(&args.minor, !args.no_aggregated_discovery, policy);
+    let tls = match (args.tls_cert_file, args.tls_private_key_file) {
+        (Some(cert), Some(key)) => Some(TlsFiles {
+            cert,
+            key,
+            client_ca: args.client_ca_file,
+        }),
+        _ => None,
+    };
+    Server::bind(config, &args.listen, tls.as_ref())
+        .await?
+        .announce_and_serve()
+        .await
+}

@@ -1,0 +1,7 @@
+//! End-to-end test support: fixture servers of ours that speak the Kubernetes API protocol (a core
+//! server and aggregated API servers), certificate helpers, and a harness that starts the real
+//! gateway binary and drives it with real clients (kubectl, helm, HTTP/1.1 and HTTP/2).
+
+pub mod certs;
+pub mod fixture;
+pub mod harness;
