@@ -249,10 +249,12 @@ mod tests {
 
     #[test]
     fn flags_override_file_and_file_fills_gaps() {
-        let file: Options =
-            serde_saphyr::from_str("securePort: 9443\ncoreUrl: http://127.0.0.1:1\nlogLevel: debug\n")
-                .unwrap();
-        let cli = Cli::try_parse_from(["gw", "--secure-port", "10443", "--anonymous-auth=false"]).unwrap();
+        let file: Options = serde_saphyr::from_str(
+            "securePort: 9443\ncoreUrl: http://127.0.0.1:1\nlogLevel: debug\n",
+        )
+        .unwrap();
+        let cli = Cli::try_parse_from(["gw", "--secure-port", "10443", "--anonymous-auth=false"])
+            .unwrap();
         let merged = cli.options.or(file);
         assert_eq!(merged.secure_port, Some(10443));
         assert_eq!(merged.core_url.as_deref(), Some("http://127.0.0.1:1"));

@@ -85,15 +85,23 @@ pub fn cipher_suite_known(name: &str) -> bool {
 pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let certs = CertificateDer::pem_file_iter(path)
         .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-        .map_err(|source| TlsError::Certs { path: path.to_owned(), source })?;
+        .map_err(|source| TlsError::Certs {
+            path: path.to_owned(),
+            source,
+        })?;
     if certs.is_empty() {
-        return Err(TlsError::NoCerts { path: path.to_owned() });
+        return Err(TlsError::NoCerts {
+            path: path.to_owned(),
+        });
     }
     Ok(certs)
 }
 
 pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    PrivateKeyDer::from_pem_file(path).map_err(|source| TlsError::Key { path: path.to_owned(), source })
+    PrivateKeyDer::from_pem_file(path).map_err(|source| TlsError::Key {
+        path: path.to_owned(),
+        source,
+    })
 }
 
 /// Root store from one or more CA bundle files.
@@ -112,10 +120,15 @@ pub fn load_roots(paths: &[&Path]) -> Result<RootCertStore, TlsError> {
 
 /// Root store from PEM bytes, e.g. an APIService's `spec.caBundle`.
 pub fn roots_from_pem(pem: &[u8], origin: &str) -> Result<RootCertStore, TlsError> {
-    let err = |message: String| TlsError::RootsPem { origin: origin.to_owned(), message };
+    let err = |message: String| TlsError::RootsPem {
+        origin: origin.to_owned(),
+        message,
+    };
     let mut roots = RootCertStore::empty();
     for cert in CertificateDer::pem_slice_iter(pem) {
-        roots.add(cert.map_err(|e| err(e.to_string()))?).map_err(|e| err(e.to_string()))?;
+        roots
+            .add(cert.map_err(|e| err(e.to_string()))?)
+            .map_err(|e| err(e.to_string()))?;
     }
     if roots.is_empty() {
         return Err(err("no PEM certificate found".to_owned()));
@@ -132,7 +145,10 @@ pub struct Identity {
 
 impl Clone for Identity {
     fn clone(&self) -> Self {
-        Self { certs: self.certs.clone(), key: self.key.clone_key() }
+        Self {
+            certs: self.certs.clone(),
+            key: self.key.clone_key(),
+        }
     }
 }
 
@@ -179,7 +195,9 @@ pub fn ensure_serving_cert(serving: &ServingConfig) -> Result<(CertKeyPair, bool
             .push(rcgen::SanType::IpAddress(ip.parse().expect("literal IP")));
     }
     params.is_ca = rcgen::IsCa::ExplicitNoCa;
-    let cert = params.self_signed(&key).map_err(|e| TlsError::Generate(e.to_string()))?;
+    let cert = params
+        .self_signed(&key)
+        .map_err(|e| TlsError::Generate(e.to_string()))?;
     std::fs::create_dir_all(&serving.cert_dir).map_err(|source| TlsError::Write {
         path: serving.cert_dir.clone(),
         source,
@@ -202,7 +220,10 @@ fn write_private(path: &Path, bytes: &[u8]) -> Result<(), TlsError> {
     opts.mode(0o600);
     opts.open(path)
         .and_then(|mut f| f.write_all(bytes))
-        .map_err(|source| TlsError::Write { path: path.to_owned(), source })
+        .map_err(|source| TlsError::Write {
+            path: path.to_owned(),
+            source,
+        })
 }
 
 /// Everything that goes into the serving `ServerConfig`; rebuilt as a whole on reload because the
@@ -219,7 +240,10 @@ pub struct ServerTlsSettings {
 
 impl ServerTlsSettings {
     pub fn files(&self) -> Vec<PathBuf> {
-        let mut files = vec![self.serving.cert_file.clone(), self.serving.key_file.clone()];
+        let mut files = vec![
+            self.serving.cert_file.clone(),
+            self.serving.key_file.clone(),
+        ];
         files.extend(self.client_ca_files.iter().cloned());
         files
     }
@@ -228,7 +252,8 @@ impl ServerTlsSettings {
         let mut provider = provider();
         if !self.cipher_suites.is_empty() {
             provider.cipher_suites.retain(|s| {
-                s.version() == &rustls::version::TLS13 || self.cipher_suites.contains(&suite_name(s))
+                s.version() == &rustls::version::TLS13
+                    || self.cipher_suites.contains(&suite_name(s))
             });
         }
         let provider = Arc::new(provider);
@@ -237,7 +262,8 @@ impl ServerTlsSettings {
         } else {
             &[&rustls::version::TLS13, &rustls::version::TLS12]
         };
-        let builder = ServerConfig::builder_with_provider(provider.clone()).with_protocol_versions(versions)?;
+        let builder = ServerConfig::builder_with_provider(provider.clone())
+            .with_protocol_versions(versions)?;
         let identity = Identity::load(&self.serving)?;
         let builder = if self.client_ca_files.is_empty() {
             builder.with_no_client_auth()
@@ -280,7 +306,8 @@ pub fn client_config(
     alpn: &[&[u8]],
 ) -> Result<ClientConfig, TlsError> {
     let provider = Arc::new(provider());
-    let builder = ClientConfig::builder_with_provider(provider.clone()).with_safe_default_protocol_versions()?;
+    let builder = ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()?;
     let builder = match trust {
         ServerTrust::Roots(roots) => builder.with_root_certificates(roots),
         ServerTrust::InsecureSkipVerify => builder
@@ -316,7 +343,12 @@ impl ServerCertVerifier for SkipServerVerification {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
     }
 
     fn verify_tls13_signature(
@@ -325,7 +357,12 @@ impl ServerCertVerifier for SkipServerVerification {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
@@ -353,7 +390,13 @@ pub fn watch_files(
     let mut dirs: Vec<PathBuf> = files
         .iter()
         .filter_map(|f| f.parent().map(Path::to_path_buf))
-        .map(|d| if d.as_os_str().is_empty() { PathBuf::from(".") } else { d })
+        .map(|d| {
+            if d.as_os_str().is_empty() {
+                PathBuf::from(".")
+            } else {
+                d
+            }
+        })
         .collect();
     dirs.sort();
     dirs.dedup();
@@ -414,13 +457,19 @@ mod tests {
         let b = tempfile::tempdir().unwrap();
         let (pa, _) = ensure_serving_cert(&serving_in(a.path())).unwrap();
         let (pb, _) = ensure_serving_cert(&serving_in(b.path())).unwrap();
-        let err = Identity::load(&CertKeyPair { cert_file: pa.cert_file, key_file: pb.key_file }).unwrap_err();
+        let err = Identity::load(&CertKeyPair {
+            cert_file: pa.cert_file,
+            key_file: pb.key_file,
+        })
+        .unwrap_err();
         assert!(matches!(err, TlsError::Pair { .. }), "{err}");
     }
 
     #[test]
     fn cipher_suite_names_are_iana() {
-        assert!(cipher_suite_known("TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256"));
+        assert!(cipher_suite_known(
+            "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256"
+        ));
         assert!(!cipher_suite_known("TLS_RSA_WITH_RC4_128_SHA"));
     }
 

@@ -185,8 +185,14 @@ fn existing_file(flag: &str, path: Option<PathBuf>) -> Result<Option<PathBuf>, C
         Some(p) if p.as_os_str().is_empty() => Ok(None),
         Some(p) => match std::fs::metadata(&p) {
             Ok(m) if m.is_file() => Ok(Some(p)),
-            Ok(_) => Err(ConfigError::new(flag, format!("{} is not a file", p.display()))),
-            Err(e) => Err(ConfigError::new(flag, format!("cannot read {}: {e}", p.display()))),
+            Ok(_) => Err(ConfigError::new(
+                flag,
+                format!("{} is not a file", p.display()),
+            )),
+            Err(e) => Err(ConfigError::new(
+                flag,
+                format!("cannot read {}: {e}", p.display()),
+            )),
         },
     }
 }
@@ -200,10 +206,19 @@ fn pair(
     let cert = existing_file(cert_flag, cert)?;
     let key = existing_file(key_flag, key)?;
     match (cert, key) {
-        (Some(cert_file), Some(key_file)) => Ok(Some(CertKeyPair { cert_file, key_file })),
+        (Some(cert_file), Some(key_file)) => Ok(Some(CertKeyPair {
+            cert_file,
+            key_file,
+        })),
         (None, None) => Ok(None),
-        (Some(_), None) => Err(ConfigError::new(key_flag, format!("required when --{cert_flag} is set"))),
-        (None, Some(_)) => Err(ConfigError::new(cert_flag, format!("required when --{key_flag} is set"))),
+        (Some(_), None) => Err(ConfigError::new(
+            key_flag,
+            format!("required when --{cert_flag} is set"),
+        )),
+        (None, Some(_)) => Err(ConfigError::new(
+            cert_flag,
+            format!("required when --{key_flag} is set"),
+        )),
     }
 }
 
@@ -211,7 +226,9 @@ fn parse_core_url(raw: &str) -> Result<CoreEndpoint, ConfigError> {
     let bad = |m: &str| ConfigError::new("core-url", format!("{raw:?}: {m}"));
     if let Some(path) = raw.strip_prefix("unix://") {
         if !path.starts_with('/') {
-            return Err(bad("a unix socket URL needs an absolute path (unix:///run/core.sock)"));
+            return Err(bad(
+                "a unix socket URL needs an absolute path (unix:///run/core.sock)",
+            ));
         }
         return Ok(CoreEndpoint::Unix(PathBuf::from(path)));
     }
@@ -221,13 +238,17 @@ fn parse_core_url(raw: &str) -> Result<CoreEndpoint, ConfigError> {
     let rest = raw
         .strip_prefix("http://")
         .or_else(|| raw.strip_prefix("https://"))
-        .ok_or_else(|| bad("must start with http://, https:// or unix:// (or be an absolute socket path)"))?;
+        .ok_or_else(|| {
+            bad("must start with http://, https:// or unix:// (or be an absolute socket path)")
+        })?;
     let authority = rest.split('/').next().unwrap_or_default();
     if authority.is_empty() {
         return Err(bad("missing host"));
     }
     if rest.len() > authority.len() && rest[authority.len()..] != *"/" {
-        return Err(bad("must not have a path: the gateway forwards request paths unchanged"));
+        return Err(bad(
+            "must not have a path: the gateway forwards request paths unchanged",
+        ));
     }
     if authority.contains('@') || rest.contains('?') || rest.contains('#') {
         return Err(bad("must be scheme://host[:port] only"));
@@ -235,12 +256,20 @@ fn parse_core_url(raw: &str) -> Result<CoreEndpoint, ConfigError> {
     Ok(CoreEndpoint::Url(raw.trim_end_matches('/').to_owned()))
 }
 
-fn one_of<'a>(flag: &str, value: Option<&'a str>, default: &'a str, allowed: &[&str]) -> Result<&'a str, ConfigError> {
+fn one_of<'a>(
+    flag: &str,
+    value: Option<&'a str>,
+    default: &'a str,
+    allowed: &[&str],
+) -> Result<&'a str, ConfigError> {
     let v = value.unwrap_or(default);
     if allowed.contains(&v) {
         Ok(v)
     } else {
-        Err(ConfigError::new(flag, format!("{v:?} is not one of {}", allowed.join(", "))))
+        Err(ConfigError::new(
+            flag,
+            format!("{v:?} is not one of {}", allowed.join(", ")),
+        ))
     }
 }
 
@@ -263,16 +292,27 @@ impl Options {
             if !crate::tls::cipher_suite_known(suite) {
                 return Err(ConfigError::new(
                     "tls-cipher-suites",
-                    format!("unknown or insecure cipher suite {suite:?}; supported: {}", crate::tls::supported_cipher_suite_names().join(", ")),
+                    format!(
+                        "unknown or insecure cipher suite {suite:?}; supported: {}",
+                        crate::tls::supported_cipher_suite_names().join(", ")
+                    ),
                 ));
             }
         }
         let http2_max_streams = self.http2_max_streams_per_connection.unwrap_or(1000);
         if http2_max_streams == 0 {
-            return Err(ConfigError::new("http2-max-streams-per-connection", "must be at least 1"));
+            return Err(ConfigError::new(
+                "http2-max-streams-per-connection",
+                "must be at least 1",
+            ));
         }
         let serving = ServingConfig {
-            cert: pair("tls-cert-file", "tls-private-key-file", self.tls_cert_file, self.tls_private_key_file)?,
+            cert: pair(
+                "tls-cert-file",
+                "tls-private-key-file",
+                self.tls_cert_file,
+                self.tls_private_key_file,
+            )?,
             cert_dir: self
                 .cert_dir
                 .unwrap_or_else(|| std::env::temp_dir().join("aggregation-gateway")),
@@ -291,9 +331,14 @@ impl Options {
             anonymous: self.anonymous_auth.unwrap_or(true),
             token_webhook: self.authentication_token_webhook.unwrap_or(true),
             token_cache_ttl: secs(self.authentication_token_webhook_cache_ttl, 120),
-            token_cache_unauthorized_ttl: secs(self.authentication_token_webhook_cache_unauthorized_ttl, 10),
+            token_cache_unauthorized_ttl: secs(
+                self.authentication_token_webhook_cache_unauthorized_ttl,
+                10,
+            ),
         };
-        if !authn.requestheader_allowed_names.is_empty() && authn.requestheader_client_ca_file.is_none() {
+        if !authn.requestheader_allowed_names.is_empty()
+            && authn.requestheader_client_ca_file.is_none()
+        {
             return Err(ConfigError::new(
                 "requestheader-allowed-names",
                 "needs --requestheader-client-ca-file: names are only checked on certificates that CA signed",
@@ -321,8 +366,13 @@ impl Options {
             None => Some(CoreEndpoint::Url("http://127.0.0.1:8080".to_owned())),
         };
         let ca_file = existing_file("core-ca-file", self.core_ca_file)?;
-        if ca_file.is_some() && matches!(&endpoint, Some(CoreEndpoint::Url(u)) if u.starts_with("http://")) {
-            return Err(ConfigError::new("core-ca-file", "only applies to an https:// --core-url"));
+        if ca_file.is_some()
+            && matches!(&endpoint, Some(CoreEndpoint::Url(u)) if u.starts_with("http://"))
+        {
+            return Err(ConfigError::new(
+                "core-ca-file",
+                "only applies to an https:// --core-url",
+            ));
         }
         let identity = match one_of(
             "core-identity",
@@ -373,16 +423,28 @@ impl Options {
         let static_services = self.services.unwrap_or_default();
         for (i, svc) in static_services.iter().enumerate() {
             if svc.namespace.is_empty() || svc.name.is_empty() {
-                return Err(ConfigError::new("services", format!("entry {i}: namespace and name are required")));
+                return Err(ConfigError::new(
+                    "services",
+                    format!("entry {i}: namespace and name are required"),
+                ));
             }
             if svc.urls.is_empty() {
-                return Err(ConfigError::new("services", format!("{}/{}: at least one URL is required", svc.namespace, svc.name)));
+                return Err(ConfigError::new(
+                    "services",
+                    format!(
+                        "{}/{}: at least one URL is required",
+                        svc.namespace, svc.name
+                    ),
+                ));
             }
             for url in &svc.urls {
                 if !url.starts_with("https://") {
                     return Err(ConfigError::new(
                         "services",
-                        format!("{}/{}: {url:?} must be an https:// URL (aggregated servers serve TLS)", svc.namespace, svc.name),
+                        format!(
+                            "{}/{}: {url:?} must be an https:// URL (aggregated servers serve TLS)",
+                            svc.namespace, svc.name
+                        ),
                     ));
                 }
             }
@@ -395,10 +457,16 @@ impl Options {
             static_services,
         };
         if apiservices.availability_interval.is_zero() {
-            return Err(ConfigError::new("apiservice-availability-interval", "must be greater than 0s"));
+            return Err(ConfigError::new(
+                "apiservice-availability-interval",
+                "must be greater than 0s",
+            ));
         }
         if apiservices.discovery_refresh_interval.is_zero() {
-            return Err(ConfigError::new("discovery-refresh-interval", "must be greater than 0s"));
+            return Err(ConfigError::new(
+                "discovery-refresh-interval",
+                "must be greater than 0s",
+            ));
         }
 
         let limits = Limits {
@@ -410,25 +478,47 @@ impl Options {
             max_header_bytes: self.max_header_bytes.unwrap_or(1024 * 1024),
         };
         if limits.request_timeout.is_zero() {
-            return Err(ConfigError::new("request-timeout", "must be greater than 0s"));
+            return Err(ConfigError::new(
+                "request-timeout",
+                "must be greater than 0s",
+            ));
         }
         if limits.header_read_timeout.is_zero() {
-            return Err(ConfigError::new("header-read-timeout", "must be greater than 0s"));
+            return Err(ConfigError::new(
+                "header-read-timeout",
+                "must be greater than 0s",
+            ));
         }
         if limits.max_header_bytes < 8192 {
-            return Err(ConfigError::new("max-header-bytes", "must be at least 8192"));
+            return Err(ConfigError::new(
+                "max-header-bytes",
+                "must be at least 8192",
+            ));
         }
 
-        let format = match one_of("logging-format", self.logging_format.as_deref(), "text", &["text", "json"])? {
+        let format = match one_of(
+            "logging-format",
+            self.logging_format.as_deref(),
+            "text",
+            &["text", "json"],
+        )? {
             "json" => LogFormat::Json,
             _ => LogFormat::Text,
         };
         let level = self.log_level.unwrap_or_else(|| "info".to_owned());
         if level.trim().is_empty() {
-            return Err(ConfigError::new("log-level", "must not be empty (e.g. info, debug)"));
+            return Err(ConfigError::new(
+                "log-level",
+                "must not be empty (e.g. info, debug)",
+            ));
         }
 
-        let audit_level = match one_of("audit-policy-level", self.audit_policy_level.as_deref(), "Metadata", &["None", "Metadata"])? {
+        let audit_level = match one_of(
+            "audit-policy-level",
+            self.audit_policy_level.as_deref(),
+            "Metadata",
+            &["None", "Metadata"],
+        )? {
             "None" => AuditLevel::None,
             _ => AuditLevel::Metadata,
         };
@@ -488,17 +578,35 @@ mod tests {
     fn embedded_defaults_validate() {
         let c = Options::default().validate().unwrap();
         assert_eq!(c.listen, "127.0.0.1:8443".parse().unwrap());
-        assert_eq!(c.core.endpoint, Some(CoreEndpoint::Url("http://127.0.0.1:8080".into())));
+        assert_eq!(
+            c.core.endpoint,
+            Some(CoreEndpoint::Url("http://127.0.0.1:8080".into()))
+        );
         assert_eq!(c.limits.request_timeout, Duration::from_secs(60));
         assert!(c.authn.anonymous);
     }
 
     #[test]
     fn core_url_forms() {
-        assert_eq!(parse_core_url("unix:///run/x.sock").unwrap(), CoreEndpoint::Unix("/run/x.sock".into()));
-        assert_eq!(parse_core_url("/run/x.sock").unwrap(), CoreEndpoint::Unix("/run/x.sock".into()));
-        assert_eq!(parse_core_url("https://10.0.0.1:6443/").unwrap(), CoreEndpoint::Url("https://10.0.0.1:6443".into()));
-        for bad in ["ftp://x", "http://", "http://h/prefix", "unix://relative", "localhost:8080"] {
+        assert_eq!(
+            parse_core_url("unix:///run/x.sock").unwrap(),
+            CoreEndpoint::Unix("/run/x.sock".into())
+        );
+        assert_eq!(
+            parse_core_url("/run/x.sock").unwrap(),
+            CoreEndpoint::Unix("/run/x.sock".into())
+        );
+        assert_eq!(
+            parse_core_url("https://10.0.0.1:6443/").unwrap(),
+            CoreEndpoint::Url("https://10.0.0.1:6443".into())
+        );
+        for bad in [
+            "ftp://x",
+            "http://",
+            "http://h/prefix",
+            "unix://relative",
+            "localhost:8080",
+        ] {
             let err = parse_core_url(bad).unwrap_err();
             assert_eq!(err.flag, "core-url", "{bad}");
         }
@@ -515,7 +623,9 @@ mod tests {
 
     #[test]
     fn missing_files_are_refused_at_start() {
-        let err = opts("clientCaFile: /nonexistent/ca.crt\n").validate().unwrap_err();
+        let err = opts("clientCaFile: /nonexistent/ca.crt\n")
+            .validate()
+            .unwrap_err();
         assert_eq!(err.flag, "client-ca-file");
         assert!(err.message.contains("/nonexistent/ca.crt"), "{err}");
     }
@@ -525,7 +635,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let cert = dir.path().join("tls.crt");
         std::fs::write(&cert, "x").unwrap();
-        let err = Options { tls_cert_file: Some(cert), ..Default::default() }.validate().unwrap_err();
+        let err = Options {
+            tls_cert_file: Some(cert),
+            ..Default::default()
+        }
+        .validate()
+        .unwrap_err();
         assert_eq!(err.flag, "tls-private-key-file");
     }
 
@@ -546,7 +661,10 @@ mod tests {
     #[test]
     fn yaml_key_matches_serde() {
         assert_eq!(yaml_key("core-ca-file"), "coreCaFile");
-        assert_eq!(yaml_key("http2-max-streams-per-connection"), "http2MaxStreamsPerConnection");
+        assert_eq!(
+            yaml_key("http2-max-streams-per-connection"),
+            "http2MaxStreamsPerConnection"
+        );
     }
 }
 
@@ -560,7 +678,10 @@ mod example_tests {
         let options: crate::Options = serde_saphyr::from_str(text).unwrap();
         let from_file = options.validate().unwrap();
         let defaults = crate::Options::default().validate().unwrap();
-        assert_eq!(format!("{:?}", from_file.limits), format!("{:?}", defaults.limits));
+        assert_eq!(
+            format!("{:?}", from_file.limits),
+            format!("{:?}", defaults.limits)
+        );
         assert_eq!(from_file.listen, defaults.listen);
         assert_eq!(from_file.core.endpoint, defaults.core.endpoint);
         assert_eq!(from_file.apiservices.source, defaults.apiservices.source);

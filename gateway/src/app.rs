@@ -20,12 +20,18 @@ use gateway_config::ApiServiceSource;
 
 use crate::backend::core::{CoreBackend, CoreSetupError};
 use crate::backend::kube_client;
-use crate::routing::{AvailabilityController, AvailabilityMap, BackendFactory, RouteController, Routing};
+use crate::discovery::{DiscoveryCache, DiscoveryController};
 use crate::health::{self, Check, Health};
 use crate::listener::{self, ListenerSettings};
 use crate::metrics::Metrics;
 use crate::router::{Gateway, Router};
-use crate::stack::{access_log::AccessLogLayer, authn::AuthnLayer, limits::LimitsLayer, request_info::RequestInfoLayer, rescue::RescueLayer, timeout::TimeoutLayer};
+use crate::routing::{
+    AvailabilityController, AvailabilityMap, BackendFactory, RouteController, Routing,
+};
+use crate::stack::{
+    access_log::AccessLogLayer, authn::AuthnLayer, limits::LimitsLayer,
+    request_info::RequestInfoLayer, rescue::RescueLayer, timeout::TimeoutLayer,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -75,8 +81,14 @@ pub async fn run(config: Config) -> Result<(), StartError> {
 
     let listener = TcpListener::bind(config.listen)
         .await
-        .map_err(|source| StartError::Bind { addr: config.listen, source })?;
-    let address = listener.local_addr().map_err(|source| StartError::Bind { addr: config.listen, source })?;
+        .map_err(|source| StartError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+    let address = listener.local_addr().map_err(|source| StartError::Bind {
+        addr: config.listen,
+        source,
+    })?;
 
     let (drain_tx, drain_rx) = watch::channel(false);
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -88,20 +100,53 @@ pub async fn run(config: Config) -> Result<(), StartError> {
     let shutdown_check = Check::healthy();
     health.register("shutdown", health::READY_ONLY, shutdown_check.clone());
     let routing = Routing::new();
-    health.register("apiservice-sources-synced", health::READY, routing.synced.clone());
+    health.register(
+        "apiservice-sources-synced",
+        health::READY,
+        routing.synced.clone(),
+    );
 
     let metrics = Arc::new(Metrics::new());
-    start_apiservices(&config, core.clone(), routing.clone(), metrics.clone(), drain_rx.clone())?;
-    let gateway = Arc::new(Gateway { core, health, metrics: metrics.clone(), routing });
+    start_apiservices(
+        &config,
+        core.clone(),
+        routing.clone(),
+        metrics.clone(),
+        drain_rx.clone(),
+    )?;
+    let discovery = Arc::new(DiscoveryCache::new(routing.clone()));
+    tokio::spawn(
+        DiscoveryController::new(
+            discovery.clone(),
+            core.clone(),
+            routing.clone(),
+            metrics.clone(),
+            config.apiservices.discovery_refresh_interval,
+        )
+        .run(),
+    );
+    let gateway = Arc::new(Gateway {
+        core,
+        health,
+        metrics: metrics.clone(),
+        routing,
+        discovery,
+    });
     tokio::spawn(watch_core(gateway.clone(), core_check));
 
     let stack = ServiceBuilder::new()
-        .layer(AccessLogLayer { metrics: metrics.clone() })
-        .layer(RescueLayer { request_timeout: config.limits.request_timeout })
+        .layer(AccessLogLayer {
+            metrics: metrics.clone(),
+        })
+        .layer(RescueLayer {
+            request_timeout: config.limits.request_timeout,
+        })
         .layer(RequestInfoLayer)
         .layer(AuthnLayer)
         .layer(LimitsLayer::new(&config.limits, metrics.clone()))
-        .layer(TimeoutLayer { limit: config.limits.request_timeout })
+        .layer(TimeoutLayer {
+            limit: config.limits.request_timeout,
+        })
         .service(Router::new(gateway.clone()));
 
     tracing::info!(
@@ -117,7 +162,9 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         max_header_bytes: config.limits.max_header_bytes,
         http2_max_streams: config.serving.http2_max_streams,
     };
-    let server = tokio::spawn(listener::serve(listener, server_tls, stack, settings, stop_rx));
+    let server = tokio::spawn(listener::serve(
+        listener, server_tls, stack, settings, stop_rx,
+    ));
 
     shutdown_signal().await;
     shutdown_check.fail("the gateway is shutting down");
@@ -172,7 +219,11 @@ fn start_apiservices(
 
     match &api.source {
         ApiServiceSource::Kube { label_selector } => {
-            tokio::spawn(apiservice::source::kube::run(kube.clone(), label_selector.clone(), set_tx));
+            tokio::spawn(apiservice::source::kube::run(
+                kube.clone(),
+                label_selector.clone(),
+                set_tx,
+            ));
         }
         ApiServiceSource::File { dir } => {
             tokio::spawn(apiservice::source::file::run(dir.clone(), set_tx));
@@ -183,11 +234,26 @@ fn start_apiservices(
     }
 
     let proxy_identity = match &config.proxy_client {
-        Some(pair) => Some(Arc::new(Identity::load(pair).map_err(StartError::ProxyIdentity)?)),
+        Some(pair) => Some(Arc::new(
+            Identity::load(pair).map_err(StartError::ProxyIdentity)?,
+        )),
         None => None,
     };
-    let factory = BackendFactory { proxy_identity, resolver: resolver.clone(), drain };
-    tokio::spawn(RouteController::new(routing.clone(), set_rx, results_rx, factory, metrics.clone()).run());
+    let factory = BackendFactory {
+        proxy_identity,
+        resolver: resolver.clone(),
+        drain,
+    };
+    tokio::spawn(
+        RouteController::new(
+            routing.clone(),
+            set_rx,
+            results_rx,
+            factory,
+            metrics.clone(),
+        )
+        .run(),
+    );
     tokio::spawn(
         AvailabilityController {
             routing,
@@ -212,7 +278,8 @@ async fn watch_core(gateway: Arc<Gateway>, check: Arc<Check>) {
             .uri("/readyz")
             .body(crate::body::empty())
             .expect("static request");
-        let outcome = tokio::time::timeout(Duration::from_secs(2), gateway.core.send_own(req)).await;
+        let outcome =
+            tokio::time::timeout(Duration::from_secs(2), gateway.core.send_own(req)).await;
         match outcome {
             Ok(Ok(resp)) if resp.status() < StatusCode::INTERNAL_SERVER_ERROR => {
                 if !check.is_ok() {
@@ -220,14 +287,21 @@ async fn watch_core(gateway: Arc<Gateway>, check: Arc<Check>) {
                 }
                 check.pass();
             }
-            Ok(Ok(resp)) => check.fail(&format!("core server at {} answered /readyz with {}", gateway.core.url(), resp.status())),
+            Ok(Ok(resp)) => check.fail(&format!(
+                "core server at {} answered /readyz with {}",
+                gateway.core.url(),
+                resp.status()
+            )),
             Ok(Err(e)) => {
                 if check.is_ok() {
                     tracing::warn!(error = %e, "core server unreachable");
                 }
                 check.fail(&e.to_string());
             }
-            Err(_) => check.fail(&format!("core server at {} did not answer /readyz within 2s", gateway.core.url())),
+            Err(_) => check.fail(&format!(
+                "core server at {} did not answer /readyz within 2s",
+                gateway.core.url()
+            )),
         }
         tokio::select! {
             _ = tokio::time::sleep(if check.is_ok() { Duration::from_secs(5) } else { Duration::from_millis(500) }) => {}

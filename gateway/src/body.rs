@@ -21,7 +21,10 @@ impl http_body::Body for Body {
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         Pin::new(&mut self.get_mut().0).poll_frame(cx)
     }
 
@@ -45,7 +48,11 @@ pub fn empty() -> Body {
 }
 
 pub fn full(bytes: impl Into<Bytes>) -> Body {
-    Body(Full::new(bytes.into()).map_err(|never| match never {}).boxed_unsync())
+    Body(
+        Full::new(bytes.into())
+            .map_err(|never| match never {})
+            .boxed_unsync(),
+    )
 }
 
 /// Any hyper/http-body body, boxed with its error erased.

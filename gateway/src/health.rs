@@ -45,7 +45,10 @@ impl Check {
     }
 
     fn reason(&self) -> String {
-        self.reason.load_full().map(|r| (*r).clone()).unwrap_or_else(|| "not ready".into())
+        self.reason
+            .load_full()
+            .map(|r| (*r).clone())
+            .unwrap_or_else(|| "not ready".into())
     }
 }
 
@@ -103,8 +106,17 @@ impl Health {
         h
     }
 
-    pub fn register(&mut self, name: &'static str, endpoints: &'static [Endpoint], check: Arc<Check>) {
-        self.checks.push(Registered { name, endpoints, check });
+    pub fn register(
+        &mut self,
+        name: &'static str,
+        endpoints: &'static [Endpoint],
+        check: Arc<Check>,
+    ) {
+        self.checks.push(Registered {
+            name,
+            endpoints,
+            check,
+        });
     }
 
     pub fn is_ready(&self) -> bool {
@@ -118,11 +130,19 @@ impl Health {
         let (endpoint, single) = Endpoint::from_path(path)?;
         let applies = |c: &&Registered| c.endpoints.contains(&endpoint);
         if let Some(name) = single {
-            return Some(match self.checks.iter().filter(applies).find(|c| c.name == name) {
-                Some(c) if c.check.is_ok() => text(StatusCode::OK, "ok".into()),
-                Some(c) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("internal server error: {}\n", c.check.reason())),
-                None => text(StatusCode::NOT_FOUND, format!("no {} check named {name:?}\n", endpoint.name())),
-            });
+            return Some(
+                match self.checks.iter().filter(applies).find(|c| c.name == name) {
+                    Some(c) if c.check.is_ok() => text(StatusCode::OK, "ok".into()),
+                    Some(c) => text(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        format!("internal server error: {}\n", c.check.reason()),
+                    ),
+                    None => text(
+                        StatusCode::NOT_FOUND,
+                        format!("no {} check named {name:?}\n", endpoint.name()),
+                    ),
+                },
+            );
         }
         let mut verbose = false;
         let mut excluded: Vec<&str> = Vec::new();
@@ -167,10 +187,14 @@ impl Default for Health {
 fn text(code: StatusCode, body: String) -> Response {
     let mut resp = Response::new(full(body));
     *resp.status_mut() = code;
-    resp.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
-    resp.headers_mut()
-        .insert("x-content-type-options", HeaderValue::from_static("nosniff"));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp.headers_mut().insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
     resp
 }
 
@@ -192,24 +216,48 @@ mod tests {
         h.register("core-server", READY, core.clone());
         let (code, text) = body(h.respond("/readyz", "").unwrap()).await;
         assert_eq!(code, 500);
-        assert!(text.contains("[+]ping ok\n[-]core-server failed: core server at"), "{text}");
+        assert!(
+            text.contains("[+]ping ok\n[-]core-server failed: core server at"),
+            "{text}"
+        );
         assert!(text.ends_with("readyz check failed\n"));
         // Liveness does not depend on the core.
-        assert_eq!(body(h.respond("/livez", "").unwrap()).await, (200, "ok".into()));
+        assert_eq!(
+            body(h.respond("/livez", "").unwrap()).await,
+            (200, "ok".into())
+        );
         core.pass();
-        assert_eq!(body(h.respond("/readyz", "").unwrap()).await, (200, "ok".into()));
+        assert_eq!(
+            body(h.respond("/readyz", "").unwrap()).await,
+            (200, "ok".into())
+        );
         let (_, verbose) = body(h.respond("/readyz", "verbose").unwrap()).await;
-        assert_eq!(verbose, "[+]ping ok\n[+]core-server ok\nreadyz check passed\n");
+        assert_eq!(
+            verbose,
+            "[+]ping ok\n[+]core-server ok\nreadyz check passed\n"
+        );
     }
 
     #[tokio::test]
     async fn single_checks_and_exclusions() {
         let mut h = Health::new();
-        h.register("shutdown", READY_ONLY, Check::unhealthy("the gateway is shutting down"));
+        h.register(
+            "shutdown",
+            READY_ONLY,
+            Check::unhealthy("the gateway is shutting down"),
+        );
         assert_eq!(body(h.respond("/readyz/ping", "").unwrap()).await.0, 200);
-        assert_eq!(body(h.respond("/readyz/shutdown", "").unwrap()).await.0, 500);
+        assert_eq!(
+            body(h.respond("/readyz/shutdown", "").unwrap()).await.0,
+            500
+        );
         assert_eq!(body(h.respond("/readyz/nope", "").unwrap()).await.0, 404);
-        assert_eq!(body(h.respond("/readyz", "exclude=shutdown").unwrap()).await.0, 200);
+        assert_eq!(
+            body(h.respond("/readyz", "exclude=shutdown").unwrap())
+                .await
+                .0,
+            200
+        );
         assert!(h.respond("/version", "").is_none());
     }
 }

@@ -23,15 +23,29 @@ pub struct UserInfo {
 
 impl UserInfo {
     pub fn anonymous() -> Self {
-        Self { name: ANONYMOUS.into(), groups: vec![UNAUTHENTICATED.into()], ..Default::default() }
+        Self {
+            name: ANONYMOUS.into(),
+            groups: vec![UNAUTHENTICATED.into()],
+            ..Default::default()
+        }
     }
 
     /// An authenticated user gets `system:authenticated`, as kube-apiserver adds it.
-    pub fn authenticated(name: String, uid: String, mut groups: Vec<String>, extra: BTreeMap<String, Vec<String>>) -> Self {
+    pub fn authenticated(
+        name: String,
+        uid: String,
+        mut groups: Vec<String>,
+        extra: BTreeMap<String, Vec<String>>,
+    ) -> Self {
         if !groups.iter().any(|g| g == AUTHENTICATED) && name != ANONYMOUS {
             groups.push(AUTHENTICATED.into());
         }
-        Self { name, uid, groups, extra }
+        Self {
+            name,
+            uid,
+            groups,
+            extra,
+        }
     }
 }
 
@@ -78,7 +92,9 @@ pub fn set_identity_headers(headers: &mut HeaderMap, user: &UserInfo) {
         Ok(v) => {
             headers.append(name, v);
         }
-        Err(_) => tracing::warn!(header = %name, "identity value is not a valid header value; skipped"),
+        Err(_) => {
+            tracing::warn!(header = %name, "identity value is not a valid header value; skipped")
+        }
     };
     put(HeaderName::from_static("x-remote-user"), &user.name);
     if !user.uid.is_empty() {
@@ -89,7 +105,8 @@ pub fn set_identity_headers(headers: &mut HeaderMap, user: &UserInfo) {
     }
     for (key, values) in &user.extra {
         let encoded = utf8_percent_encode(&key.to_ascii_lowercase(), EXTRA_KEY).to_string();
-        let Ok(name) = HeaderName::from_bytes(format!("x-remote-extra-{encoded}").as_bytes()) else {
+        let Ok(name) = HeaderName::from_bytes(format!("x-remote-extra-{encoded}").as_bytes())
+        else {
             continue;
         };
         for v in values {
@@ -112,12 +129,26 @@ mod tests {
         h.insert("impersonate-extra-foo", "x".parse().unwrap());
         h.insert("authorization", "Bearer secret".parse().unwrap());
         h.insert("accept", "application/json".parse().unwrap());
-        let alice = UserInfo::authenticated("alice".into(), String::new(), vec!["dev".into()], BTreeMap::new());
+        let alice = UserInfo::authenticated(
+            "alice".into(),
+            String::new(),
+            vec!["dev".into()],
+            BTreeMap::new(),
+        );
         set_identity_headers(&mut h, &alice);
         assert_eq!(h["x-remote-user"], "alice");
-        let groups: Vec<_> = h.get_all("x-remote-group").iter().map(|v| v.to_str().unwrap()).collect();
+        let groups: Vec<_> = h
+            .get_all("x-remote-group")
+            .iter()
+            .map(|v| v.to_str().unwrap())
+            .collect();
         assert_eq!(groups, ["dev", AUTHENTICATED]);
-        for gone in ["x-remote-extra-scopes", "impersonate-user", "impersonate-extra-foo", "authorization"] {
+        for gone in [
+            "x-remote-extra-scopes",
+            "impersonate-user",
+            "impersonate-extra-foo",
+            "authorization",
+        ] {
             assert!(h.get(gone).is_none(), "{gone} survived");
         }
         assert_eq!(h["accept"], "application/json");
@@ -127,10 +158,19 @@ mod tests {
     fn extra_keys_are_percent_encoded() {
         let mut h = HeaderMap::new();
         let mut extra = BTreeMap::new();
-        extra.insert("authentication.kubernetes.io/credential-id".to_owned(), vec!["X509SHA256=ab".to_owned()]);
+        extra.insert(
+            "authentication.kubernetes.io/credential-id".to_owned(),
+            vec!["X509SHA256=ab".to_owned()],
+        );
         extra.insert("scopes".to_owned(), vec!["a".to_owned(), "b".to_owned()]);
-        set_identity_headers(&mut h, &UserInfo::authenticated("bob".into(), "42".into(), vec![], extra));
-        assert_eq!(h["x-remote-extra-authentication.kubernetes.io%2fcredential-id"], "X509SHA256=ab");
+        set_identity_headers(
+            &mut h,
+            &UserInfo::authenticated("bob".into(), "42".into(), vec![], extra),
+        );
+        assert_eq!(
+            h["x-remote-extra-authentication.kubernetes.io%2fcredential-id"],
+            "X509SHA256=ab"
+        );
         assert_eq!(h.get_all("x-remote-extra-scopes").iter().count(), 2);
         assert_eq!(h["x-remote-uid"], "42");
     }

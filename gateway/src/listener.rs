@@ -50,7 +50,10 @@ pub async fn serve<S>(
     mut stop: watch::Receiver<bool>,
 ) -> GracefulShutdown
 where
-    S: Service<Request, Response = Response, Error = std::convert::Infallible> + Clone + Send + 'static,
+    S: Service<Request, Response = Response, Error = std::convert::Infallible>
+        + Clone
+        + Send
+        + 'static,
     S::Future: Send + 'static,
 {
     let graceful = GracefulShutdown::new();
@@ -86,11 +89,10 @@ where
                     return;
                 }
             };
-            let peer_certs = stream
-                .get_ref()
-                .1
-                .peer_certificates()
-                .map(|c| Arc::new(c.iter().map(|c| c.clone().into_owned()).collect::<Vec<_>>()));
+            let peer_certs =
+                stream.get_ref().1.peer_certificates().map(|c| {
+                    Arc::new(c.iter().map(|c| c.clone().into_owned()).collect::<Vec<_>>())
+                });
             let info = ConnInfo { remote, peer_certs };
             let per_conn = tower::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                 let mut req = req.map(body::boxed);
@@ -98,7 +100,10 @@ where
                 service.clone().call(req)
             });
             let conn = builder
-                .serve_connection_with_upgrades(TokioIo::new(stream), TowerToHyperService::new(per_conn))
+                .serve_connection_with_upgrades(
+                    TokioIo::new(stream),
+                    TowerToHyperService::new(per_conn),
+                )
                 .into_owned();
             if let Err(e) = watcher.watch(conn).await {
                 tracing::debug!(client = %remote, error = %e, "connection ended with an error");

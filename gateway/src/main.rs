@@ -37,7 +37,10 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     aggregation_gateway::logging::init(&config.logging);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("aggregation-gateway: cannot start the runtime: {e}");
@@ -48,7 +51,10 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %aggregation_gateway::error::chain(&e), "cannot start");
-            eprintln!("aggregation-gateway: {}", aggregation_gateway::error::chain(&e));
+            eprintln!(
+                "aggregation-gateway: {}",
+                aggregation_gateway::error::chain(&e)
+            );
             ExitCode::FAILURE
         }
     }

@@ -3,7 +3,9 @@
 //! `KubeAggregatedAPIDown` work unchanged). Families are registered once at start; recording is
 //! lock-free after the first use of a label set.
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
+use prometheus::{
+    HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+};
 
 pub struct Metrics {
     registry: Registry,
@@ -27,13 +29,17 @@ pub struct Metrics {
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric definition");
-    registry.register(Box::new(c.clone())).expect("metric registered once");
+    registry
+        .register(Box::new(c.clone()))
+        .expect("metric registered once");
     c
 }
 
 fn gauge(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
     let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric definition");
-    registry.register(Box::new(g.clone())).expect("metric registered once");
+    registry
+        .register(Box::new(g.clone()))
+        .expect("metric registered once");
     g
 }
 
@@ -41,12 +47,20 @@ impl Metrics {
     pub fn new() -> Self {
         let registry = Registry::new();
         let duration = HistogramVec::new(
-            HistogramOpts::new("apiserver_request_duration_seconds", "Time to response headers by verb and route target")
-                .buckets(vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]),
+            HistogramOpts::new(
+                "apiserver_request_duration_seconds",
+                "Time to response headers by verb and route target",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                10.0, 30.0, 60.0,
+            ]),
             &["verb", "target"],
         )
         .expect("valid metric definition");
-        registry.register(Box::new(duration.clone())).expect("metric registered once");
+        registry
+            .register(Box::new(duration.clone()))
+            .expect("metric registered once");
         Self {
             requests: counter(&registry, "apiserver_request_total", "Requests through the gateway by verb, route target and HTTP code", &["verb", "target", "code"]),
             duration,
@@ -61,7 +75,9 @@ impl Metrics {
     }
 
     pub fn encode(&self) -> String {
-        TextEncoder::new().encode_to_string(&self.registry.gather()).unwrap_or_default()
+        TextEncoder::new()
+            .encode_to_string(&self.registry.gather())
+            .unwrap_or_default()
     }
 }
 
@@ -79,13 +95,30 @@ mod tests {
     fn exposition_has_kubernetes_names() {
         let m = Metrics::new();
         m.requests.with_label_values(&["GET", "core", "200"]).inc();
-        m.duration.with_label_values(&["GET", "core"]).observe(0.002);
-        m.unavailable_apiservice.with_label_values(&["v1alpha1.wardle.example.com"]).set(1);
-        m.unavailable_apiservice_total.with_label_values(&["v1alpha1.wardle.example.com", "FailedDiscoveryCheck"]).inc();
+        m.duration
+            .with_label_values(&["GET", "core"])
+            .observe(0.002);
+        m.unavailable_apiservice
+            .with_label_values(&["v1alpha1.wardle.example.com"])
+            .set(1);
+        m.unavailable_apiservice_total
+            .with_label_values(&["v1alpha1.wardle.example.com", "FailedDiscoveryCheck"])
+            .inc();
         let text = m.encode();
-        assert!(text.contains("apiserver_request_total{code=\"200\",target=\"core\",verb=\"GET\"} 1"), "{text}");
-        assert!(text.contains("# TYPE apiserver_request_duration_seconds histogram"), "{text}");
-        assert!(text.contains("aggregator_unavailable_apiservice{name=\"v1alpha1.wardle.example.com\"} 1"), "{text}");
+        assert!(
+            text.contains("apiserver_request_total{code=\"200\",target=\"core\",verb=\"GET\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE apiserver_request_duration_seconds histogram"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "aggregator_unavailable_apiservice{name=\"v1alpha1.wardle.example.com\"} 1"
+            ),
+            "{text}"
+        );
         assert!(text.contains("aggregator_unavailable_apiservice_total{name=\"v1alpha1.wardle.example.com\",reason=\"FailedDiscoveryCheck\"} 1"), "{text}");
     }
 }

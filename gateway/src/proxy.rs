@@ -67,11 +67,11 @@ pub struct Upstream {
 /// Rewrites a client request into the request for `upstream`.
 pub fn prepare_request(req: &mut Request, upstream: &Upstream, client: Option<SocketAddr>) {
     let upgrade = is_upgrade(req.headers());
-    let original_host = req
-        .headers()
-        .get(header::HOST)
-        .cloned()
-        .or_else(|| req.uri().authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()));
+    let original_host = req.headers().get(header::HOST).cloned().or_else(|| {
+        req.uri()
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+    });
     let path_and_query = req
         .uri()
         .path_and_query()
@@ -115,7 +115,11 @@ pub fn prepare_response(resp: &mut Response) {
 
 /// After both sides agreed to switch protocols, copies bytes both ways until either side closes,
 /// or until the gateway drains long-running connections at shutdown.
-pub fn tunnel(client: &mut Request, upstream: &mut hyper::Response<hyper::body::Incoming>, drain: watch::Receiver<bool>) {
+pub fn tunnel(
+    client: &mut Request,
+    upstream: &mut hyper::Response<hyper::body::Incoming>,
+    drain: watch::Receiver<bool>,
+) {
     let client_side = hyper::upgrade::on(client);
     let upstream_side = hyper::upgrade::on(upstream);
     tokio::spawn(async move {
@@ -174,7 +178,10 @@ mod tests {
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
         for (k, v) in pairs {
-            h.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), HeaderValue::from_str(v).unwrap());
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
         }
         h
     }
@@ -197,7 +204,11 @@ mod tests {
 
     #[test]
     fn upgrade_requests_keep_their_upgrade() {
-        let mut h = headers(&[("connection", "Upgrade"), ("upgrade", "SPDY/3.1"), ("x-stream-protocol-version", "v4.channel.k8s.io")]);
+        let mut h = headers(&[
+            ("connection", "Upgrade"),
+            ("upgrade", "SPDY/3.1"),
+            ("x-stream-protocol-version", "v4.channel.k8s.io"),
+        ]);
         assert!(is_upgrade(&h));
         strip_hop_by_hop(&mut h, true);
         assert_eq!(h["upgrade"], "SPDY/3.1");
@@ -213,9 +224,15 @@ mod tests {
             .header("x-forwarded-for", "10.0.0.1")
             .body(body::empty())
             .unwrap();
-        let upstream = Upstream { scheme: Scheme::HTTP, authority: "127.0.0.1:9".parse().unwrap() };
+        let upstream = Upstream {
+            scheme: Scheme::HTTP,
+            authority: "127.0.0.1:9".parse().unwrap(),
+        };
         prepare_request(&mut req, &upstream, Some("192.0.2.7:5555".parse().unwrap()));
-        assert_eq!(req.uri().to_string(), "http://127.0.0.1:9/api/v1/pods?labelSelector=a%3Db&watch=1");
+        assert_eq!(
+            req.uri().to_string(),
+            "http://127.0.0.1:9/api/v1/pods?labelSelector=a%3Db&watch=1"
+        );
         assert_eq!(req.headers()["x-forwarded-for"], "10.0.0.1, 192.0.2.7");
         assert_eq!(req.headers()["x-forwarded-host"], "gateway.example:8443");
         assert_eq!(req.headers()["x-forwarded-proto"], "https");

@@ -25,7 +25,10 @@ pub struct RequestInfo {
 
 impl RequestInfo {
     pub fn is_mutating(&self) -> bool {
-        !matches!(self.verb.as_str(), "get" | "list" | "watch" | "head" | "options")
+        !matches!(
+            self.verb.as_str(),
+            "get" | "list" | "watch" | "head" | "options"
+        )
     }
 }
 
@@ -45,7 +48,10 @@ fn query_param<'a>(query: &'a str, key: &str) -> Option<&'a str> {
 /// `metadata.name=foo` (or `metadata.name==foo`) as the only term of a field selector.
 fn field_selector_name(query: &str) -> Option<String> {
     let raw = query_param(query, "fieldSelector")?;
-    let decoded = percent_encoding::percent_decode_str(raw).decode_utf8().ok()?.replace('+', " ");
+    let decoded = percent_encoding::percent_decode_str(raw)
+        .decode_utf8()
+        .ok()?
+        .replace('+', " ");
     if decoded.contains(',') {
         return None;
     }
@@ -59,7 +65,12 @@ fn field_selector_name(query: &str) -> Option<String> {
 /// Parses the attributes of a request. Never fails: a URL that cannot be a resource request is a
 /// non-resource request, as in kube-apiserver (the one malformed resource form, `/api/v1/watch`
 /// with nothing after it, is reported as `Err` so it gets a 400).
-pub fn parse(method: &Method, path: &str, query: &str, upgrade: bool) -> Result<RequestInfo, String> {
+pub fn parse(
+    method: &Method,
+    path: &str,
+    query: &str,
+    upgrade: bool,
+) -> Result<RequestInfo, String> {
     let mut info = RequestInfo {
         path: path.to_owned(),
         verb: method.as_str().to_ascii_lowercase(),
@@ -88,7 +99,9 @@ pub fn parse(method: &Method, path: &str, query: &str, upgrade: bool) -> Result<
 
     if SPECIAL_VERBS.contains(&rest[0]) {
         if rest.len() < 2 {
-            return Err(format!("unable to determine kind and namespace from url {path}"));
+            return Err(format!(
+                "unable to determine kind and namespace from url {path}"
+            ));
         }
         info.verb = rest[0].to_owned();
         rest = &rest[1..];
@@ -104,12 +117,10 @@ pub fn parse(method: &Method, path: &str, query: &str, upgrade: bool) -> Result<
         .to_owned();
     }
 
-    if rest[0] == "namespaces" {
-        if rest.len() > 1 {
-            info.namespace = rest[1].to_owned();
-            if rest.len() > 2 && !NAMESPACE_SUBRESOURCES.contains(&rest[2]) {
-                rest = &rest[2..];
-            }
+    if rest[0] == "namespaces" && rest.len() > 1 {
+        info.namespace = rest[1].to_owned();
+        if rest.len() > 2 && !NAMESPACE_SUBRESOURCES.contains(&rest[2]) {
+            rest = &rest[2..];
         }
     }
 
@@ -150,31 +161,65 @@ mod tests {
     #[test]
     fn resource_requests() {
         let i = p(Method::GET, "/api/v1/namespaces/default/pods/web-0");
-        assert_eq!((i.verb.as_str(), i.api_group.as_str(), i.api_version.as_str()), ("get", "", "v1"));
-        assert_eq!((i.namespace.as_str(), i.resource.as_str(), i.name.as_str()), ("default", "pods", "web-0"));
-        let i = p(Method::GET, "/apis/wardle.example.com/v1alpha1/namespaces/ns/flunders");
-        assert_eq!((i.verb.as_str(), i.api_group.as_str(), i.resource.as_str()), ("list", "wardle.example.com", "flunders"));
+        assert_eq!(
+            (
+                i.verb.as_str(),
+                i.api_group.as_str(),
+                i.api_version.as_str()
+            ),
+            ("get", "", "v1")
+        );
+        assert_eq!(
+            (i.namespace.as_str(), i.resource.as_str(), i.name.as_str()),
+            ("default", "pods", "web-0")
+        );
+        let i = p(
+            Method::GET,
+            "/apis/wardle.example.com/v1alpha1/namespaces/ns/flunders",
+        );
+        assert_eq!(
+            (i.verb.as_str(), i.api_group.as_str(), i.resource.as_str()),
+            ("list", "wardle.example.com", "flunders")
+        );
         let i = p(Method::GET, "/apis/apps/v1/deployments?watch=true");
         assert_eq!(i.verb, "watch");
         assert!(i.long_running);
         let i = p(Method::GET, "/apis/apps/v1/watch/namespaces/x/deployments");
-        assert_eq!((i.verb.as_str(), i.namespace.as_str(), i.resource.as_str()), ("watch", "x", "deployments"));
+        assert_eq!(
+            (i.verb.as_str(), i.namespace.as_str(), i.resource.as_str()),
+            ("watch", "x", "deployments")
+        );
         let i = p(Method::DELETE, "/api/v1/namespaces/x/configmaps");
         assert_eq!(i.verb, "deletecollection");
         let i = p(Method::POST, "/api/v1/namespaces/x/pods/p/exec?command=sh");
-        assert_eq!((i.verb.as_str(), i.subresource.as_str()), ("create", "exec"));
+        assert_eq!(
+            (i.verb.as_str(), i.subresource.as_str()),
+            ("create", "exec")
+        );
         assert!(i.long_running);
-        let i = p(Method::PUT, "/apis/apiregistration.k8s.io/v1/apiservices/v1.x/status");
-        assert_eq!((i.verb.as_str(), i.name.as_str(), i.subresource.as_str()), ("update", "v1.x", "status"));
+        let i = p(
+            Method::PUT,
+            "/apis/apiregistration.k8s.io/v1/apiservices/v1.x/status",
+        );
+        assert_eq!(
+            (i.verb.as_str(), i.name.as_str(), i.subresource.as_str()),
+            ("update", "v1.x", "status")
+        );
         assert!(!i.long_running);
     }
 
     #[test]
     fn namespaces_themselves() {
         let i = p(Method::GET, "/api/v1/namespaces/default");
-        assert_eq!((i.resource.as_str(), i.name.as_str(), i.namespace.as_str()), ("namespaces", "default", "default"));
+        assert_eq!(
+            (i.resource.as_str(), i.name.as_str(), i.namespace.as_str()),
+            ("namespaces", "default", "default")
+        );
         let i = p(Method::PUT, "/api/v1/namespaces/default/finalize");
-        assert_eq!((i.resource.as_str(), i.subresource.as_str()), ("namespaces", "finalize"));
+        assert_eq!(
+            (i.resource.as_str(), i.subresource.as_str()),
+            ("namespaces", "finalize")
+        );
     }
 
     #[test]
@@ -185,7 +230,16 @@ mod tests {
 
     #[test]
     fn non_resource_requests() {
-        for path in ["/", "/apis", "/apis/apps", "/api", "/api/v1", "/healthz", "/openapi/v3/apis/apps/v1", "/version"] {
+        for path in [
+            "/",
+            "/apis",
+            "/apis/apps",
+            "/api",
+            "/api/v1",
+            "/healthz",
+            "/openapi/v3/apis/apps/v1",
+            "/version",
+        ] {
             let i = p(Method::GET, path);
             assert!(!i.is_resource_request, "{path}");
             assert_eq!(i.verb, "get");
@@ -194,8 +248,19 @@ mod tests {
 
     #[test]
     fn proxy_verb_keeps_the_rest_of_the_path() {
-        let i = p(Method::GET, "/api/v1/proxy/namespaces/x/services/s/some/path");
-        assert_eq!((i.verb.as_str(), i.resource.as_str(), i.name.as_str(), i.subresource.as_str()), ("proxy", "services", "s", ""));
+        let i = p(
+            Method::GET,
+            "/api/v1/proxy/namespaces/x/services/s/some/path",
+        );
+        assert_eq!(
+            (
+                i.verb.as_str(),
+                i.resource.as_str(),
+                i.name.as_str(),
+                i.subresource.as_str()
+            ),
+            ("proxy", "services", "s", "")
+        );
         assert!(i.long_running);
     }
 
@@ -206,6 +271,10 @@ mod tests {
 
     #[test]
     fn upgrades_are_long_running() {
-        assert!(parse(&Method::GET, "/fixture/anything", "", true).unwrap().long_running);
+        assert!(
+            parse(&Method::GET, "/fixture/anything", "", true)
+                .unwrap()
+                .long_running
+        );
     }
 }

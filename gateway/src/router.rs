@@ -11,6 +11,7 @@ use tower::Service;
 
 use crate::backend::core::CoreBackend;
 use crate::body::{full, BoxError, Request, Response};
+use crate::discovery::DiscoveryCache;
 use crate::error::GatewayError;
 use crate::health::Health;
 use crate::identity::UserInfo;
@@ -25,6 +26,8 @@ pub struct Gateway {
     pub health: Health,
     pub metrics: Arc<Metrics>,
     pub routing: Arc<Routing>,
+    /// Merged discovery and OpenAPI v3 snapshots (`/api`, `/apis`, `/apis/<g>`, `/openapi/v3`).
+    pub discovery: Arc<DiscoveryCache>,
 }
 
 #[derive(Clone)]
@@ -71,13 +74,22 @@ impl Service<Request> for Router {
                 }
                 if path == "/metrics" {
                     let mut resp = Response::new(full(gw.metrics.encode()));
-                    resp.headers_mut()
-                        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
+                    resp.headers_mut().insert(
+                        header::CONTENT_TYPE,
+                        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+                    );
                     return Ok(tagged(resp, RoutedTo::Gateway));
                 }
             }
+            let discovery = gw.discovery.handle(&req);
+            if let Some(resp) = discovery.await {
+                return Ok(tagged(resp, RoutedTo::Gateway));
+            }
             let client = req.extensions().get::<ConnInfo>().map(|c| c.remote);
-            let long_running = req.extensions().get::<RequestInfo>().is_some_and(|i| i.long_running);
+            let long_running = req
+                .extensions()
+                .get::<RequestInfo>()
+                .is_some_and(|i| i.long_running);
 
             let table = gw.routing.load_full();
             let route = match table.lookup(path) {
@@ -92,12 +104,18 @@ impl Service<Request> for Router {
                         api_service: route.api_service.name.clone(),
                         reason: why.to_string(),
                     }),
-                    Target::Remote(_) if !route.available.is_available() => Err(GatewayError::BackendUnavailable {
-                        api_service: route.api_service.name.clone(),
-                        reason: unavailable_reason(&route.available),
-                    }),
+                    Target::Remote(_) if !route.available.is_available() => {
+                        Err(GatewayError::BackendUnavailable {
+                            api_service: route.api_service.name.clone(),
+                            reason: unavailable_reason(&route.available),
+                        })
+                    }
                     Target::Remote(backend) => {
-                        let user = req.extensions().get::<UserInfo>().cloned().unwrap_or_else(UserInfo::anonymous);
+                        let user = req
+                            .extensions()
+                            .get::<UserInfo>()
+                            .cloned()
+                            .unwrap_or_else(UserInfo::anonymous);
                         backend.forward(req, &user, client, long_running).await
                     }
                 };
@@ -108,7 +126,10 @@ impl Service<Request> for Router {
                 return Ok(tagged(resp, target));
             }
             if !gw.routing.is_synced() && may_be_unsynced_route(path) {
-                return Ok(tagged(GatewayError::RoutesNotReady.into_response(), RoutedTo::Gateway));
+                return Ok(tagged(
+                    GatewayError::RoutesNotReady.into_response(),
+                    RoutedTo::Gateway,
+                ));
             }
             let resp = match gw.core.forward(req, client, long_running).await {
                 Ok(resp) => resp,
@@ -124,7 +145,9 @@ impl Service<Request> for Router {
 
 fn unavailable_reason(a: &apiservice::route::Availability) -> String {
     match a {
-        apiservice::route::Availability::Unavailable { reason, message } if !message.is_empty() => format!("{message} ({reason})"),
+        apiservice::route::Availability::Unavailable { reason, message } if !message.is_empty() => {
+            format!("{message} ({reason})")
+        }
         apiservice::route::Availability::Unavailable { reason, .. } => reason.clone(),
         _ => "availability not yet known; the first check is under way".into(),
     }
@@ -136,8 +159,12 @@ mod tests {
 
     #[test]
     fn unsynced_paths() {
-        assert!(may_be_unsynced_route("/apis/wardle.example.com/v1alpha1/flunders"));
-        assert!(!may_be_unsynced_route("/apis/apiregistration.k8s.io/v1/apiservices"));
+        assert!(may_be_unsynced_route(
+            "/apis/wardle.example.com/v1alpha1/flunders"
+        ));
+        assert!(!may_be_unsynced_route(
+            "/apis/apiregistration.k8s.io/v1/apiservices"
+        ));
         assert!(!may_be_unsynced_route("/apis"));
         assert!(!may_be_unsynced_route("/api/v1/pods"));
     }

@@ -98,7 +98,16 @@ impl RouteController {
         factory: BackendFactory,
         metrics: Arc<Metrics>,
     ) -> Self {
-        Self { routing, sets, availability, factory, metrics, backends: HashMap::new(), last_specs: Vec::new(), invalid: Vec::new() }
+        Self {
+            routing,
+            sets,
+            availability,
+            factory,
+            metrics,
+            backends: HashMap::new(),
+            last_specs: Vec::new(),
+            invalid: Vec::new(),
+        }
     }
 
     pub async fn run(mut self) {
@@ -112,7 +121,9 @@ impl RouteController {
     }
 
     fn rebuild(&mut self) {
-        let Some(set) = self.sets.borrow_and_update().clone() else { return };
+        let Some(set) = self.sets.borrow_and_update().clone() else {
+            return;
+        };
         let availability = self.availability.borrow_and_update().clone();
         let mut builder = RouteTable::builder();
         let mut specs = Vec::with_capacity(set.len());
@@ -126,7 +137,10 @@ impl RouteController {
                     if !self.invalid.contains(&name) {
                         tracing::warn!(apiservice = %name, error = %e, "APIService is invalid and is not routed");
                     }
-                    self.metrics.invalid_apiservice.with_label_values(&[&name]).set(1);
+                    self.metrics
+                        .invalid_apiservice
+                        .with_label_values(&[&name])
+                        .set(1);
                     invalid.push(name);
                     continue;
                 }
@@ -155,7 +169,10 @@ impl RouteController {
             }
             let available = match &target {
                 Target::Local => Availability::Available,
-                _ => availability.get(&registered.name).cloned().unwrap_or_else(|| Availability::of(api)),
+                _ => availability
+                    .get(&registered.name)
+                    .cloned()
+                    .unwrap_or_else(|| Availability::of(api)),
             };
             specs.push(registered.clone());
             builder.insert(registered, target, available);
@@ -203,23 +220,39 @@ impl AvailabilityController {
                 let table = self.routing.load_full();
                 let probes = table.routes().map(|route| {
                     let resolver = self.resolver.clone();
-                    async move { (route.api_service.name.clone(), check(route, resolver.as_ref()).await) }
+                    async move {
+                        (
+                            route.api_service.name.clone(),
+                            check(route, resolver.as_ref()).await,
+                        )
+                    }
                 });
-                let results: HashMap<String, Availability> = futures::future::join_all(probes).await.into_iter().collect();
+                let results: HashMap<String, Availability> = futures::future::join_all(probes)
+                    .await
+                    .into_iter()
+                    .collect();
                 self.record(&current, &results);
                 if let Some(client) = &self.kube {
                     for route in table.routes() {
                         let name = &route.api_service.name;
-                        let Some(result) = results.get(name) else { continue };
+                        let Some(result) = results.get(name) else {
+                            continue;
+                        };
                         if written.get(name) == Some(result) {
                             continue;
                         }
                         let condition = condition(result, route.api_service.is_local());
-                        match apiservice::source::kube::write_available_condition(client, name, condition).await {
+                        match apiservice::source::kube::write_available_condition(
+                            client, name, condition,
+                        )
+                        .await
+                        {
                             Ok(()) => {
                                 written.insert(name.clone(), result.clone());
                             }
-                            Err(e) => tracing::warn!(apiservice = %name, error = %e, "cannot write the Available condition"),
+                            Err(e) => {
+                                tracing::warn!(apiservice = %name, error = %e, "cannot write the Available condition")
+                            }
                         }
                     }
                     written.retain(|name, _| results.contains_key(name));
@@ -238,15 +271,31 @@ impl AvailabilityController {
 
     /// kube-aggregator's metrics: the gauge per APIService, and a counter per transition to
     /// unavailable.
-    fn record(&self, before: &HashMap<String, Availability>, after: &HashMap<String, Availability>) {
+    fn record(
+        &self,
+        before: &HashMap<String, Availability>,
+        after: &HashMap<String, Availability>,
+    ) {
         for (name, now) in after {
             let unavailable = !now.is_available();
-            self.metrics.unavailable_apiservice.with_label_values(&[name]).set(unavailable as i64);
-            let was_unavailable = before.get(name).is_some_and(|b| matches!(b, Availability::Unavailable { .. }));
+            self.metrics
+                .unavailable_apiservice
+                .with_label_values(&[name])
+                .set(unavailable as i64);
+            let was_unavailable = before
+                .get(name)
+                .is_some_and(|b| matches!(b, Availability::Unavailable { .. }));
             if let Availability::Unavailable { reason, message } = now {
                 if !was_unavailable {
-                    let reason = if reason.is_empty() { "UnknownReason" } else { reason.as_str() };
-                    self.metrics.unavailable_apiservice_total.with_label_values(&[name, reason]).inc();
+                    let reason = if reason.is_empty() {
+                        "UnknownReason"
+                    } else {
+                        reason.as_str()
+                    };
+                    self.metrics
+                        .unavailable_apiservice_total
+                        .with_label_values(&[name, reason])
+                        .inc();
                     tracing::warn!(apiservice = %name, reason, message = %message, "APIService unavailable");
                 }
             } else if was_unavailable || !before.contains_key(name) {
@@ -254,14 +303,23 @@ impl AvailabilityController {
             }
         }
         for name in before.keys().filter(|n| !after.contains_key(*n)) {
-            let _ = self.metrics.unavailable_apiservice.remove_label_values(&[name]);
+            let _ = self
+                .metrics
+                .unavailable_apiservice
+                .remove_label_values(&[name]);
         }
     }
 }
 
 /// One availability decision: the Service and its endpoints first, then discovery.
-async fn check(route: &apiservice::route::Route<Target>, resolver: &dyn ServiceResolver) -> Availability {
-    let unavailable = |reason: &str, message: String| Availability::Unavailable { reason: reason.into(), message };
+async fn check(
+    route: &apiservice::route::Route<Target>,
+    resolver: &dyn ServiceResolver,
+) -> Availability {
+    let unavailable = |reason: &str, message: String| Availability::Unavailable {
+        reason: reason.into(),
+        message,
+    };
     match &route.backend {
         Target::Local => Availability::Available,
         Target::Broken(why) => unavailable("ServiceAccessError", why.to_string()),
@@ -282,9 +340,15 @@ async fn check(route: &apiservice::route::Route<Target>, resolver: &dyn ServiceR
 
 fn condition(a: &Availability, local: bool) -> APIServiceCondition {
     let (status, reason, message) = match a {
-        Availability::Available if local => ("True", "Local", "Local APIServices are always available".to_owned()),
+        Availability::Available if local => (
+            "True",
+            "Local",
+            "Local APIServices are always available".to_owned(),
+        ),
         Availability::Available => ("True", "Passed", "all checks passed".to_owned()),
-        Availability::Unavailable { reason, message } => ("False", reason.as_str(), message.clone()),
+        Availability::Unavailable { reason, message } => {
+            ("False", reason.as_str(), message.clone())
+        }
         Availability::Unknown => ("Unknown", "Unknown", String::new()),
     };
     APIServiceCondition {

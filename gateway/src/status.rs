@@ -73,13 +73,23 @@ pub fn status_json(code: StatusCode, message: &str, details: Option<&StatusDetai
 }
 
 /// A Status response; `Retry-After` mirrors `retryAfterSeconds` as kube-apiserver does.
-pub fn status_response(code: StatusCode, message: &str, details: Option<StatusDetails>) -> Response {
+pub fn status_response(
+    code: StatusCode,
+    message: &str,
+    details: Option<StatusDetails>,
+) -> Response {
     let retry = details.as_ref().and_then(|d| d.retry_after_seconds);
     let mut resp = Response::new(full(status_json(code, message, details.as_ref())));
     *resp.status_mut() = code;
     let headers = resp.headers_mut();
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache, private"));
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache, private"),
+    );
     if let Some(secs) = retry {
         headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
     }
@@ -100,8 +110,12 @@ mod tests {
 
     #[test]
     fn status_has_kubernetes_shape() {
-        let v: serde_json::Value =
-            serde_json::from_slice(&status_json(StatusCode::SERVICE_UNAVAILABLE, "core down", None)).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&status_json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "core down",
+            None,
+        ))
+        .unwrap();
         assert_eq!(
             v,
             serde_json::json!({"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure",

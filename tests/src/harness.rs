@@ -1354,6 +1354,22 @@ pub async fn read_head<S: AsyncRead + Unpin>(
         .map_err(|_| HarnessError::Timeout(timeout, "reading a response head".into()))?
 }
 
+/// Sends `request` and returns as soon as the response headers arrive, with the body still
+/// streaming (for watches and other long-running responses).
+pub async fn send_streaming(
+    client: &HttpClient,
+    request: Request<Full<Bytes>>,
+) -> Result<http::Response<hyper::body::Incoming>, HarnessError> {
+    let url = request.uri().to_string();
+    tokio::time::timeout(HTTP_TIMEOUT, client.request(request))
+        .await
+        .map_err(|_| HarnessError::Timeout(HTTP_TIMEOUT, format!("request to {url}")))?
+        .map_err(|e| HarnessError::Http {
+            url,
+            reason: format!("{e:?}"),
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1411,17 +1427,4 @@ mod tests {
         assert!(start.elapsed() < Duration::from_secs(1));
         assert!(!wait_until(Duration::from_millis(250), || async { false }).await);
     }
-}
-
-/// Sends `request` and returns as soon as the response headers arrive, with the body still
-/// streaming (for watches and other long-running responses).
-pub async fn send_streaming(
-    client: &HttpClient,
-    request: Request<Full<Bytes>>,
-) -> Result<http::Response<hyper::body::Incoming>, HarnessError> {
-    let url = request.uri().to_string();
-    tokio::time::timeout(HTTP_TIMEOUT, client.request(request))
-        .await
-        .map_err(|_| HarnessError::Timeout(HTTP_TIMEOUT, format!("request to {url}")))?
-        .map_err(|e| HarnessError::Http { url, reason: format!("{e:?}") })
 }

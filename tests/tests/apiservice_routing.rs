@@ -9,7 +9,9 @@ use std::time::Duration;
 use base64::Engine;
 use bytes::Bytes;
 use e2e::certs::{CertifiedPair, TestCa};
-use e2e::harness::{self, FixtureAggregated, FixtureCore, Gateway, GatewayOptions, Kubectl, KubectlVersion};
+use e2e::harness::{
+    self, FixtureAggregated, FixtureCore, Gateway, GatewayOptions, Kubectl, KubectlVersion,
+};
 use http::{Request, StatusCode};
 use http_body_util::Full;
 use serde_json::Value;
@@ -39,10 +41,21 @@ impl Pki {
             .unwrap();
         let proxy_ca = TestCa::new("front-proxy-ca");
         let proxy_ca_file = proxy_ca.write(dir.path(), "front-proxy-ca").unwrap();
-        let proxy_client = proxy_ca.issue_client("aggregator", &[]).write(dir.path(), "proxy-client").unwrap();
+        let proxy_client = proxy_ca
+            .issue_client("aggregator", &[])
+            .write(dir.path(), "proxy-client")
+            .unwrap();
         let users_ca = TestCa::new("users-ca");
         let users_ca_file = users_ca.write(dir.path(), "users-ca").unwrap();
-        Pki { dir, backend_ca, backend_cert, proxy_ca_file, proxy_client, users_ca, users_ca_file }
+        Pki {
+            dir,
+            backend_ca,
+            backend_cert,
+            proxy_ca_file,
+            proxy_client,
+            users_ca,
+            users_ca_file,
+        }
     }
 
     fn user(&self, name: &str, groups: &[&str]) -> CertifiedPair {
@@ -67,12 +80,17 @@ impl Pki {
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        FixtureAggregated::start(&args).await.expect("aggregated fixture starts")
+        FixtureAggregated::start(&args)
+            .await
+            .expect("aggregated fixture starts")
     }
 
     /// Gateway config: the backend Service `wardle/api` lives at the fixture's address.
     fn config(&self, backend: &FixtureAggregated, extra_yaml: &str) -> PathBuf {
-        let file = self.dir.path().join(format!("gateway-{}.yaml", backend.addr.port()));
+        let file = self
+            .dir
+            .path()
+            .join(format!("gateway-{}.yaml", backend.addr.port()));
         let yaml = format!(
             "services:\n- namespace: wardle\n  name: api\n  port: 443\n  urls: [\"https://{}\"]\n{extra_yaml}",
             backend.addr
@@ -96,7 +114,9 @@ impl Pki {
             "1s".to_owned(),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
-        Gateway::start(GatewayOptions::new(core.url()).args(args)).await.expect("gateway starts")
+        Gateway::start(GatewayOptions::new(core.url()).args(args))
+            .await
+            .expect("gateway starts")
     }
 
     fn apiservice_yaml(&self, service_name: &str) -> String {
@@ -112,13 +132,20 @@ fn path(p: &Path) -> String {
     p.display().to_string()
 }
 
-async fn get_as(gateway: &Gateway, user: &CertifiedPair, path: &str, headers: &[(&str, &str)]) -> (StatusCode, Value) {
+async fn get_as(
+    gateway: &Gateway,
+    user: &CertifiedPair,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (StatusCode, Value) {
     let client = harness::http2_client(&gateway.ca_pem().unwrap(), Some(user)).unwrap();
     let mut req = Request::get(format!("{}{path}", gateway.url()));
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
-    let (status, _, body) = harness::send(&client, req.body(Full::new(Bytes::new())).unwrap()).await.unwrap();
+    let (status, _, body) = harness::send(&client, req.body(Full::new(Bytes::new())).unwrap())
+        .await
+        .unwrap();
     (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
 }
 
@@ -127,10 +154,17 @@ async fn wait_for_row(kubectl: &Kubectl, wanted: &str, timeout: Duration) -> Str
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         let out = kubectl.run(&["get", "apiservices"]).await;
-        if out.stdout.lines().any(|l| l.starts_with(NAME) && l.contains(wanted)) {
+        if out
+            .stdout
+            .lines()
+            .any(|l| l.starts_with(NAME) && l.contains(wanted))
+        {
             return out.stdout;
         }
-        assert!(tokio::time::Instant::now() < deadline, "no {wanted:?} for {NAME} in:\n{out}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no {wanted:?} for {NAME} in:\n{out}"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
@@ -143,10 +177,14 @@ async fn an_applied_apiservice_routes_to_its_backend_with_the_callers_identity()
     let config = pki.config(&backend, "");
     let gateway = pki.gateway(&core, &config, &[]).await;
     let alice = pki.user("alice", &["dev"]);
-    let kubectl = Kubectl::new(&gateway.url(), Some(&gateway.ca_file), KubectlVersion::V1_32)
-        .unwrap()
-        .with_client_pair(&alice)
-        .unwrap();
+    let kubectl = Kubectl::new(
+        &gateway.url(),
+        Some(&gateway.ca_file),
+        KubectlVersion::V1_32,
+    )
+    .unwrap()
+    .with_client_pair(&alice)
+    .unwrap();
 
     // Before registration the group is the core's (which does not have it).
     let flunders = "/apis/wardle.example.com/v1alpha1/namespaces/default/flunders";
@@ -159,29 +197,54 @@ async fn an_applied_apiservice_routes_to_its_backend_with_the_callers_identity()
         status == StatusCode::OK && body["kind"] == "FlunderList"
     })
     .await;
-    assert!(served, "the remote did not serve {flunders} within 2s:\n{}", gateway.process.logs());
+    assert!(
+        served,
+        "the remote did not serve {flunders} within 2s:\n{}",
+        gateway.process.logs()
+    );
 
     // The backend sees the authenticated caller, never what the client claimed.
     let (status, identity) = get_as(
         &gateway,
         &alice,
         "/apis/wardle.example.com/v1alpha1/identity",
-        &[("x-remote-user", "admin"), ("x-remote-group", "system:masters"), ("impersonate-user", "admin")],
+        &[
+            ("x-remote-user", "admin"),
+            ("x-remote-group", "system:masters"),
+            ("impersonate-user", "admin"),
+        ],
     )
     .await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(identity["user"], "alice", "{identity}");
-    let groups: Vec<&str> = identity["groups"].as_array().unwrap().iter().map(|g| g.as_str().unwrap()).collect();
+    let groups: Vec<&str> = identity["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g.as_str().unwrap())
+        .collect();
     assert_eq!(groups, ["dev", "system:authenticated"]);
-    assert_eq!(identity["tlsClientCN"], "aggregator", "the backend must see our proxy certificate");
+    assert_eq!(
+        identity["tlsClientCN"], "aggregator",
+        "the backend must see our proxy certificate"
+    );
     let raw_headers = identity["headers"].to_string().to_ascii_lowercase();
-    assert!(!raw_headers.contains("system:masters") && !raw_headers.contains("impersonate-user"), "{identity}");
+    assert!(
+        !raw_headers.contains("system:masters") && !raw_headers.contains("impersonate-user"),
+        "{identity}"
+    );
 
     // An anonymous caller is system:anonymous at the backend.
     let anonymous = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
-    let (_, _, body) = harness::get(&anonymous, &format!("{}/apis/wardle.example.com/v1alpha1/identity", gateway.url()))
-        .await
-        .unwrap();
+    let (_, _, body) = harness::get(
+        &anonymous,
+        &format!(
+            "{}/apis/wardle.example.com/v1alpha1/identity",
+            gateway.url()
+        ),
+    )
+    .await
+    .unwrap();
     let identity: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(identity["user"], "system:anonymous", "{identity}");
 
@@ -198,25 +261,54 @@ async fn an_applied_apiservice_routes_to_its_backend_with_the_callers_identity()
     )
     .await
     .unwrap();
-    assert_eq!(status, StatusCode::CREATED, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(
+        status,
+        StatusCode::CREATED,
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
     let flunder: Value = serde_json::from_slice(&body).unwrap();
-    assert_eq!(flunder["metadata"]["annotations"]["fixture.example.com/created-by"], "alice", "{flunder}");
+    assert_eq!(
+        flunder["metadata"]["annotations"]["fixture.example.com/created-by"], "alice",
+        "{flunder}"
+    );
 
     wait_for_row(&kubectl, "True", Duration::from_secs(10)).await;
     let table = kubectl.run_ok(&["get", "apiservices"]).await.stdout;
-    assert!(table.contains("SERVICE") && table.contains("AVAILABLE"), "{table}");
-    assert!(table.lines().any(|l| l.starts_with(NAME) && l.contains("wardle/api")), "{table}");
+    assert!(
+        table.contains("SERVICE") && table.contains("AVAILABLE"),
+        "{table}"
+    );
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with(NAME) && l.contains("wardle/api")),
+        "{table}"
+    );
 
     // The backend goes away: the condition flips and requests fail fast with a Status.
     backend.process.kill();
-    wait_for_row(&kubectl, "False (FailedDiscoveryCheck)", Duration::from_secs(15)).await;
+    wait_for_row(
+        &kubectl,
+        "False (FailedDiscoveryCheck)",
+        Duration::from_secs(15),
+    )
+    .await;
     let (status, body) = get_as(&gateway, &alice, flunders, &[]).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(body["reason"], "ServiceUnavailable");
     assert!(body["message"].as_str().unwrap().contains(NAME), "{body}");
-    let metrics = harness::get(&anonymous, &format!("{}/metrics", gateway.url())).await.unwrap().2;
+    let metrics = harness::get(&anonymous, &format!("{}/metrics", gateway.url()))
+        .await
+        .unwrap()
+        .2;
     let metrics = String::from_utf8_lossy(&metrics);
-    assert!(metrics.contains(&format!("aggregator_unavailable_apiservice{{name=\"{NAME}\"}} 1")), "{metrics}");
+    assert!(
+        metrics.contains(&format!(
+            "aggregator_unavailable_apiservice{{name=\"{NAME}\"}} 1"
+        )),
+        "{metrics}"
+    );
     assert!(metrics.contains("aggregator_unavailable_apiservice_total{name=\"v1alpha1.wardle.example.com\",reason=\"FailedDiscoveryCheck\"}"), "{metrics}");
 
     // Deleting the APIService sends the group back to the core.
@@ -236,21 +328,36 @@ async fn file_source_picks_up_edited_manifests_without_restart() {
     let manifests = tempfile::tempdir().unwrap();
     let config = pki.config(&_backend, "");
     let dir = path(manifests.path());
-    let gateway = pki.gateway(&core, &config, &["--apiservice-source", "file", "--apiservice-dir", &dir]).await;
+    let gateway = pki
+        .gateway(
+            &core,
+            &config,
+            &["--apiservice-source", "file", "--apiservice-dir", &dir],
+        )
+        .await;
     let alice = pki.user("alice", &[]);
     let flunders = "/apis/wardle.example.com/v1alpha1/namespaces/default/flunders";
 
     // A manifest naming a Service the gateway cannot reach: routed, but unavailable.
-    std::fs::write(manifests.path().join("wardle.yaml"), pki.apiservice_yaml("missing")).unwrap();
+    std::fs::write(
+        manifests.path().join("wardle.yaml"),
+        pki.apiservice_yaml("missing"),
+    )
+    .unwrap();
     let unavailable = harness::wait_until(Duration::from_secs(5), || async {
         let (status, body) = get_as(&gateway, &alice, flunders, &[]).await;
-        status == StatusCode::SERVICE_UNAVAILABLE && body["message"].as_str().is_some_and(|m| m.contains(NAME))
+        status == StatusCode::SERVICE_UNAVAILABLE
+            && body["message"].as_str().is_some_and(|m| m.contains(NAME))
     })
     .await;
     assert!(unavailable, "{}", gateway.process.logs());
 
     // Edit it to name the real Service: served by the remote without a restart.
-    std::fs::write(manifests.path().join("wardle.yaml"), pki.apiservice_yaml("api")).unwrap();
+    std::fs::write(
+        manifests.path().join("wardle.yaml"),
+        pki.apiservice_yaml("api"),
+    )
+    .unwrap();
     let served = harness::wait_until(Duration::from_secs(5), || async {
         let (status, body) = get_as(&gateway, &alice, flunders, &[]).await;
         status == StatusCode::OK && body["kind"] == "FlunderList"
@@ -259,27 +366,52 @@ async fn file_source_picks_up_edited_manifests_without_restart() {
     assert!(served, "{}", gateway.process.logs());
 
     // A broken edit keeps the last good set and says which file is wrong.
-    std::fs::write(manifests.path().join("wardle.yaml"), "apiVersion: apiregistration.k8s.io/v1\nkind: APIService\nspec: [oops\n").unwrap();
+    std::fs::write(
+        manifests.path().join("wardle.yaml"),
+        "apiVersion: apiregistration.k8s.io/v1\nkind: APIService\nspec: [oops\n",
+    )
+    .unwrap();
     let reported = gateway
         .process
-        .wait_for_line(|l| l.contains("wardle.yaml") && l.contains("ERROR"), Duration::from_secs(5))
+        .wait_for_line(
+            |l| l.contains("wardle.yaml") && l.contains("ERROR"),
+            Duration::from_secs(5),
+        )
         .await;
     assert!(reported.is_some(), "{}", gateway.process.logs());
-    assert_eq!(get_as(&gateway, &alice, flunders, &[]).await.0, StatusCode::OK);
+    assert_eq!(
+        get_as(&gateway, &alice, flunders, &[]).await.0,
+        StatusCode::OK
+    );
 }
 
 #[tokio::test]
 async fn before_the_first_sync_unclaimed_groups_get_503_with_retry_after() {
     // No core at all: the kube source can never sync.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let gateway = Gateway::start(GatewayOptions::new(format!("http://127.0.0.1:{port}"))).await.unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let gateway = Gateway::start(GatewayOptions::new(format!("http://127.0.0.1:{port}")))
+        .await
+        .unwrap();
     let client = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
-    let (status, headers, body) =
-        harness::get(&client, &format!("{}/apis/metrics.k8s.io/v1beta1/pods", gateway.url())).await.unwrap();
+    let (status, headers, body) = harness::get(
+        &client,
+        &format!("{}/apis/metrics.k8s.io/v1beta1/pods", gateway.url()),
+    )
+    .await
+    .unwrap();
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(headers["retry-after"], "5");
     let s: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(s["details"]["retryAfterSeconds"], 5, "{s}");
-    let (_, _, ready) = harness::get(&client, &format!("{}/readyz?verbose", gateway.url())).await.unwrap();
-    assert!(String::from_utf8_lossy(&ready).contains("[-]apiservice-sources-synced failed"), "{ready:?}");
+    let (_, _, ready) = harness::get(&client, &format!("{}/readyz?verbose", gateway.url()))
+        .await
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&ready).contains("[-]apiservice-sources-synced failed"),
+        "{ready:?}"
+    );
 }

@@ -14,7 +14,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 async fn core_and_gateway(extra: &[&str]) -> (FixtureCore, Gateway) {
     let core = FixtureCore::start(&[]).await.expect("fixture core starts");
     let gateway = Gateway::start(
-        GatewayOptions::new(core.url()).args(["--apiservice-source", "none"].iter().chain(extra).copied()),
+        GatewayOptions::new(core.url())
+            .args(["--apiservice-source", "none"].iter().chain(extra).copied()),
     )
     .await
     .expect("gateway starts");
@@ -33,16 +34,45 @@ async fn kubectl_sees_the_core_through_the_gateway() {
 
     let resources = kubectl.run_ok(&["api-resources"]).await;
     for expected in ["configmaps", "namespaces", "deployments", "apiservices"] {
-        assert!(resources.stdout.contains(expected), "{expected} missing:\n{resources}");
+        assert!(
+            resources.stdout.contains(expected),
+            "{expected} missing:\n{resources}"
+        );
     }
 
-    kubectl.run_ok(&["create", "configmap", "settings", "-n", "default", "--from-literal=mode=fast"]).await;
-    let got = kubectl.run_ok(&["get", "configmap", "settings", "-n", "default", "-o", "jsonpath={.data.mode}"]).await;
+    kubectl
+        .run_ok(&[
+            "create",
+            "configmap",
+            "settings",
+            "-n",
+            "default",
+            "--from-literal=mode=fast",
+        ])
+        .await;
+    let got = kubectl
+        .run_ok(&[
+            "get",
+            "configmap",
+            "settings",
+            "-n",
+            "default",
+            "-o",
+            "jsonpath={.data.mode}",
+        ])
+        .await;
     assert_eq!(got.stdout.trim(), "fast");
-    kubectl.run_ok(&["delete", "configmap", "settings", "-n", "default"]).await;
-    let gone = kubectl.run(&["get", "configmap", "settings", "-n", "default"]).await;
+    kubectl
+        .run_ok(&["delete", "configmap", "settings", "-n", "default"])
+        .await;
+    let gone = kubectl
+        .run(&["get", "configmap", "settings", "-n", "default"])
+        .await;
     assert!(!gone.success());
-    assert!(gone.stderr.contains("NotFound") || gone.stderr.contains("not found"), "{gone}");
+    assert!(
+        gone.stderr.contains("NotFound") || gone.stderr.contains("not found"),
+        "{gone}"
+    );
 }
 
 #[tokio::test]
@@ -50,25 +80,45 @@ async fn a_watch_streams_events_created_after_it_started() {
     let (_core, gateway) = core_and_gateway(&[]).await;
     let kubectl = gateway.kubectl().unwrap();
     let watch = kubectl
-        .spawn(&["get", "configmaps", "-n", "default", "--watch", "-o", "name"])
+        .spawn(&[
+            "get",
+            "configmaps",
+            "-n",
+            "default",
+            "--watch",
+            "-o",
+            "name",
+        ])
         .unwrap();
     // Give the watch a moment to be established before the event it must see.
     tokio::time::sleep(Duration::from_millis(800)).await;
-    kubectl.run_ok(&["create", "configmap", "late-arrival", "-n", "default"]).await;
-    let line = watch
-        .wait_for_line(|l| l.contains("configmap/late-arrival"), Duration::from_secs(10))
+    kubectl
+        .run_ok(&["create", "configmap", "late-arrival", "-n", "default"])
         .await;
-    assert!(line.is_some(), "watch did not see the new configmap:\n{}", watch.logs());
+    let line = watch
+        .wait_for_line(
+            |l| l.contains("configmap/late-arrival"),
+            Duration::from_secs(10),
+        )
+        .await;
+    assert!(
+        line.is_some(),
+        "watch did not see the new configmap:\n{}",
+        watch.logs()
+    );
 }
 
 #[tokio::test]
 async fn raw_watch_events_arrive_without_buffering() {
     let (core, gateway) = core_and_gateway(&[]).await;
     let client = harness::http2_client(&gateway.ca_pem().unwrap(), None).unwrap();
-    let req = Request::get(format!("{}/api/v1/namespaces/default/configmaps?watch=true", gateway.url()))
-        .header("authorization", "Bearer e2e")
-        .body(Full::new(Bytes::new()))
-        .unwrap();
+    let req = Request::get(format!(
+        "{}/api/v1/namespaces/default/configmaps?watch=true",
+        gateway.url()
+    ))
+    .header("authorization", "Bearer e2e")
+    .body(Full::new(Bytes::new()))
+    .unwrap();
     let resp = harness::send_streaming(&client, req).await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
     let mut body = resp.into_body();
@@ -76,10 +126,15 @@ async fn raw_watch_events_arrive_without_buffering() {
     let direct = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
     let created = harness::send(
         &direct,
-        Request::post(format!("{}/api/v1/namespaces/default/configmaps", core.url()))
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from_static(br#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"streamed"}}"#)))
-            .unwrap(),
+        Request::post(format!(
+            "{}/api/v1/namespaces/default/configmaps",
+            core.url()
+        ))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from_static(
+            br#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"streamed"}}"#,
+        )))
+        .unwrap(),
     )
     .await
     .unwrap();
@@ -103,7 +158,9 @@ async fn raw_watch_events_arrive_without_buffering() {
 #[tokio::test]
 async fn upgraded_connections_echo_both_ways() {
     let (_core, gateway) = core_and_gateway(&[]).await;
-    let mut tls = harness::tls_connect(gateway.addr, &gateway.ca_pem().unwrap()).await.unwrap();
+    let mut tls = harness::tls_connect(gateway.addr, &gateway.ca_pem().unwrap())
+        .await
+        .unwrap();
     let request = format!(
         "POST /api/v1/namespaces/default/pods/web-0/exec?command=sh&stdin=true HTTP/1.1\r\n\
          Host: {}\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: v4.channel.k8s.io\r\n\
@@ -111,13 +168,24 @@ async fn upgraded_connections_echo_both_ways() {
         gateway.addr
     );
     tls.write_all(request.as_bytes()).await.unwrap();
-    let head = harness::read_head(&mut tls, Duration::from_secs(5)).await.unwrap();
+    let head = harness::read_head(&mut tls, Duration::from_secs(5))
+        .await
+        .unwrap();
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
-    assert!(head.to_ascii_lowercase().contains("upgrade: spdy/3.1"), "{head}");
-    for payload in [&b"hello through the gateway"[..], &[0u8, 1, 2, 255, 254][..]] {
+    assert!(
+        head.to_ascii_lowercase().contains("upgrade: spdy/3.1"),
+        "{head}"
+    );
+    for payload in [
+        &b"hello through the gateway"[..],
+        &[0u8, 1, 2, 255, 254][..],
+    ] {
         tls.write_all(payload).await.unwrap();
         let mut echoed = vec![0u8; payload.len()];
-        tokio::time::timeout(Duration::from_secs(5), tls.read_exact(&mut echoed)).await.unwrap().unwrap();
+        tokio::time::timeout(Duration::from_secs(5), tls.read_exact(&mut echoed))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(echoed, payload);
     }
 }
@@ -143,7 +211,10 @@ async fn headers_path_and_bodies_pass_through_over_http1_and_http2() {
         let echo: Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(echo["method"], "PUT");
         assert_eq!(echo["path"], "/fixture/echo");
-        assert_eq!(echo["query"], "b=2&a=1&a=%2F", "query must be preserved byte for byte");
+        assert_eq!(
+            echo["query"], "b=2&a=1&a=%2F",
+            "query must be preserved byte for byte"
+        );
         let header = |name: &str| -> Vec<String> {
             echo["headers"]
                 .as_array()
@@ -155,12 +226,17 @@ async fn headers_path_and_bodies_pass_through_over_http1_and_http2() {
         };
         assert_eq!(header("x-custom"), ["kept"]);
         assert_eq!(header("audit-id"), ["1234"]);
-        assert_eq!(header("content-type"), ["application/vnd.kubernetes.protobuf"]);
+        assert_eq!(
+            header("content-type"),
+            ["application/vnd.kubernetes.protobuf"]
+        );
         assert_eq!(header("x-forwarded-for"), ["198.51.100.9, 127.0.0.1"]);
         assert_eq!(header("x-forwarded-proto"), ["https"]);
         assert_eq!(header("x-forwarded-host").len(), 1);
         use base64::Engine;
-        let sent = base64::engine::general_purpose::STANDARD.decode(echo["body_base64"].as_str().unwrap()).unwrap();
+        let sent = base64::engine::general_purpose::STANDARD
+            .decode(echo["body_base64"].as_str().unwrap())
+            .unwrap();
         assert_eq!(sent, b"k8s\x00\x01binary");
     }
 }
@@ -168,13 +244,21 @@ async fn headers_path_and_bodies_pass_through_over_http1_and_http2() {
 #[tokio::test]
 async fn core_down_is_a_503_status_naming_the_core() {
     // A port nothing listens on: bind, read the port, close.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let core_url = format!("http://127.0.0.1:{port}");
-    let gateway = Gateway::start(GatewayOptions::new(core_url.clone()).args(["--apiservice-source", "none"]))
-        .await
-        .unwrap();
+    let gateway =
+        Gateway::start(GatewayOptions::new(core_url.clone()).args(["--apiservice-source", "none"]))
+            .await
+            .unwrap();
     let client = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
-    let (status, headers, body) = harness::get(&client, &format!("{}/api/v1/namespaces", gateway.url())).await.unwrap();
+    let (status, headers, body) =
+        harness::get(&client, &format!("{}/api/v1/namespaces", gateway.url()))
+            .await
+            .unwrap();
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(headers["content-type"], "application/json");
     let s: Value = serde_json::from_slice(&body).unwrap();
@@ -184,13 +268,23 @@ async fn core_down_is_a_503_status_naming_the_core() {
     assert!(s["message"].as_str().unwrap().contains(&core_url), "{s}");
 
     let kubectl = gateway.kubectl().unwrap();
-    let out = kubectl.run(&["get", "--raw", "/api/v1/namespaces/default/configmaps"]).await;
+    let out = kubectl
+        .run(&["get", "--raw", "/api/v1/namespaces/default/configmaps"])
+        .await;
     assert!(!out.success());
-    assert!(out.stderr.contains(&core_url), "kubectl should print the gateway's message:\n{out}");
+    assert!(
+        out.stderr.contains(&core_url),
+        "kubectl should print the gateway's message:\n{out}"
+    );
 
-    let (ready, _, text) = harness::get(&client, &format!("{}/readyz?verbose", gateway.url())).await.unwrap();
+    let (ready, _, text) = harness::get(&client, &format!("{}/readyz?verbose", gateway.url()))
+        .await
+        .unwrap();
     assert_eq!(ready, StatusCode::INTERNAL_SERVER_ERROR);
-    assert!(String::from_utf8_lossy(&text).contains("[-]core-server failed"), "{text:?}");
+    assert!(
+        String::from_utf8_lossy(&text).contains("[-]core-server failed"),
+        "{text:?}"
+    );
 }
 
 #[tokio::test]
@@ -200,27 +294,44 @@ async fn readyz_fails_at_once_on_sigterm_while_serving_continues() {
     let readyz = format!("{}/readyz", gateway.url());
     assert!(
         harness::wait_until(Duration::from_secs(10), || async {
-            harness::get(&client, &readyz).await.map(|r| r.0 == StatusCode::OK).unwrap_or(false)
+            harness::get(&client, &readyz)
+                .await
+                .map(|r| r.0 == StatusCode::OK)
+                .unwrap_or(false)
         })
         .await,
         "gateway never became ready"
     );
-    let (_, _, verbose) = harness::get(&client, &format!("{readyz}?verbose")).await.unwrap();
+    let (_, _, verbose) = harness::get(&client, &format!("{readyz}?verbose"))
+        .await
+        .unwrap();
     let verbose = String::from_utf8_lossy(&verbose).to_string();
-    assert!(verbose.contains("[+]core-server ok") && verbose.contains("[+]shutdown ok"), "{verbose}");
+    assert!(
+        verbose.contains("[+]core-server ok") && verbose.contains("[+]shutdown ok"),
+        "{verbose}"
+    );
 
     gateway.process.signal("TERM").unwrap();
     assert!(
         harness::wait_until(Duration::from_secs(2), || async {
-            harness::get(&client, &readyz).await.map(|r| r.0 == StatusCode::INTERNAL_SERVER_ERROR).unwrap_or(false)
+            harness::get(&client, &readyz)
+                .await
+                .map(|r| r.0 == StatusCode::INTERNAL_SERVER_ERROR)
+                .unwrap_or(false)
         })
         .await,
         "readyz did not fail after SIGTERM"
     );
     // Still serving during the delay: liveness and proxied requests work.
-    let (live, _, _) = harness::get(&client, &format!("{}/livez", gateway.url())).await.unwrap();
+    let (live, _, _) = harness::get(&client, &format!("{}/livez", gateway.url()))
+        .await
+        .unwrap();
     assert_eq!(live, StatusCode::OK);
-    let status = gateway.process.wait_exit(Duration::from_secs(15)).await.expect("gateway exits");
+    let status = gateway
+        .process
+        .wait_exit(Duration::from_secs(15))
+        .await
+        .expect("gateway exits");
     assert_eq!(status.code(), Some(0));
 }
 
@@ -231,9 +342,15 @@ async fn a_bad_configuration_exits_64_naming_the_field() {
         (vec!["--core-url", "ftp://core"], "--core-url"),
         (vec!["--secure-port", "99999"], "--secure-port"),
         (vec!["--request-timeout", "soon"], "--request-timeout"),
-        (vec!["--client-ca-file", "/nonexistent/ca.crt"], "--client-ca-file"),
+        (
+            vec!["--client-ca-file", "/nonexistent/ca.crt"],
+            "--client-ca-file",
+        ),
     ] {
-        let out = std::process::Command::new(&binary).args(&args).output().unwrap();
+        let out = std::process::Command::new(&binary)
+            .args(&args)
+            .output()
+            .unwrap();
         assert_eq!(out.status.code(), Some(64), "{args:?}: {out:?}");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains(field), "{args:?}: {stderr}");
@@ -242,20 +359,40 @@ async fn a_bad_configuration_exits_64_naming_the_field() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("config.yaml");
     std::fs::write(&file, "securePort: 8443\ncoreURL: http://x\n").unwrap();
-    let out = std::process::Command::new(&binary).args(["--check-config", "--config"]).arg(&file).output().unwrap();
+    let out = std::process::Command::new(&binary)
+        .args(["--check-config", "--config"])
+        .arg(&file)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(64));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("coreURL"), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("coreURL"),
+        "{out:?}"
+    );
 }
 
 #[tokio::test]
 async fn metrics_count_requests_by_target_and_code() {
     let (_core, gateway) = core_and_gateway(&[]).await;
     let client = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
-    harness::get(&client, &format!("{}/api/v1/namespaces", gateway.url())).await.unwrap();
-    let (status, headers, body) = harness::get(&client, &format!("{}/metrics", gateway.url())).await.unwrap();
+    harness::get(&client, &format!("{}/api/v1/namespaces", gateway.url()))
+        .await
+        .unwrap();
+    let (status, headers, body) = harness::get(&client, &format!("{}/metrics", gateway.url()))
+        .await
+        .unwrap();
     assert_eq!(status, StatusCode::OK);
-    assert!(headers["content-type"].to_str().unwrap().starts_with("text/plain"));
+    assert!(headers["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/plain"));
     let text = String::from_utf8_lossy(&body);
-    assert!(text.contains(r#"apiserver_request_total{code="200",target="core",verb="GET"}"#), "{text}");
-    assert!(text.contains("apiserver_request_duration_seconds_bucket"), "{text}");
+    assert!(
+        text.contains(r#"apiserver_request_total{code="200",target="core",verb="GET"}"#),
+        "{text}"
+    );
+    assert!(
+        text.contains("apiserver_request_duration_seconds_bucket"),
+        "{text}"
+    );
 }

@@ -47,7 +47,10 @@ enum HttpClient {
 }
 
 impl HttpClient {
-    async fn send(&self, req: Request) -> Result<hyper::Response<Incoming>, hyper_util::client::legacy::Error> {
+    async fn send(
+        &self,
+        req: Request,
+    ) -> Result<hyper::Response<Incoming>, hyper_util::client::legacy::Error> {
         match self {
             Self::Tcp(c) => c.request(req).await,
             Self::Unix(c) => c.request(req).await,
@@ -81,20 +84,35 @@ struct Resolved {
 }
 
 async fn resolve(cfg: &CoreConfig) -> Result<Resolved, CoreSetupError> {
-    let mut resolved = Resolved { endpoint: CoreEndpoint::Url(String::new()), trust: None, identity: None, token: None };
+    let mut resolved = Resolved {
+        endpoint: CoreEndpoint::Url(String::new()),
+        trust: None,
+        identity: None,
+        token: None,
+    };
     if let Some(path) = &cfg.kubeconfig {
-        let err = |message: String| CoreSetupError::Kubeconfig { path: path.clone(), message };
-        let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| err(e.to_string()))?;
-        let kc = kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
-            .await
-            .map_err(|e| err(e.to_string()))?;
-        resolved.endpoint = CoreEndpoint::Url(kc.cluster_url.to_string().trim_end_matches('/').to_owned());
+        let err = |message: String| CoreSetupError::Kubeconfig {
+            path: path.clone(),
+            message,
+        };
+        let kubeconfig =
+            kube::config::Kubeconfig::read_from(path).map_err(|e| err(e.to_string()))?;
+        let kc = kube::Config::from_custom_kubeconfig(
+            kubeconfig,
+            &kube::config::KubeConfigOptions::default(),
+        )
+        .await
+        .map_err(|e| err(e.to_string()))?;
+        resolved.endpoint =
+            CoreEndpoint::Url(kc.cluster_url.to_string().trim_end_matches('/').to_owned());
         if kc.accept_invalid_certs {
             resolved.trust = Some(ServerTrust::InsecureSkipVerify);
         } else if let Some(ders) = &kc.root_cert {
             let mut roots = rustls::RootCertStore::empty();
             for der in ders {
-                roots.add(der.clone().into()).map_err(|e| err(e.to_string()))?;
+                roots
+                    .add(der.clone().into())
+                    .map_err(|e| err(e.to_string()))?;
             }
             resolved.trust = Some(ServerTrust::Roots(roots));
         }
@@ -121,7 +139,11 @@ fn kubeconfig_identity(user: &kube::config::AuthInfo) -> Result<Option<Identity>
     use base64::Engine;
     use rustls::pki_types::pem::PemObject;
     use secrecy::ExposeSecret;
-    let decode = |b64: &str| base64::engine::general_purpose::STANDARD.decode(b64.trim()).map_err(|e| e.to_string());
+    let decode = |b64: &str| {
+        base64::engine::general_purpose::STANDARD
+            .decode(b64.trim())
+            .map_err(|e| e.to_string())
+    };
     let cert = match (&user.client_certificate_data, &user.client_certificate) {
         (Some(data), _) => decode(data)?,
         (None, Some(path)) => std::fs::read(path).map_err(|e| format!("{path}: {e}"))?,
@@ -139,7 +161,11 @@ fn kubeconfig_identity(user: &kube::config::AuthInfo) -> Result<Option<Identity>
     Ok(Some(Identity { certs, key }))
 }
 
-fn tcp_client(trust: Option<&ServerTrust>, identity: Option<&Identity>, http2: bool) -> Result<Client<HttpsConnector<HttpConnector>, Body>, CoreSetupError> {
+fn tcp_client(
+    trust: Option<&ServerTrust>,
+    identity: Option<&Identity>,
+    http2: bool,
+) -> Result<Client<HttpsConnector<HttpConnector>, Body>, CoreSetupError> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
@@ -157,7 +183,9 @@ fn tcp_client(trust: Option<&ServerTrust>, identity: Option<&Identity>, http2: b
     };
     // hyper-rustls sets ALPN itself from the enabled HTTP versions.
     let tls = tls::client_config(trust, identity, &[])?;
-    let builder = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls).https_or_http();
+    let builder = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http();
     let connector = if http2 {
         builder.enable_http1().enable_http2().wrap_connector(http)
     } else {
@@ -167,23 +195,42 @@ fn tcp_client(trust: Option<&ServerTrust>, identity: Option<&Identity>, http2: b
 }
 
 impl CoreBackend {
-    pub async fn new(cfg: &CoreConfig, drain: watch::Receiver<bool>) -> Result<Self, CoreSetupError> {
+    pub async fn new(
+        cfg: &CoreConfig,
+        drain: watch::Receiver<bool>,
+    ) -> Result<Self, CoreSetupError> {
         let resolved = resolve(cfg).await?;
         let (upstream, url, pooled, upgrades) = match &resolved.endpoint {
             CoreEndpoint::Unix(path) => {
                 let connector = UnixConnector(Arc::new(path.clone()));
                 let client = super::client_builder().build(connector);
-                let upstream = Upstream { scheme: Scheme::HTTP, authority: Authority::from_static("localhost") };
-                (upstream, format!("unix://{}", path.display()), HttpClient::Unix(client.clone()), HttpClient::Unix(client))
+                let upstream = Upstream {
+                    scheme: Scheme::HTTP,
+                    authority: Authority::from_static("localhost"),
+                };
+                (
+                    upstream,
+                    format!("unix://{}", path.display()),
+                    HttpClient::Unix(client.clone()),
+                    HttpClient::Unix(client),
+                )
             }
             CoreEndpoint::Url(url) => {
                 let uri: Uri = url.parse().map_err(|_| CoreSetupError::Url(url.clone()))?;
-                let (Some(scheme), Some(authority)) = (uri.scheme().cloned(), uri.authority().cloned()) else {
+                let (Some(scheme), Some(authority)) =
+                    (uri.scheme().cloned(), uri.authority().cloned())
+                else {
                     return Err(CoreSetupError::Url(url.clone()));
                 };
                 let pooled = tcp_client(resolved.trust.as_ref(), resolved.identity.as_ref(), true)?;
-                let upgrades = tcp_client(resolved.trust.as_ref(), resolved.identity.as_ref(), false)?;
-                (Upstream { scheme, authority }, url.clone(), HttpClient::Tcp(pooled), HttpClient::Tcp(upgrades))
+                let upgrades =
+                    tcp_client(resolved.trust.as_ref(), resolved.identity.as_ref(), false)?;
+                (
+                    Upstream { scheme, authority },
+                    url.clone(),
+                    HttpClient::Tcp(pooled),
+                    HttpClient::Tcp(upgrades),
+                )
             }
         };
         let credentials = match (&cfg.token_file, resolved.token) {
@@ -191,13 +238,22 @@ impl CoreBackend {
                 let token = read_token(path)?;
                 Credentials::TokenFile(path.clone(), ArcSwapOption::from_pointee(token))
             }
-            (None, Some(t)) => Credentials::Token(bearer(&t).ok_or_else(|| CoreSetupError::Kubeconfig {
-                path: cfg.kubeconfig.clone().unwrap_or_default(),
-                message: "token is not a valid header value".into(),
-            })?),
+            (None, Some(t)) => {
+                Credentials::Token(bearer(&t).ok_or_else(|| CoreSetupError::Kubeconfig {
+                    path: cfg.kubeconfig.clone().unwrap_or_default(),
+                    message: "token is not a valid header value".into(),
+                })?)
+            }
             (None, None) => Credentials::None,
         };
-        Ok(Self { upstream, url, pooled, upgrades, credentials, drain })
+        Ok(Self {
+            upstream,
+            url,
+            pooled,
+            upgrades,
+            credentials,
+            drain,
+        })
     }
 
     /// The core's URL as the user configured it (for messages).
@@ -206,13 +262,22 @@ impl CoreBackend {
     }
 
     /// Proxies a client request to the core: path, query and headers as the client sent them.
-    pub async fn forward(&self, mut req: Request, client: Option<SocketAddr>, long_running: bool) -> Result<Response, GatewayError> {
+    pub async fn forward(
+        &self,
+        mut req: Request,
+        client: Option<SocketAddr>,
+        long_running: bool,
+    ) -> Result<Response, GatewayError> {
         let upgrade = proxy::is_upgrade(req.headers());
         proxy::prepare_request(&mut req, &self.upstream, client);
         if upgrade {
             let mut client_req = http::Request::new(body::empty());
             *client_req.extensions_mut() = std::mem::take(req.extensions_mut());
-            let mut resp = self.upgrades.send(req).await.map_err(|e| self.unavailable(e))?;
+            let mut resp = self
+                .upgrades
+                .send(req)
+                .await
+                .map_err(|e| self.unavailable(e))?;
             if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
                 proxy::tunnel(&mut client_req, &mut resp, self.drain.clone());
             }
@@ -220,23 +285,35 @@ impl CoreBackend {
             proxy::prepare_response(&mut resp);
             return Ok(resp);
         }
-        let resp = self.pooled.send(req).await.map_err(|e| self.unavailable(e))?;
+        let resp = self
+            .pooled
+            .send(req)
+            .await
+            .map_err(|e| self.unavailable(e))?;
         let mut resp = resp.map(|b| {
             let b = body::boxed(b);
-            if long_running { proxy::drainable(b, self.drain.clone()) } else { b }
+            if long_running {
+                proxy::drainable(b, self.drain.clone())
+            } else {
+                b
+            }
         });
         proxy::prepare_response(&mut resp);
         Ok(resp)
     }
 
     /// A request the gateway makes on its own behalf, with its own credentials.
-    pub async fn send_own(&self, mut req: Request) -> Result<hyper::Response<Incoming>, GatewayError> {
+    pub async fn send_own(
+        &self,
+        mut req: Request,
+    ) -> Result<hyper::Response<Incoming>, GatewayError> {
         let path_and_query = req.uri().path_and_query().cloned();
         let mut parts = http::uri::Parts::default();
         parts.scheme = Some(self.upstream.scheme.clone());
         parts.authority = Some(self.upstream.authority.clone());
         parts.path_and_query = path_and_query;
-        *req.uri_mut() = Uri::from_parts(parts).map_err(|e| GatewayError::Internal(e.to_string()))?;
+        *req.uri_mut() =
+            Uri::from_parts(parts).map_err(|e| GatewayError::Internal(e.to_string()))?;
         if let Some(auth) = self.authorization() {
             req.headers_mut().insert(header::AUTHORIZATION, auth);
         }
@@ -262,7 +339,10 @@ impl CoreBackend {
     }
 
     fn unavailable(&self, e: hyper_util::client::legacy::Error) -> GatewayError {
-        GatewayError::CoreUnavailable { url: self.url.clone(), source: Box::new(e) }
+        GatewayError::CoreUnavailable {
+            url: self.url.clone(),
+            source: Box::new(e),
+        }
     }
 }
 
@@ -273,7 +353,10 @@ fn bearer(token: &str) -> Option<HeaderValue> {
 }
 
 fn read_token(path: &PathBuf) -> Result<HeaderValue, CoreSetupError> {
-    let text = std::fs::read_to_string(path).map_err(|source| CoreSetupError::Token { path: path.clone(), source })?;
+    let text = std::fs::read_to_string(path).map_err(|source| CoreSetupError::Token {
+        path: path.clone(),
+        source,
+    })?;
     bearer(&text).ok_or_else(|| CoreSetupError::Token {
         path: path.clone(),
         source: std::io::Error::new(std::io::ErrorKind::InvalidData, "not a valid bearer token"),

@@ -43,13 +43,13 @@ pub enum RemoteSetupError {
     CaBundle {
         name: String,
         #[source]
-        source: tls::TlsError,
+        source: Box<tls::TlsError>,
     },
     #[error("{name}: TLS: {source}")]
     Tls {
         name: String,
         #[source]
-        source: tls::TlsError,
+        source: Box<tls::TlsError>,
     },
     #[error("{name}: {server_name:?} is not a valid TLS server name")]
     ServerName { name: String, server_name: String },
@@ -83,10 +83,12 @@ impl RemoteBackend {
         let trust = if spec.insecure_skip_tls_verify {
             ServerTrust::InsecureSkipVerify
         } else if let Some(pem) = &spec.ca_bundle {
-            ServerTrust::Roots(
-                tls::roots_from_pem(pem, &api.name)
-                    .map_err(|source| RemoteSetupError::CaBundle { name: api.name.clone(), source })?,
-            )
+            ServerTrust::Roots(tls::roots_from_pem(pem, &api.name).map_err(|source| {
+                RemoteSetupError::CaBundle {
+                    name: api.name.clone(),
+                    source: Box::new(source),
+                }
+            })?)
         } else {
             let mut roots = rustls::RootCertStore::empty();
             for cert in rustls_native_certs::load_native_certs().certs {
@@ -95,11 +97,17 @@ impl RemoteBackend {
             ServerTrust::Roots(roots)
         };
         let server_name = spec.service.server_name();
-        let sni = ServerName::try_from(server_name.clone())
-            .map_err(|_| RemoteSetupError::ServerName { name: api.name.clone(), server_name })?;
+        let sni = ServerName::try_from(server_name.clone()).map_err(|_| {
+            RemoteSetupError::ServerName {
+                name: api.name.clone(),
+                server_name,
+            }
+        })?;
         let tls_config = |trust| {
-            tls::client_config(trust, proxy_identity, &[])
-                .map_err(|source| RemoteSetupError::Tls { name: api.name.clone(), source })
+            tls::client_config(trust, proxy_identity, &[]).map_err(|source| RemoteSetupError::Tls {
+                name: api.name.clone(),
+                source: Box::new(source),
+            })
         };
         let clone_trust = |t: &ServerTrust| match t {
             ServerTrust::Roots(r) => ServerTrust::Roots(r.clone()),
@@ -107,7 +115,14 @@ impl RemoteBackend {
         };
         let pooled = client(tls_config(clone_trust(&trust))?, sni.clone(), true);
         let upgrades = client(tls_config(trust)?, sni, false);
-        Ok(Self { name: api.name.as_str().into(), spec: spec.clone(), resolver, pooled, upgrades, drain })
+        Ok(Self {
+            name: api.name.as_str().into(),
+            spec: spec.clone(),
+            resolver,
+            pooled,
+            upgrades,
+            drain,
+        })
     }
 
     /// Whether this backend was built from the same spec (so it can be kept across a rebuild).
@@ -116,20 +131,37 @@ impl RemoteBackend {
     }
 
     fn upstream(&self) -> Result<Upstream, GatewayError> {
-        let endpoint = self.resolver.resolve(&self.spec.service).map_err(|e| self.unavailable(e.message))?;
-        let authority: Authority = endpoint
-            .authority()
-            .parse()
-            .map_err(|_| self.unavailable(format!("resolved address {:?} is not valid", endpoint.authority())))?;
-        Ok(Upstream { scheme: Scheme::HTTPS, authority })
+        let endpoint = self
+            .resolver
+            .resolve(&self.spec.service)
+            .map_err(|e| self.unavailable(e.message))?;
+        let authority: Authority = endpoint.authority().parse().map_err(|_| {
+            self.unavailable(format!(
+                "resolved address {:?} is not valid",
+                endpoint.authority()
+            ))
+        })?;
+        Ok(Upstream {
+            scheme: Scheme::HTTPS,
+            authority,
+        })
     }
 
     fn unavailable(&self, reason: impl Into<String>) -> GatewayError {
-        GatewayError::BackendUnavailable { api_service: self.name.to_string(), reason: reason.into() }
+        GatewayError::BackendUnavailable {
+            api_service: self.name.to_string(),
+            reason: reason.into(),
+        }
     }
 
     /// Proxies a client request: path unchanged, identity replaced by the authenticated user's.
-    pub async fn forward(&self, mut req: Request, user: &UserInfo, client: Option<SocketAddr>, long_running: bool) -> Result<Response, GatewayError> {
+    pub async fn forward(
+        &self,
+        mut req: Request,
+        user: &UserInfo,
+        client: Option<SocketAddr>,
+        long_running: bool,
+    ) -> Result<Response, GatewayError> {
         let upstream = self.upstream()?;
         let upgrade = proxy::is_upgrade(req.headers());
         let discovery = is_group_version_discovery(req.method(), req.uri().path());
@@ -138,7 +170,11 @@ impl RemoteBackend {
         if upgrade {
             let mut client_req = http::Request::new(body::empty());
             *client_req.extensions_mut() = std::mem::take(req.extensions_mut());
-            let mut resp = self.upgrades.request(req).await.map_err(|e| self.transport_error(e))?;
+            let mut resp = self
+                .upgrades
+                .request(req)
+                .await
+                .map_err(|e| self.transport_error(e))?;
             if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
                 proxy::tunnel(&mut client_req, &mut resp, self.drain.clone());
             }
@@ -156,11 +192,18 @@ impl RemoteBackend {
         }
         .map_err(|e| self.transport_error(e))?;
         if resp.status().is_redirection() {
-            return Err(GatewayError::BackendRedirect { api_service: self.name.to_string(), status: resp.status().as_u16() });
+            return Err(GatewayError::BackendRedirect {
+                api_service: self.name.to_string(),
+                status: resp.status().as_u16(),
+            });
         }
         let mut resp = resp.map(|b| {
             let b = body::boxed(b);
-            if long_running { proxy::drainable(b, self.drain.clone()) } else { b }
+            if long_running {
+                proxy::drainable(b, self.drain.clone())
+            } else {
+                b
+            }
         });
         proxy::prepare_response(&mut resp);
         Ok(resp)
@@ -178,10 +221,21 @@ impl RemoteBackend {
             .body(body::empty())
             .map_err(|e| e.to_string())?;
         match tokio::time::timeout(DISCOVERY_TIMEOUT, self.pooled.request(req)).await {
-            Err(_) => Err(format!("failing or missing response from {}: timed out after 5s", upstream.authority)),
-            Ok(Err(e)) => Err(format!("failing or missing response from {}: {}", upstream.authority, crate::error::chain(&e))),
+            Err(_) => Err(format!(
+                "failing or missing response from {}: timed out after 5s",
+                upstream.authority
+            )),
+            Ok(Err(e)) => Err(format!(
+                "failing or missing response from {}: {}",
+                upstream.authority,
+                crate::error::chain(&e)
+            )),
             Ok(Ok(resp)) if resp.status().is_success() => Ok(()),
-            Ok(Ok(resp)) => Err(format!("bad status from {}: {}", upstream.authority, resp.status().as_u16())),
+            Ok(Ok(resp)) => Err(format!(
+                "bad status from {}: {}",
+                upstream.authority,
+                resp.status().as_u16()
+            )),
         }
     }
 
@@ -201,7 +255,10 @@ impl RemoteBackend {
             .map_err(|e| GatewayError::Internal(e.to_string()))?;
         *req.headers_mut() = headers;
         match tokio::time::timeout(timeout, self.pooled.request(req)).await {
-            Err(_) => Err(self.unavailable(format!("GET {path_and_query} did not answer within {}s", timeout.as_secs()))),
+            Err(_) => Err(self.unavailable(format!(
+                "GET {path_and_query} did not answer within {}s",
+                timeout.as_secs()
+            ))),
             Ok(Err(e)) => Err(self.transport_error(e)),
             Ok(Ok(resp)) => Ok(resp),
         }
@@ -213,7 +270,10 @@ impl RemoteBackend {
     }
 
     fn transport_error(&self, e: hyper_util::client::legacy::Error) -> GatewayError {
-        self.unavailable(format!("error trying to reach service: {}", crate::error::chain(&e)))
+        self.unavailable(format!(
+            "error trying to reach service: {}",
+            crate::error::chain(&e)
+        ))
     }
 }
 
@@ -222,7 +282,9 @@ impl RemoteBackend {
 fn is_group_version_discovery(method: &Method, path: &str) -> bool {
     method == Method::GET && {
         let trimmed = path.trim_end_matches('/');
-        trimmed.strip_prefix("/apis/").is_some_and(|rest| rest.split('/').count() == 2)
+        trimmed
+            .strip_prefix("/apis/")
+            .is_some_and(|rest| rest.split('/').count() == 2)
     }
 }
 
@@ -232,9 +294,21 @@ mod tests {
 
     #[test]
     fn discovery_paths() {
-        assert!(is_group_version_discovery(&Method::GET, "/apis/wardle.example.com/v1alpha1"));
-        assert!(is_group_version_discovery(&Method::GET, "/apis/wardle.example.com/v1alpha1/"));
-        assert!(!is_group_version_discovery(&Method::GET, "/apis/wardle.example.com/v1alpha1/flunders"));
-        assert!(!is_group_version_discovery(&Method::POST, "/apis/wardle.example.com/v1alpha1"));
+        assert!(is_group_version_discovery(
+            &Method::GET,
+            "/apis/wardle.example.com/v1alpha1"
+        ));
+        assert!(is_group_version_discovery(
+            &Method::GET,
+            "/apis/wardle.example.com/v1alpha1/"
+        ));
+        assert!(!is_group_version_discovery(
+            &Method::GET,
+            "/apis/wardle.example.com/v1alpha1/flunders"
+        ));
+        assert!(!is_group_version_discovery(
+            &Method::POST,
+            "/apis/wardle.example.com/v1alpha1"
+        ));
     }
 }

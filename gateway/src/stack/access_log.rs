@@ -20,7 +20,10 @@ pub struct AccessLogLayer {
 impl<S> Layer<S> for AccessLogLayer {
     type Service = AccessLog<S>;
     fn layer(&self, inner: S) -> AccessLog<S> {
-        AccessLog { inner, metrics: self.metrics.clone() }
+        AccessLog {
+            inner,
+            metrics: self.metrics.clone(),
+        }
     }
 }
 
@@ -46,7 +49,11 @@ where
     fn call(&mut self, req: Request) -> Self::Future {
         let start = Instant::now();
         let method = req.method().clone();
-        let uri = req.uri().path_and_query().map(|p| p.as_str().to_owned()).unwrap_or_default();
+        let uri = req
+            .uri()
+            .path_and_query()
+            .map(|p| p.as_str().to_owned())
+            .unwrap_or_default();
         let client = req.extensions().get::<super::ConnInfo>().map(|c| c.remote);
         let version = req.version();
         let fut = self.inner.call(req);
@@ -54,10 +61,20 @@ where
         Box::pin(async move {
             let Ok(resp) = fut.await;
             let elapsed = start.elapsed();
-            let target = resp.extensions().get::<RoutedTo>().map(RoutedTo::label).unwrap_or_else(|| "gateway".into());
+            let target = resp
+                .extensions()
+                .get::<RoutedTo>()
+                .map(RoutedTo::label)
+                .unwrap_or_else(|| "gateway".into());
             let code = resp.status().as_u16();
-            metrics.requests.with_label_values(&[method.as_str(), &target, &code.to_string()]).inc();
-            metrics.duration.with_label_values(&[method.as_str(), &target]).observe(elapsed.as_secs_f64());
+            metrics
+                .requests
+                .with_label_values(&[method.as_str(), &target, &code.to_string()])
+                .inc();
+            metrics
+                .duration
+                .with_label_values(&[method.as_str(), &target])
+                .observe(elapsed.as_secs_f64());
             tracing::info!(
                 target: "access",
                 method = %method,

@@ -25,7 +25,12 @@ pub fn user_from_certificate(der: &[u8]) -> Option<UserInfo> {
         .iter_organization()
         .filter_map(|o| o.as_str().ok().map(str::to_owned))
         .collect();
-    Some(UserInfo::authenticated(name, String::new(), groups, BTreeMap::new()))
+    Some(UserInfo::authenticated(
+        name,
+        String::new(),
+        groups,
+        BTreeMap::new(),
+    ))
 }
 
 #[derive(Clone, Default)]

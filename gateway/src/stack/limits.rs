@@ -30,7 +30,9 @@ impl Slots {
             return Some(SlotGuard(self.clone()));
         }
         self.used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < self.limit).then_some(n + 1))
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.limit).then_some(n + 1)
+            })
             .ok()
             .map(|_| SlotGuard(self.clone()))
     }
@@ -97,8 +99,14 @@ pub struct LimitsLayer {
 impl LimitsLayer {
     pub fn new(limits: &gateway_config::Limits, metrics: Arc<Metrics>) -> Self {
         Self {
-            readonly: Arc::new(Slots { limit: limits.max_readonly_inflight, used: AtomicU32::new(0) }),
-            mutating: Arc::new(Slots { limit: limits.max_mutating_inflight, used: AtomicU32::new(0) }),
+            readonly: Arc::new(Slots {
+                limit: limits.max_readonly_inflight,
+                used: AtomicU32::new(0),
+            }),
+            mutating: Arc::new(Slots {
+                limit: limits.max_mutating_inflight,
+                used: AtomicU32::new(0),
+            }),
             max_body: limits.max_request_body_bytes,
             metrics,
         }
@@ -108,7 +116,10 @@ impl LimitsLayer {
 impl<S> Layer<S> for LimitsLayer {
     type Service = LimitsService<S>;
     fn layer(&self, inner: S) -> Self::Service {
-        LimitsService { inner, limits: self.clone() }
+        LimitsService {
+            inner,
+            limits: self.clone(),
+        }
     }
 }
 
@@ -146,8 +157,14 @@ where
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
         if declared.is_some_and(|n| n > max_body) {
-            limits.metrics.rejected.with_label_values(&["RequestEntityTooLarge"]).inc();
-            return Box::pin(async move { Err(GatewayError::BodyTooLarge { limit: max_body }.into()) });
+            limits
+                .metrics
+                .rejected
+                .with_label_values(&["RequestEntityTooLarge"])
+                .inc();
+            return Box::pin(
+                async move { Err(GatewayError::BodyTooLarge { limit: max_body }.into()) },
+            );
         }
         let (slots, kind, kind_name) = if mutating {
             (&limits.mutating, "mutating", "mutating")
@@ -155,12 +172,21 @@ where
             (&limits.readonly, "readOnly", "read-only")
         };
         let Some(guard) = slots.try_take() else {
-            limits.metrics.rejected.with_label_values(&["TooManyRequests"]).inc();
-            return Box::pin(async move { Err(GatewayError::TooManyRequests { kind: kind_name }.into()) });
+            limits
+                .metrics
+                .rejected
+                .with_label_values(&["TooManyRequests"])
+                .inc();
+            return Box::pin(async move {
+                Err(GatewayError::TooManyRequests { kind: kind_name }.into())
+            });
         };
         let gauge = limits.metrics.inflight.with_label_values(&[kind]);
         gauge.inc();
-        let guard = InflightGuard { _slot: guard, gauge };
+        let guard = InflightGuard {
+            _slot: guard,
+            gauge,
+        };
         // A chunked body has no length up front; Limited ends it with an error past the limit,
         // which the backends report as 413.
         let req = if declared.is_none() && max_body > 0 {

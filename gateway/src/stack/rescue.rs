@@ -20,7 +20,10 @@ pub struct RescueLayer {
 impl<S> Layer<S> for RescueLayer {
     type Service = Rescue<S>;
     fn layer(&self, inner: S) -> Rescue<S> {
-        Rescue { inner, request_timeout: self.request_timeout }
+        Rescue {
+            inner,
+            request_timeout: self.request_timeout,
+        }
     }
 }
 
@@ -57,7 +60,10 @@ where
                         .or_else(|| panic.downcast_ref::<String>().cloned())
                         .unwrap_or_default();
                     tracing::error!(panic = %what, "request handler panicked");
-                    Ok(GatewayError::Internal("internal error while handling the request".into()).into_response())
+                    Ok(
+                        GatewayError::Internal("internal error while handling the request".into())
+                            .into_response(),
+                    )
                 }
             }
         })

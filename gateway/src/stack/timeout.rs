@@ -20,7 +20,10 @@ pub struct TimeoutLayer {
 impl<S> Layer<S> for TimeoutLayer {
     type Service = TimeoutService<S>;
     fn layer(&self, inner: S) -> Self::Service {
-        TimeoutService { inner, limit: self.limit }
+        TimeoutService {
+            inner,
+            limit: self.limit,
+        }
     }
 }
 
@@ -54,7 +57,11 @@ where
     }
 
     fn call(&mut self, req: Request) -> Self::Future {
-        if req.extensions().get::<RequestInfo>().is_some_and(|i| i.long_running) {
+        if req
+            .extensions()
+            .get::<RequestInfo>()
+            .is_some_and(|i| i.long_running)
+        {
             return Box::pin(self.inner.call(req));
         }
         let limit = client_timeout(req.uri().query().unwrap_or(""))
@@ -76,7 +83,10 @@ mod tests {
     #[test]
     fn client_timeout_is_parsed() {
         assert_eq!(client_timeout("timeout=32s"), Some(Duration::from_secs(32)));
-        assert_eq!(client_timeout("limit=500&timeout=1m"), Some(Duration::from_secs(60)));
+        assert_eq!(
+            client_timeout("limit=500&timeout=1m"),
+            Some(Duration::from_secs(60))
+        );
         assert_eq!(client_timeout("timeoutSeconds=5"), None);
         assert_eq!(client_timeout("timeout=bogus"), None);
     }
