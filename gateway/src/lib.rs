@@ -6,6 +6,7 @@
 pub mod app;
 pub mod backend;
 pub mod body;
+pub mod discovery;
 pub mod error;
 pub mod health;
 pub mod identity;

@@ -1,0 +1,475 @@
+//! The request path of discovery: `/api`, `/apis`, `/apis/<group>`, `/openapi/v3` and
+//! `/openapi/v3/<path>`.
+//!
+//! Every answer comes from the snapshot the controller prepared: one `ArcSwap` load, a comparison
+//! of `If-None-Match` with the prepared ETag, and the prepared bytes. No JSON is built or parsed
+//! here. Whatever the gateway does not own returns `None`, and the router sends the request on
+//! (to the core, or to a remote `v1.` APIService for `/api`).
+//!
+//! Headers follow kube-apiserver (`discovery/aggregated/etag.go`): an aggregated answer carries
+//! its `Content-Type` with the `g`/`v`/`as` parameters (clients decide by it alone), `ETag`,
+//! `Vary: Accept` and `Cache-Control: public`; an `If-None-Match` equal to the ETag (exact
+//! string, no list or weak parsing) gets a 304 with the same headers and no body.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use apiservice::discovery::{
+    accepts_legacy_json, negotiate, AggregatedDocument, Negotiated, CONTENT_TYPE_JSON,
+};
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Method, StatusCode};
+
+use super::openapi::pass_through;
+use super::{DiscoveryCache, OpenApiOwner};
+use crate::body::{self, Request, Response};
+use crate::status::status_response;
+
+/// A path the discovery handlers may answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DiscoveryPath<'a> {
+    /// `/api`: aggregated only; legacy `APIVersions` is the core's.
+    Api,
+    /// `/apis`: aggregated or legacy `APIGroupList`.
+    Apis,
+    /// `/apis/<group>`: legacy `APIGroup`, for groups that have an APIService.
+    Group(&'a str),
+    /// `/openapi/v3`: the merged root.
+    OpenApiRoot,
+    /// `/openapi/v3/<key>`, `key` as in the root (`apis/<g>/<v>`, `api/v1`).
+    OpenApiDocument(&'a str),
+}
+
+/// Classifies a request path (no query). One trailing slash is accepted everywhere, as the
+/// Python client sends `/apis/` and `/apis/<g>/`.
+pub fn classify(path: &str) -> Option<DiscoveryPath<'_>> {
+    let trimmed = path.strip_suffix('/').unwrap_or(path);
+    match trimmed {
+        "/api" => return Some(DiscoveryPath::Api),
+        "/apis" => return Some(DiscoveryPath::Apis),
+        "/openapi/v3" => return Some(DiscoveryPath::OpenApiRoot),
+        _ => {}
+    }
+    if let Some(group) = trimmed.strip_prefix("/apis/") {
+        return (!group.is_empty() && !group.contains('/')).then_some(DiscoveryPath::Group(group));
+    }
+    if let Some(key) = trimmed.strip_prefix("/openapi/v3/") {
+        return (!key.is_empty()).then_some(DiscoveryPath::OpenApiDocument(key));
+    }
+    None
+}
+
+/// Whether `If-None-Match` names exactly this ETag (kube compares the raw header string).
+pub fn not_modified(headers: &HeaderMap, etag: &str) -> bool {
+    headers
+        .get(header::IF_NONE_MATCH)
+        .is_some_and(|v| v.as_bytes() == etag.as_bytes())
+}
+
+/// A prepared document with its ETag: 200 with the body, or 304 without when the client
+/// already has it. `vary` adds `Vary: Accept` and `Cache-Control: public` (the discovery
+/// documents, which have several representations).
+pub fn prepared(
+    request: &HeaderMap,
+    content_type: &'static str,
+    body: &Bytes,
+    etag: &str,
+    vary: bool,
+) -> Response {
+    let matched = not_modified(request, etag);
+    let mut resp = if matched {
+        let mut r = Response::new(body::empty());
+        *r.status_mut() = StatusCode::NOT_MODIFIED;
+        r
+    } else {
+        Response::new(body::full(body.clone()))
+    };
+    let headers = resp.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    // The ETag comes from `etag_for` (quoted hex), always a valid header value.
+    if let Ok(v) = HeaderValue::from_str(etag) {
+        headers.insert(header::ETAG, v);
+    }
+    if vary {
+        headers.insert(header::VARY, HeaderValue::from_static("Accept"));
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("public"));
+    }
+    resp
+}
+
+fn aggregated(request: &HeaderMap, doc: &AggregatedDocument, negotiated: Negotiated) -> Response {
+    match doc.body(negotiated) {
+        Some(body) => prepared(request, negotiated.content_type(), body, &doc.etag, true),
+        // `negotiated` is aggregated whenever this is called; a legacy one is a bug upstream,
+        // answered as an unacceptable representation rather than a panic.
+        None => not_acceptable(),
+    }
+}
+
+fn legacy_json(body: &Bytes) -> Response {
+    let mut resp = Response::new(body::full(body.clone()));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(CONTENT_TYPE_JSON),
+    );
+    resp
+}
+
+fn not_acceptable() -> Response {
+    status_response(
+        StatusCode::NOT_ACCEPTABLE,
+        "only the following media types are accepted: application/json, \
+         application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList, \
+         application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList",
+        None,
+    )
+}
+
+fn openapi_not_found(key: &str) -> Response {
+    status_response(
+        StatusCode::NOT_FOUND,
+        &format!(
+            "no OpenAPI v3 document for {key:?}: it is not listed in /openapi/v3 (no API server \
+             behind the gateway serves it, or its backend has not published it yet)"
+        ),
+        None,
+    )
+}
+
+/// What to do with a request, decided synchronously so the returned future holds no reference
+/// to the request (its body is not `Sync`).
+enum Action {
+    FallThrough,
+    Respond(Response),
+    PassThrough {
+        backend: Arc<crate::backend::remote::RemoteBackend>,
+        path_and_query: String,
+        headers: HeaderMap,
+    },
+}
+
+impl DiscoveryCache {
+    /// Answers the request if it is a discovery or OpenAPI v3 request the gateway owns; `None`
+    /// sends it on to the router's normal lookup.
+    pub fn handle(&self, req: &Request) -> impl Future<Output = Option<Response>> + Send + 'static {
+        let action = self.decide(req);
+        async move {
+            match action {
+                Action::FallThrough => None,
+                Action::Respond(resp) => Some(resp),
+                Action::PassThrough {
+                    backend,
+                    path_and_query,
+                    headers,
+                } => Some(pass_through(backend, path_and_query, headers).await),
+            }
+        }
+    }
+
+    fn decide(&self, req: &Request) -> Action {
+        if req.method() != Method::GET {
+            return Action::FallThrough;
+        }
+        let Some(path) = classify(req.uri().path()) else {
+            return Action::FallThrough;
+        };
+        let headers = req.headers();
+        let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+        match path {
+            DiscoveryPath::Api | DiscoveryPath::Apis | DiscoveryPath::Group(_) => {
+                let Some(merged) = self.merged.load_full() else {
+                    return Action::FallThrough;
+                };
+                match path {
+                    DiscoveryPath::Api => {
+                        let negotiated = negotiate(accept);
+                        // Legacy `/api` is the core's; with a remote `v1.` all of `/api` is.
+                        if !negotiated.is_aggregated()
+                            || self.routing.load().legacy_core().is_some()
+                        {
+                            return Action::FallThrough;
+                        }
+                        Action::Respond(aggregated(headers, &merged.api, negotiated))
+                    }
+                    DiscoveryPath::Apis => {
+                        let negotiated = negotiate(accept);
+                        if negotiated.is_aggregated() {
+                            Action::Respond(aggregated(headers, &merged.apis, negotiated))
+                        } else if accepts_legacy_json(accept) {
+                            Action::Respond(legacy_json(&merged.apis_legacy))
+                        } else {
+                            Action::Respond(not_acceptable())
+                        }
+                    }
+                    DiscoveryPath::Group(group) => match merged.group_legacy(group) {
+                        None => Action::FallThrough,
+                        Some(_) if !accepts_legacy_json(accept) => {
+                            Action::Respond(not_acceptable())
+                        }
+                        Some(body) => Action::Respond(legacy_json(body)),
+                    },
+                    _ => Action::FallThrough,
+                }
+            }
+            DiscoveryPath::OpenApiRoot => match self.openapi.load_full() {
+                None => Action::FallThrough,
+                Some(root) => Action::Respond(prepared(
+                    headers,
+                    CONTENT_TYPE_JSON,
+                    &root.body,
+                    &root.etag,
+                    false,
+                )),
+            },
+            DiscoveryPath::OpenApiDocument(key) => {
+                let Some(root) = self.openapi.load_full() else {
+                    return Action::FallThrough;
+                };
+                match root.owners.get(key) {
+                    Some(OpenApiOwner::Core) => Action::FallThrough,
+                    Some(OpenApiOwner::Remote(backend)) => Action::PassThrough {
+                        backend: backend.clone(),
+                        path_and_query: req
+                            .uri()
+                            .path_and_query()
+                            .map_or_else(|| req.uri().path().to_owned(), |pq| pq.to_string()),
+                        headers: headers.clone(),
+                    },
+                    None => Action::Respond(openapi_not_found(key)),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::routing::Routing;
+    use apiservice::discovery::{merge, CoreDiscovery, OpenApiRoot};
+    use http_body_util::BodyExt;
+
+    const AGG: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json";
+    const AGG_129: &str =
+        "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json";
+
+    #[test]
+    fn paths_with_and_without_trailing_slash() {
+        use DiscoveryPath::*;
+        assert_eq!(classify("/api"), Some(Api));
+        assert_eq!(classify("/api/"), Some(Api));
+        assert_eq!(classify("/apis"), Some(Apis));
+        assert_eq!(classify("/apis/"), Some(Apis));
+        assert_eq!(classify("/apis/apps"), Some(Group("apps")));
+        assert_eq!(classify("/apis/apps/"), Some(Group("apps")));
+        assert_eq!(classify("/openapi/v3"), Some(OpenApiRoot));
+        assert_eq!(classify("/openapi/v3/"), Some(OpenApiRoot));
+        assert_eq!(
+            classify("/openapi/v3/apis/wardle.example.com/v1alpha1"),
+            Some(OpenApiDocument("apis/wardle.example.com/v1alpha1"))
+        );
+        assert_eq!(
+            classify("/openapi/v3/api/v1/"),
+            Some(OpenApiDocument("api/v1"))
+        );
+        for other in [
+            "/api/v1",
+            "/apis/apps/v1",
+            "/apis/apps/v1/deployments",
+            "/apis//",
+            "/apisx",
+            "/apis//v1",
+            "/openapi/v2",
+            "/openapi/v3x",
+            "/version",
+            "/",
+        ] {
+            assert_eq!(classify(other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn if_none_match_is_an_exact_comparison() {
+        let mut h = HeaderMap::new();
+        assert!(!not_modified(&h, "\"AB\""));
+        h.insert(header::IF_NONE_MATCH, HeaderValue::from_static("\"AB\""));
+        assert!(not_modified(&h, "\"AB\""));
+        assert!(!not_modified(&h, "\"ab\""));
+        h.insert(header::IF_NONE_MATCH, HeaderValue::from_static("W/\"AB\""));
+        assert!(!not_modified(&h, "\"AB\""));
+    }
+
+    fn cache() -> DiscoveryCache {
+        let cache = DiscoveryCache::new(Routing::new());
+        let merged = merge(&CoreDiscovery::default(), &[]).unwrap();
+        cache.store_merged(merged);
+        cache
+    }
+
+    fn get(path: &str, headers: &[(header::HeaderName, &str)]) -> Request {
+        let mut b = http::Request::builder().method(Method::GET).uri(path);
+        for (k, v) in headers {
+            b = b.header(k, *v);
+        }
+        b.body(body::empty()).unwrap()
+    }
+
+    async fn body_bytes(resp: Response) -> Bytes {
+        resp.into_body().collect().await.unwrap().to_bytes()
+    }
+
+    #[tokio::test]
+    async fn aggregated_apis_headers_and_304() {
+        let cache = cache();
+        let merged = cache.merged().unwrap();
+        let resp = cache
+            .handle(&get("/apis?timeout=32s", &[(header::ACCEPT, AGG)]))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        let h = resp.headers().clone();
+        assert_eq!(
+            h[header::CONTENT_TYPE],
+            "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
+        );
+        assert_eq!(h[header::ETAG], merged.apis.etag.as_str());
+        assert_eq!(h[header::VARY], "Accept");
+        assert_eq!(h[header::CACHE_CONTROL], "public");
+        assert_eq!(body_bytes(resp).await, merged.apis.v2);
+
+        let etag = merged.apis.etag.clone();
+        let resp = cache
+            .handle(&get(
+                "/apis/",
+                &[(header::ACCEPT, AGG), (header::IF_NONE_MATCH, &etag)],
+            ))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::NOT_MODIFIED);
+        assert_eq!(resp.headers()[header::ETAG], etag.as_str());
+        assert_eq!(resp.headers()[header::VARY], "Accept");
+        assert_eq!(resp.headers()[header::CACHE_CONTROL], "public");
+        assert!(body_bytes(resp).await.is_empty());
+
+        // kubectl 1.29 gets v2beta1 with the same ETag.
+        let resp = cache
+            .handle(&get("/apis", &[(header::ACCEPT, AGG_129)]))
+            .await
+            .unwrap();
+        assert_eq!(
+            resp.headers()[header::CONTENT_TYPE],
+            "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList"
+        );
+        assert_eq!(resp.headers()[header::ETAG], etag.as_str());
+        assert_eq!(body_bytes(resp).await, merged.apis.v2beta1);
+    }
+
+    #[tokio::test]
+    async fn legacy_apis_and_fall_through() {
+        let cache = cache();
+        let merged = cache.merged().unwrap();
+        // `kubectl get --raw /apis`
+        let resp = cache
+            .handle(&get("/apis", &[(header::ACCEPT, "application/json, */*")]))
+            .await
+            .unwrap();
+        assert_eq!(resp.headers()[header::CONTENT_TYPE], "application/json");
+        assert!(resp.headers().get(header::ETAG).is_none());
+        assert_eq!(body_bytes(resp).await, merged.apis_legacy);
+        // No Accept at all is legacy too.
+        let resp = cache.handle(&get("/apis", &[])).await.unwrap();
+        assert_eq!(resp.headers()[header::CONTENT_TYPE], "application/json");
+        // Nothing we can serve.
+        let resp = cache
+            .handle(&get(
+                "/apis",
+                &[(header::ACCEPT, "application/vnd.kubernetes.protobuf")],
+            ))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::NOT_ACCEPTABLE);
+
+        // Legacy /api, /api/v1, groups without an APIService, other methods: the core's.
+        assert!(cache
+            .handle(&get("/api", &[(header::ACCEPT, "application/json, */*")]))
+            .await
+            .is_none());
+        assert!(cache.handle(&get("/api/v1", &[])).await.is_none());
+        assert!(cache.handle(&get("/apis/apps", &[])).await.is_none());
+        let post = http::Request::builder()
+            .method(Method::POST)
+            .uri("/apis")
+            .body(body::empty())
+            .unwrap();
+        assert!(cache.handle(&post).await.is_none());
+
+        // Aggregated /api is ours.
+        let resp = cache
+            .handle(&get("/api?timeout=32s", &[(header::ACCEPT, AGG)]))
+            .await
+            .unwrap();
+        assert_eq!(resp.headers()[header::ETAG], merged.api.etag.as_str());
+    }
+
+    #[tokio::test]
+    async fn nothing_is_served_before_the_first_merge() {
+        let cache = DiscoveryCache::new(Routing::new());
+        assert!(cache
+            .handle(&get("/apis", &[(header::ACCEPT, AGG)]))
+            .await
+            .is_none());
+        assert!(cache
+            .handle(&get("/api", &[(header::ACCEPT, AGG)]))
+            .await
+            .is_none());
+        assert!(cache.handle(&get("/openapi/v3", &[])).await.is_none());
+        assert!(cache
+            .handle(&get("/openapi/v3/apis/g/v1", &[]))
+            .await
+            .is_none());
+    }
+
+    #[tokio::test]
+    async fn openapi_root_and_documents() {
+        let cache = DiscoveryCache::new(Routing::new());
+        let core: OpenApiRoot = serde_json::from_str(
+            r#"{"paths":{"api/v1":{"serverRelativeURL":"/openapi/v3/api/v1?hash=A"}}}"#,
+        )
+        .unwrap();
+        let root =
+            apiservice::discovery::merge_openapi_roots(&[(OpenApiOwner::Core, core)]).unwrap();
+        let etag = root.etag.clone();
+        let body = root.body.clone();
+        cache.store_openapi(root);
+
+        let resp = cache
+            .handle(&get("/openapi/v3?timeout=32s", &[]))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(resp.headers()[header::CONTENT_TYPE], "application/json");
+        assert_eq!(resp.headers()[header::ETAG], etag.as_str());
+        assert_eq!(body_bytes(resp).await, body);
+        let resp = cache
+            .handle(&get("/openapi/v3", &[(header::IF_NONE_MATCH, &etag)]))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::NOT_MODIFIED);
+
+        // Core-owned documents go on to the core, unknown ones are a 404 Status.
+        assert!(cache
+            .handle(&get("/openapi/v3/api/v1?hash=A", &[]))
+            .await
+            .is_none());
+        let resp = cache
+            .handle(&get("/openapi/v3/apis/nope/v1", &[]))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+        let status: serde_json::Value = serde_json::from_slice(&body_bytes(resp).await).unwrap();
+        assert_eq!(status["reason"], "NotFound");
+        // /openapi/v2 is the core's.
+        assert!(cache.handle(&get("/openapi/v2", &[])).await.is_none());
+    }
+}

@@ -1,0 +1,80 @@
+//! Merged discovery and OpenAPI v3, the documents the gateway answers itself.
+//!
+//! kube-aggregator serves `/apis`, `/apis/<group>`, aggregated `/api` and the `/openapi/v3` root
+//! from its own state, because only it knows every APIService's backend. The gateway does the
+//! same, split the way the rest of the gateway is split:
+//!
+//! * [`controller`]: fetches what the core server and each remote backend say (revalidating with
+//!   `If-None-Match`, falling back to legacy discovery), and publishes new immutable snapshots
+//!   ([`DiscoveryCache`]) only when an input changed. All JSON work happens here.
+//! * [`handler`]: the request path. One `ArcSwap` load, a header comparison, prepared bytes out;
+//!   anything it does not answer falls through to the router (`None`).
+//! * [`openapi`]: the OpenAPI v3 pieces: which backend owns which `/openapi/v3/<path>`, and the
+//!   pass-through for group-version documents of remote backends.
+//!
+//! Until the first merge completed (the core was never reached) the handlers answer nothing and
+//! the core server serves its own documents: an empty `/apis` would make clients forget every
+//! group, which is worse than a document without the APIServices for a few seconds.
+
+pub mod controller;
+pub mod handler;
+pub mod openapi;
+
+use std::sync::Arc;
+
+use apiservice::discovery::{MergedDiscovery, MergedOpenApiRoot};
+use arc_swap::ArcSwapOption;
+
+use crate::backend::remote::RemoteBackend;
+use crate::routing::Routing;
+
+pub use controller::DiscoveryController;
+
+/// Who answers `/openapi/v3/<path>` for one path of the merged root.
+#[derive(Clone)]
+pub enum OpenApiOwner {
+    /// The core server: the request falls through to it unchanged.
+    Core,
+    /// A remote APIService's backend, reached with the gateway's own credentials.
+    Remote(Arc<RemoteBackend>),
+}
+
+/// The merged `/openapi/v3` root plus the owner of each path.
+pub type OpenApiSnapshot = MergedOpenApiRoot<OpenApiOwner>;
+
+/// The snapshots the discovery handlers serve. Written only by the [`DiscoveryController`], read
+/// by every request for `/api`, `/apis`, `/apis/<group>` and `/openapi/v3...`.
+pub struct DiscoveryCache {
+    merged: ArcSwapOption<MergedDiscovery>,
+    openapi: ArcSwapOption<OpenApiSnapshot>,
+    /// Read on `/api` only, to let a remote `v1.` APIService keep all of `/api`.
+    routing: Arc<Routing>,
+}
+
+impl DiscoveryCache {
+    pub fn new(routing: Arc<Routing>) -> Self {
+        Self {
+            merged: ArcSwapOption::empty(),
+            openapi: ArcSwapOption::empty(),
+            routing,
+        }
+    }
+
+    /// The current merged discovery, `None` before the first merge.
+    pub fn merged(&self) -> Option<Arc<MergedDiscovery>> {
+        self.merged.load_full()
+    }
+
+    /// The current OpenAPI v3 root, `None` before the core's root was first fetched.
+    pub fn openapi(&self) -> Option<Arc<OpenApiSnapshot>> {
+        self.openapi.load_full()
+    }
+
+    pub(crate) fn store_merged(&self, merged: MergedDiscovery) {
+        self.merged.store(Some(Arc::new(merged)));
+    }
+
+    pub(crate) fn store_openapi(&self, root: OpenApiSnapshot) {
+        self.openapi.store(Some(Arc::new(root)));
+    }
+}

@@ -1,0 +1,299 @@
+//! OpenAPI v3 through the gateway: which backend owns which `/openapi/v3/<path>`, and the
+//! pass-through for the group-version documents of remote backends.
+//!
+//! kube-aggregator proxies OpenAPI v3 instead of merging specs: the root is the union of every
+//! backend's root `paths`, and a group-version document is answered by whoever listed it. Two
+//! rules keep a backend from answering for someone else:
+//! * a remote backend contributes only the paths of its own APIServices (`apis/<g>/<v>`), like
+//!   kube's v2 aggregation filters remote specs to their paths;
+//! * the core's entry for a group-version that a remote APIService claims is dropped, even
+//!   while that backend has no root yet: requests for it must never reach the core.
+//!
+//! Group-version documents of remote backends are passed through with their status (a stale
+//! `?hash=` gets a 301 that client-go follows, a revalidation a 304) and their caching headers,
+//! which is why this does not use `RemoteBackend::forward` (that one refuses redirects).
+
+use std::cmp::Reverse;
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use apiservice::discovery::OpenApiRoot;
+use apiservice::model::GroupVersion;
+use http::header::{self, HeaderMap, HeaderName};
+
+use crate::backend::remote::RemoteBackend;
+use crate::body::{self, Response};
+
+/// Limit for one group-version document from a remote backend (headers; the body streams).
+const DOCUMENT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Request headers of the client that the backend needs to answer a document the same way.
+const REQUEST_HEADERS: [HeaderName; 2] = [header::ACCEPT, header::IF_NONE_MATCH];
+
+/// Response headers that carry the document's identity and caching rules; everything else
+/// (connection handling, the backend's own server headers) stays behind.
+const RESPONSE_HEADERS: [HeaderName; 9] = [
+    header::CONTENT_TYPE,
+    header::CONTENT_LENGTH,
+    header::ETAG,
+    header::CACHE_CONTROL,
+    header::EXPIRES,
+    header::VARY,
+    header::LAST_MODIFIED,
+    header::LOCATION,
+    header::CONTENT_ENCODING,
+];
+
+/// The key a group-version has in an OpenAPI v3 root: `apis/<g>/<v>`, or `api/v1` for core.
+pub fn root_key(gv: &GroupVersion) -> String {
+    let path = gv.path();
+    path.trim_start_matches('/').to_owned()
+}
+
+/// One remote APIService's contribution to the merged root.
+pub struct RemoteRoot<'a, B> {
+    /// Who answers its path (the backend handle).
+    pub owner: B,
+    /// `apis/<g>/<v>` of the APIService.
+    pub key: String,
+    /// APIService name, the last tie-breaker of the order.
+    pub name: &'a str,
+    pub group_priority_minimum: i32,
+    pub version_priority: i32,
+    /// The backend's last root document, `None` if it has none (404) or never answered.
+    pub root: Option<&'a OpenApiRoot>,
+}
+
+/// The inputs for [`merge_openapi_roots`](apiservice::discovery::merge_openapi_roots) in
+/// ascending precedence: the core (without the paths remote APIServices claim), then each remote
+/// APIService's own path, lowest priority first, so the highest-priority one wins a clash.
+pub fn openapi_inputs<B: Clone>(
+    core: B,
+    core_root: Option<&OpenApiRoot>,
+    mut remotes: Vec<RemoteRoot<'_, B>>,
+) -> Vec<(B, OpenApiRoot)> {
+    let claimed: HashSet<&str> = remotes.iter().map(|r| r.key.as_str()).collect();
+    let mut inputs = Vec::with_capacity(remotes.len() + 1);
+    if let Some(root) = core_root {
+        let mut own = root.clone();
+        own.paths.retain(|key, _| !claimed.contains(key.as_str()));
+        inputs.push((core, own));
+    }
+    remotes.sort_by(|a, b| {
+        (
+            a.group_priority_minimum,
+            a.version_priority,
+            Reverse(a.name),
+        )
+            .cmp(&(
+                b.group_priority_minimum,
+                b.version_priority,
+                Reverse(b.name),
+            ))
+    });
+    for remote in remotes {
+        let Some(root) = remote.root else { continue };
+        let Some((key, path)) = root.paths.get_key_value(&remote.key) else {
+            continue;
+        };
+        let mut own = OpenApiRoot::default();
+        own.paths.insert(key.clone(), path.clone());
+        inputs.push((remote.owner, own));
+    }
+    inputs
+}
+
+/// The headers sent to a remote backend for a client's `/openapi/v3/<path>` request.
+pub fn request_headers(client: &HeaderMap) -> HeaderMap {
+    let mut out = HeaderMap::new();
+    for name in REQUEST_HEADERS {
+        for value in client.get_all(&name) {
+            out.append(name.clone(), value.clone());
+        }
+    }
+    out
+}
+
+/// Keeps only the response headers that describe the document (see [`RESPONSE_HEADERS`]).
+pub fn response_headers(backend: &HeaderMap) -> HeaderMap {
+    let mut out = HeaderMap::new();
+    for name in RESPONSE_HEADERS {
+        for value in backend.get_all(&name) {
+            out.append(name.clone(), value.clone());
+        }
+    }
+    out
+}
+
+/// Fetches a group-version document from a remote backend with the gateway's own credentials
+/// and returns the backend's answer as is: status (200, 301, 304, 404, 406), caching headers,
+/// streamed body.
+pub async fn pass_through(
+    backend: Arc<RemoteBackend>,
+    path_and_query: String,
+    headers: HeaderMap,
+) -> Response {
+    match backend
+        .get(&path_and_query, request_headers(&headers), DOCUMENT_TIMEOUT)
+        .await
+    {
+        Ok(resp) => {
+            let (parts, incoming) = resp.into_parts();
+            let mut out = Response::new(body::boxed(incoming));
+            *out.status_mut() = parts.status;
+            *out.headers_mut() = response_headers(&parts.headers);
+            out
+        }
+        Err(e) => {
+            tracing::warn!(apiservice = %backend.name, path = %path_and_query, error = %e,
+                "OpenAPI v3 document request failed");
+            e.into_response()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use apiservice::discovery::{merge_openapi_roots, OpenApiPath};
+    use http::HeaderValue;
+
+    fn root(keys: &[(&str, &str)]) -> OpenApiRoot {
+        let mut r = OpenApiRoot::default();
+        for (k, hash) in keys {
+            r.paths.insert(
+                (*k).to_owned(),
+                OpenApiPath {
+                    server_relative_url: format!("/openapi/v3/{k}?hash={hash}"),
+                },
+            );
+        }
+        r
+    }
+
+    #[test]
+    fn keys_have_no_leading_slash() {
+        assert_eq!(
+            root_key(&GroupVersion::new("wardle.example.com", "v1alpha1")),
+            "apis/wardle.example.com/v1alpha1"
+        );
+        assert_eq!(root_key(&GroupVersion::new("", "v1")), "api/v1");
+    }
+
+    #[test]
+    fn remote_backends_own_only_their_apiservice_paths() {
+        let core = root(&[
+            ("api/v1", "C1"),
+            ("apis/apps/v1", "C2"),
+            ("apis/wardle.example.com/v1alpha1", "CORE"),
+        ]);
+        // The backend also lists a path for a group it has no APIService for, and tries to
+        // take over `api/v1`: both are ignored.
+        let wardle = root(&[
+            ("apis/wardle.example.com/v1alpha1", "W"),
+            ("apis/evil.example.com/v1", "X"),
+            ("api/v1", "EVIL"),
+        ]);
+        let remotes = vec![RemoteRoot {
+            owner: "wardle",
+            key: "apis/wardle.example.com/v1alpha1".into(),
+            name: "v1alpha1.wardle.example.com",
+            group_priority_minimum: 2000,
+            version_priority: 100,
+            root: Some(&wardle),
+        }];
+        let merged = merge_openapi_roots(&openapi_inputs("core", Some(&core), remotes)).unwrap();
+        assert_eq!(merged.owners.len(), 3);
+        assert_eq!(merged.owners["api/v1"], "core");
+        assert_eq!(merged.owners["apis/apps/v1"], "core");
+        assert_eq!(merged.owners["apis/wardle.example.com/v1alpha1"], "wardle");
+        let body = std::str::from_utf8(&merged.body).unwrap();
+        assert!(body.contains("hash=W"), "{body}");
+        assert!(!body.contains("CORE") && !body.contains("EVIL") && !body.contains("evil"));
+    }
+
+    #[test]
+    fn a_claimed_path_never_falls_back_to_the_core() {
+        let core = root(&[("apis/wardle.example.com/v1alpha1", "CORE")]);
+        let remotes = vec![RemoteRoot {
+            owner: "wardle",
+            key: "apis/wardle.example.com/v1alpha1".into(),
+            name: "v1alpha1.wardle.example.com",
+            group_priority_minimum: 2000,
+            version_priority: 100,
+            root: None, // backend without /openapi/v3, or not fetched yet
+        }];
+        let merged = merge_openapi_roots(&openapi_inputs("core", Some(&core), remotes)).unwrap();
+        assert!(merged.owners.is_empty());
+        assert_eq!(&merged.body[..], br#"{"paths":{}}"#);
+    }
+
+    #[test]
+    fn higher_priority_wins_a_clash_whatever_the_input_order() {
+        let a = root(&[("apis/g/v1", "A")]);
+        let b = root(&[("apis/g/v1", "B")]);
+        let remote = |owner, name, gp, r| RemoteRoot {
+            owner,
+            key: "apis/g/v1".into(),
+            name,
+            group_priority_minimum: gp,
+            version_priority: 10,
+            root: Some(r),
+        };
+        for swap in [false, true] {
+            let mut remotes = vec![
+                remote("a", "v1.g-a", 100, &a),
+                remote("b", "v1.g-b", 900, &b),
+            ];
+            if swap {
+                remotes.reverse();
+            }
+            let merged = merge_openapi_roots(&openapi_inputs("core", None, remotes)).unwrap();
+            assert_eq!(merged.owners["apis/g/v1"], "b");
+        }
+    }
+
+    #[test]
+    fn only_document_headers_cross() {
+        let mut client = HeaderMap::new();
+        client.insert(header::ACCEPT, HeaderValue::from_static("application/json"));
+        client.insert(header::IF_NONE_MATCH, HeaderValue::from_static("\"H\""));
+        client.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer secret"),
+        );
+        client.insert(header::COOKIE, HeaderValue::from_static("a=b"));
+        let sent = request_headers(&client);
+        assert_eq!(sent.len(), 2);
+        assert_eq!(sent[header::IF_NONE_MATCH], "\"H\"");
+        assert!(sent.get(header::AUTHORIZATION).is_none());
+
+        let mut backend = HeaderMap::new();
+        backend.insert(header::ETAG, HeaderValue::from_static("\"H2\""));
+        backend.insert(
+            header::CACHE_CONTROL,
+            HeaderValue::from_static("public, immutable"),
+        );
+        backend.insert(
+            header::EXPIRES,
+            HeaderValue::from_static("Thu, 01 Jan 2099 00:00:00 GMT"),
+        );
+        backend.insert(header::VARY, HeaderValue::from_static("Accept"));
+        backend.insert(
+            header::LOCATION,
+            HeaderValue::from_static("/openapi/v3/apis/g/v1?hash=H2"),
+        );
+        backend.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        backend.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        backend.insert(header::SET_COOKIE, HeaderValue::from_static("x=y"));
+        let kept = response_headers(&backend);
+        assert_eq!(kept.len(), 6);
+        assert!(kept.get(header::CONNECTION).is_none());
+        assert!(kept.get(header::SET_COOKIE).is_none());
+        assert_eq!(kept[header::LOCATION], "/openapi/v3/apis/g/v1?hash=H2");
+    }
+}
