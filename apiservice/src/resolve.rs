@@ -482,14 +482,15 @@ impl KubeResolver {
                 r#"cannot route to service with ClusterIP "None""#,
             )),
             "ClusterIP" | "NodePort" | "LoadBalancer" => {
-                let port = find_port(&svc, r.port).ok_or_else(|| ResolveError::not_listening(r))?;
+                // The Service port equals the APIService's port by construction of the match.
+                find_port(&svc, r.port).ok_or_else(|| ResolveError::not_listening(r))?;
                 if cluster_ip.is_empty() {
                     return Err(ResolveError::unroutable(format!(
                         "service/{} in {:?} has no clusterIP",
                         r.name, r.namespace
                     )));
                 }
-                Ok(Endpoint::new(cluster_ip, service_port_number(port, r.port)))
+                Ok(Endpoint::new(cluster_ip, r.port))
             }
             "ExternalName" => match spec.and_then(|s| s.external_name.as_deref()) {
                 Some(name) if !name.is_empty() => Ok(Endpoint::new(name, r.port)),
@@ -621,10 +622,6 @@ fn find_port(svc: &Service, port: u16) -> Option<&ServicePort> {
         .find(|p| p.port == i32::from(port))
 }
 
-fn service_port_number(port: &ServicePort, fallback: u16) -> u16 {
-    u16::try_from(port.port).unwrap_or(fallback)
-}
-
 /// The slice's port number for the named Service port. An unnamed port is `""` on both sides
 /// (a missing name counts as `""`; kube requires it set, but hand-written slices omit it).
 fn endpoint_port(slice: &EndpointSlice, port_name: &str) -> Option<u16> {
@@ -658,10 +655,7 @@ impl EndpointList for Option<Vec<DiscoveryEndpoint>> {
 
 /// Ready unless explicitly not (`conditions.ready` nil means ready, as in kube).
 fn is_ready(e: &DiscoveryEndpoint) -> bool {
-    e.conditions
-        .as_ref()
-        .and_then(|c| c.ready)
-        .unwrap_or(true)
+    e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true)
 }
 
 /// Runs one cache's watcher stream, handing every event to `apply` and logging errors. kube-rs'
@@ -724,7 +718,12 @@ impl SliceIndex {
         self.synced.load(Ordering::Acquire)
     }
 
-    fn with_service<R>(&self, ns: &str, svc: &str, f: impl FnOnce(Option<&SlicesByName>) -> R) -> R {
+    fn with_service<R>(
+        &self,
+        ns: &str,
+        svc: &str,
+        f: impl FnOnce(Option<&SlicesByName>) -> R,
+    ) -> R {
         // A poisoned lock only means a writer panicked mid-update; the map is still usable.
         let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
         f(map.by_service.get(ns).and_then(|m| m.get(svc)))
@@ -750,8 +749,10 @@ impl SliceMap {
     }
 
     fn insert(&mut self, slice: &EndpointSlice) {
-        let (Some(ns), Some(name)) = (slice.metadata.namespace.as_deref(), slice.metadata.name.as_deref())
-        else {
+        let (Some(ns), Some(name)) = (
+            slice.metadata.namespace.as_deref(),
+            slice.metadata.name.as_deref(),
+        ) else {
             return;
         };
         self.remove(ns, name);
@@ -788,12 +789,17 @@ impl SliceWriter {
     fn apply_watcher_event(&mut self, event: &watcher::Event<EndpointSlice>) {
         match event {
             watcher::Event::Init => self.buffer = Some(SliceMap::default()),
-            watcher::Event::InitApply(slice) => {
-                self.buffer.get_or_insert_with(SliceMap::default).insert(slice)
-            }
+            watcher::Event::InitApply(slice) => self
+                .buffer
+                .get_or_insert_with(SliceMap::default)
+                .insert(slice),
             watcher::Event::InitDone => {
                 let next = self.buffer.take().unwrap_or_default();
-                *self.index.map.write().unwrap_or_else(PoisonError::into_inner) = next;
+                *self
+                    .index
+                    .map
+                    .write()
+                    .unwrap_or_else(PoisonError::into_inner) = next;
                 self.index.synced.store(true, Ordering::Release);
             }
             watcher::Event::Apply(slice) => self
@@ -803,9 +809,10 @@ impl SliceWriter {
                 .unwrap_or_else(PoisonError::into_inner)
                 .insert(slice),
             watcher::Event::Delete(slice) => {
-                if let (Some(ns), Some(name)) =
-                    (slice.metadata.namespace.as_deref(), slice.metadata.name.as_deref())
-                {
+                if let (Some(ns), Some(name)) = (
+                    slice.metadata.namespace.as_deref(),
+                    slice.metadata.name.as_deref(),
+                ) {
                     self.index
                         .map
                         .write()
@@ -817,3 +824,514 @@ impl SliceWriter {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::reflector::store::Writer;
+    use serde_json::json;
+
+    fn svc_ref(port: u16) -> ServiceRef {
+        ServiceRef {
+            namespace: "wardle".into(),
+            name: "api".into(),
+            port,
+        }
+    }
+
+    fn service(name: &str, spec: serde_json::Value) -> Service {
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"namespace": "wardle", "name": name},
+            "spec": spec,
+        }))
+        .unwrap()
+    }
+
+    fn cluster_ip(ip: &str, ports: serde_json::Value) -> Service {
+        service(
+            "api",
+            json!({"type": "ClusterIP", "clusterIP": ip, "ports": ports}),
+        )
+    }
+
+    fn https_port() -> serde_json::Value {
+        json!([{"name": "https", "port": 443, "targetPort": 8443}])
+    }
+
+    fn slice(name: &str, ports: serde_json::Value, endpoints: serde_json::Value) -> EndpointSlice {
+        serde_json::from_value(json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"namespace": "wardle", "name": name,
+                         "labels": {SERVICE_NAME_LABEL: "api"}},
+            "addressType": "IPv4",
+            "ports": ports,
+            "endpoints": endpoints,
+        }))
+        .unwrap()
+    }
+
+    fn ready(ip: &str) -> serde_json::Value {
+        json!({"addresses": [ip], "conditions": {"ready": true}})
+    }
+
+    fn list<K: Clone>(items: Vec<K>) -> Vec<watcher::Event<K>> {
+        let mut events = vec![watcher::Event::Init];
+        events.extend(items.into_iter().map(watcher::Event::InitApply));
+        events.push(watcher::Event::InitDone);
+        events
+    }
+
+    fn resolver(
+        services: Vec<Service>,
+        slices: Vec<EndpointSlice>,
+        endpoint_routing: bool,
+    ) -> KubeResolver {
+        let mut writer = Writer::<Service>::default();
+        for e in list(services) {
+            writer.apply_watcher_event(&e);
+        }
+        let index = Arc::new(SliceIndex::default());
+        let mut slice_writer = SliceWriter::new(Arc::clone(&index));
+        for e in list(slices) {
+            slice_writer.apply_watcher_event(&e);
+        }
+        KubeResolver::from_parts(
+            writer.as_reader(),
+            Arc::new(AtomicBool::new(true)),
+            index,
+            endpoint_routing,
+        )
+    }
+
+    fn err(r: Result<impl fmt::Debug, ResolveError>) -> (ResolveReason, String) {
+        let e = r.unwrap_err();
+        (e.reason, e.message)
+    }
+
+    #[test]
+    fn endpoint_authority_brackets_ipv6() {
+        assert_eq!(Endpoint::new("10.0.0.1", 443).authority(), "10.0.0.1:443");
+        assert_eq!(Endpoint::new("fd00::1", 443).authority(), "[fd00::1]:443");
+        assert_eq!(
+            Endpoint::new("fd00::1", 8443).url(),
+            "https://[fd00::1]:8443"
+        );
+        assert_eq!(
+            Endpoint::new("api.example.com", 1).to_string(),
+            "api.example.com:1"
+        );
+    }
+
+    #[test]
+    fn reasons_map_to_kube_condition_reasons() {
+        assert_eq!(ResolveReason::ServiceNotFound.as_str(), "ServiceNotFound");
+        assert_eq!(ResolveReason::MissingEndpoints.as_str(), "MissingEndpoints");
+        assert_eq!(ResolveReason::Unroutable.as_str(), "FailedDiscoveryCheck");
+        assert_eq!(
+            ResolveReason::ServiceAccessError.condition_status(),
+            ConditionStatus::Unknown
+        );
+        assert_eq!(
+            ResolveReason::ServicePortError.condition_status(),
+            ConditionStatus::False
+        );
+    }
+
+    #[test]
+    fn not_synced_is_an_access_error_not_not_found() {
+        let r = KubeResolver::from_parts(
+            Writer::<Service>::default().as_reader(),
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(SliceIndex::default()),
+            false,
+        );
+        assert!(!r.synced());
+        assert_eq!(
+            err(r.resolve(&svc_ref(443))),
+            (
+                ResolveReason::ServiceAccessError,
+                r#"service/api in "wardle" cannot be checked due to: the Service cache has not synced yet"#.into()
+            )
+        );
+    }
+
+    #[test]
+    fn cluster_ip_rules_and_messages() {
+        let missing = resolver(vec![], vec![], false);
+        assert!(missing.synced());
+        assert_eq!(
+            err(missing.resolve(&svc_ref(443))),
+            (
+                ResolveReason::ServiceNotFound,
+                r#"service/api in "wardle" is not present"#.into()
+            )
+        );
+
+        let r = resolver(vec![cluster_ip("10.96.0.5", https_port())], vec![], false);
+        // ClusterIP routing does not look at endpoints: no slices, still routable.
+        assert_eq!(
+            r.resolve(&svc_ref(443)).unwrap(),
+            Endpoint::new("10.96.0.5", 443)
+        );
+        assert_eq!(
+            err(r.resolve(&svc_ref(8443))),
+            (
+                ResolveReason::ServicePortError,
+                r#"service/api in "wardle" is not listening on port 8443"#.into()
+            )
+        );
+
+        let v6 = resolver(vec![cluster_ip("fd00::5", https_port())], vec![], false);
+        assert_eq!(
+            v6.resolve(&svc_ref(443)).unwrap().authority(),
+            "[fd00::5]:443"
+        );
+
+        let headless = resolver(vec![cluster_ip("None", https_port())], vec![], false);
+        assert_eq!(
+            err(headless.resolve(&svc_ref(443))),
+            (
+                ResolveReason::Unroutable,
+                r#"cannot route to service with ClusterIP "None""#.into()
+            )
+        );
+
+        let node_port = resolver(
+            vec![service(
+                "api",
+                json!({"type": "NodePort", "clusterIP": "10.0.0.9", "ports": https_port()}),
+            )],
+            vec![],
+            false,
+        );
+        assert_eq!(
+            node_port.resolve(&svc_ref(443)).unwrap(),
+            Endpoint::new("10.0.0.9", 443)
+        );
+
+        // Type defaults to ClusterIP when unset.
+        let untyped = resolver(
+            vec![service(
+                "api",
+                json!({"clusterIP": "10.0.0.7", "ports": https_port()}),
+            )],
+            vec![],
+            false,
+        );
+        assert_eq!(
+            untyped.resolve(&svc_ref(443)).unwrap(),
+            Endpoint::new("10.0.0.7", 443)
+        );
+    }
+
+    #[test]
+    fn external_name_uses_the_api_service_port() {
+        let r = resolver(
+            vec![service(
+                "api",
+                json!({"type": "ExternalName", "externalName": "api.example.com"}),
+            )],
+            vec![],
+            false,
+        );
+        assert_eq!(
+            r.resolve(&svc_ref(9443)).unwrap(),
+            Endpoint::new("api.example.com", 9443)
+        );
+        // kube checks ports and endpoints only for ClusterIP Services.
+        assert_eq!(r.check_endpoints(&svc_ref(9443)), Ok(()));
+
+        let routed = resolver(
+            vec![service(
+                "api",
+                json!({"type": "ExternalName", "externalName": "x", "ports": https_port()}),
+            )],
+            vec![],
+            true,
+        );
+        assert_eq!(
+            err(routed.resolve(&svc_ref(443))),
+            (
+                ResolveReason::Unroutable,
+                r#"unsupported service type "ExternalName""#.into()
+            )
+        );
+
+        let odd = resolver(
+            vec![service("api", json!({"type": "Weird"}))],
+            vec![],
+            false,
+        );
+        assert_eq!(
+            err(odd.resolve(&svc_ref(443))).1,
+            r#"unsupported service type "Weird""#
+        );
+    }
+
+    #[test]
+    fn availability_checks_follow_kube() {
+        let svc = cluster_ip("10.96.0.5", https_port());
+        let port = json!([{"name": "https", "port": 8443}]);
+
+        let r = resolver(vec![svc.clone()], vec![], false);
+        assert_eq!(
+            err(r.check_endpoints(&svc_ref(443))),
+            (
+                ResolveReason::EndpointsNotFound,
+                r#"cannot find endpointslices for service/api in "wardle""#.into()
+            )
+        );
+        assert_eq!(
+            err(r.check_endpoints(&svc_ref(80))).0,
+            ResolveReason::ServicePortError
+        );
+        assert_eq!(
+            err(resolver(vec![], vec![], false).check_endpoints(&svc_ref(443))).0,
+            ResolveReason::ServiceNotFound
+        );
+
+        let missing = (
+            ResolveReason::MissingEndpoints,
+            r#"endpointslices for service/api in "wardle" have no addresses with port name "https""#.into(),
+        );
+        let not_ready = slice(
+            "api-1",
+            port.clone(),
+            json!([{"addresses": ["10.1.0.1"], "conditions": {"ready": false}}]),
+        );
+        let r = resolver(vec![svc.clone()], vec![not_ready.clone()], false);
+        assert_eq!(err(r.check_endpoints(&svc_ref(443))), missing);
+
+        let wrong_port_name = slice(
+            "api-2",
+            json!([{"name": "metrics", "port": 9090}]),
+            json!([ready("10.1.0.2")]),
+        );
+        let r = resolver(
+            vec![svc.clone()],
+            vec![not_ready.clone(), wrong_port_name],
+            false,
+        );
+        assert_eq!(err(r.check_endpoints(&svc_ref(443))), missing);
+
+        // `conditions.ready` unset counts as ready.
+        let unknown_ready = slice("api-3", port, json!([{"addresses": ["10.1.0.3"]}]));
+        let r = resolver(vec![svc], vec![not_ready, unknown_ready], false);
+        assert_eq!(r.check_endpoints(&svc_ref(443)), Ok(()));
+    }
+
+    #[test]
+    fn endpoint_routing_picks_ready_endpoints_on_the_named_port() {
+        let svc = cluster_ip("None", https_port()); // headless is fine when routing to endpoints
+        let slices = vec![
+            slice(
+                "api-a",
+                json!([{"name": "https", "port": 8443}, {"name": "metrics", "port": 9090}]),
+                json!([ready("10.1.0.1"), {"addresses": ["10.1.0.9"], "conditions": {"ready": false}}]),
+            ),
+            slice(
+                "api-b",
+                json!([{"name": "https", "port": 8443}]),
+                json!([ready("10.1.0.2")]),
+            ),
+            slice(
+                "api-c",
+                json!([{"name": "metrics", "port": 9090}]),
+                json!([ready("10.1.0.3")]),
+            ),
+        ];
+        let r = resolver(vec![svc.clone()], slices, true);
+        let mut seen: Vec<Endpoint> = (0..6).map(|_| r.resolve(&svc_ref(443)).unwrap()).collect();
+        seen.sort_by(|a, b| a.host.cmp(&b.host));
+        seen.dedup();
+        assert_eq!(
+            seen,
+            [
+                Endpoint::new("10.1.0.1", 8443),
+                Endpoint::new("10.1.0.2", 8443)
+            ]
+        );
+
+        let empty = resolver(
+            vec![svc.clone()],
+            vec![slice(
+                "api-a",
+                json!([{"name": "https", "port": 8443}]),
+                json!([]),
+            )],
+            true,
+        );
+        assert_eq!(
+            err(empty.resolve(&svc_ref(443))),
+            (
+                ResolveReason::MissingEndpoints,
+                r#"no endpoints available for service "api""#.into()
+            )
+        );
+        assert_eq!(
+            err(empty.resolve(&svc_ref(444))).0,
+            ResolveReason::ServicePortError
+        );
+
+        // Unnamed ports match each other.
+        let unnamed = resolver(
+            vec![cluster_ip(
+                "10.0.0.1",
+                json!([{"port": 443, "targetPort": 6443}]),
+            )],
+            vec![slice(
+                "api-a",
+                json!([{"port": 6443}]),
+                json!([ready("10.1.0.4")]),
+            )],
+            true,
+        );
+        assert_eq!(
+            unnamed.resolve(&svc_ref(443)).unwrap(),
+            Endpoint::new("10.1.0.4", 6443)
+        );
+    }
+
+    #[test]
+    fn slice_index_relists_swap_at_init_done() {
+        let index = Arc::new(SliceIndex::default());
+        let mut w = SliceWriter::new(Arc::clone(&index));
+        let port = json!([{"name": "https", "port": 8443}]);
+        let count =
+            |index: &SliceIndex| index.with_service("wardle", "api", |s| s.map_or(0, |s| s.len()));
+
+        for e in list(vec![
+            slice("a", port.clone(), json!([])),
+            slice("b", port.clone(), json!([])),
+        ]) {
+            w.apply_watcher_event(&e);
+        }
+        assert!(index.synced());
+        assert_eq!(count(&index), 2);
+
+        // Mid-relist, readers still see the previous complete state.
+        w.apply_watcher_event(&watcher::Event::Init);
+        w.apply_watcher_event(&watcher::Event::InitApply(slice(
+            "c",
+            port.clone(),
+            json!([]),
+        )));
+        assert_eq!(count(&index), 2);
+        w.apply_watcher_event(&watcher::Event::InitDone);
+        assert_eq!(count(&index), 1);
+
+        // A slice relabelled to another Service moves; a deleted one goes.
+        let mut moved = slice("c", port.clone(), json!([]));
+        moved
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert(SERVICE_NAME_LABEL.into(), "other".into());
+        w.apply_watcher_event(&watcher::Event::Apply(moved.clone()));
+        assert_eq!(count(&index), 0);
+        assert_eq!(
+            index.with_service("wardle", "other", |s| s.map_or(0, |s| s.len())),
+            1
+        );
+        w.apply_watcher_event(&watcher::Event::Delete(moved));
+        assert!(index.map.read().unwrap().by_service.is_empty());
+        assert!(index.map.read().unwrap().owner.is_empty());
+    }
+
+    fn static_service(port: Option<u16>, urls: &[&str]) -> StaticService {
+        StaticService {
+            namespace: "wardle".into(),
+            name: "api".into(),
+            port,
+            urls: urls.iter().map(|u| u.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn static_urls_rotate_and_port_none_matches_any() {
+        let r = StaticResolver::new(&[
+            static_service(None, &["https://a.example:8443", "https://[fd00::1]/"]),
+            static_service(Some(9443), &["https://10.0.0.1"]),
+        ])
+        .unwrap();
+        let picks: Vec<_> = (0..3).map(|_| r.resolve(&svc_ref(443)).unwrap()).collect();
+        assert_eq!(
+            picks,
+            [
+                Endpoint::new("a.example", 8443),
+                Endpoint::new("fd00::1", 443),
+                Endpoint::new("a.example", 8443)
+            ]
+        );
+        assert_eq!(
+            r.resolve(&svc_ref(9443)).unwrap(),
+            Endpoint::new("10.0.0.1", 443)
+        );
+        assert_eq!(r.check_endpoints(&svc_ref(1)), Ok(()));
+        let other = ServiceRef {
+            name: "nope".into(),
+            ..svc_ref(443)
+        };
+        assert_eq!(err(r.resolve(&other)).0, ResolveReason::ServiceNotFound);
+    }
+
+    #[test]
+    fn static_url_errors() {
+        for (url, problem) in [
+            ("http://a", "must be an https:// URL"),
+            ("https://a/apis", "must not have a path, query or fragment"),
+            ("https://u@a", "must not contain user information"),
+            ("https://fd00::1:443", "needs brackets around an IPv6 host"),
+            ("https://[fd00::1", "has an unclosed '[' in its host"),
+            ("https://a:0", "has an invalid port"),
+            ("https://a:x", "has an invalid port"),
+            ("https://:443", "has no host"),
+        ] {
+            let e = StaticResolver::new(&[static_service(None, &[url])])
+                .err()
+                .unwrap_or_else(|| panic!("{url} accepted"));
+            assert_eq!(e.problem, problem, "{url}");
+        }
+    }
+
+    #[test]
+    fn chain_falls_through_only_on_not_found() {
+        let statics: Arc<dyn ServiceResolver> = Arc::new(
+            StaticResolver::new(&[static_service(Some(443), &["https://static"])]).unwrap(),
+        );
+        let kube: Arc<dyn ServiceResolver> = Arc::new(resolver(
+            vec![
+                cluster_ip("10.0.0.1", https_port()),
+                service("other", json!({"clusterIP": "None", "ports": https_port()})),
+            ],
+            vec![],
+            false,
+        ));
+        let chain = ChainResolver(vec![statics, kube]);
+        assert!(ServiceResolver::synced(&chain));
+        assert_eq!(chain.resolve(&svc_ref(443)).unwrap().host, "static");
+        // Port 8443 is not in the static map: the cluster answers, with its error.
+        assert_eq!(
+            err(chain.resolve(&svc_ref(8443))).0,
+            ResolveReason::ServicePortError
+        );
+        let other = ServiceRef {
+            name: "other".into(),
+            ..svc_ref(443)
+        };
+        assert_eq!(err(chain.resolve(&other)).0, ResolveReason::Unroutable);
+        let gone = ServiceRef {
+            name: "gone".into(),
+            ..svc_ref(443)
+        };
+        assert_eq!(
+            err(chain.resolve(&gone)).1,
+            r#"service/gone in "wardle" is not present"#
+        );
+        assert_eq!(
+            err(ChainResolver(vec![]).resolve(&gone)).0,
+            ResolveReason::ServiceNotFound
+        );
+    }
+}

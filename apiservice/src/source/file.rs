@@ -18,7 +18,6 @@
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::fmt;
-use std::future::Future;
 use std::hash::{Hash, Hasher};
 use std::io;
 use std::path::{Path, PathBuf};
@@ -48,37 +47,36 @@ const DEBOUNCE: Duration = Duration::from_millis(200);
 const RESCAN_INTERVAL: Duration = Duration::from_secs(30);
 
 /// `apiVersion`s an APIService manifest may have; v1beta1 has the same shape.
-const API_VERSIONS: [&str; 2] = ["apiregistration.k8s.io/v1", "apiregistration.k8s.io/v1beta1"];
+const API_VERSIONS: [&str; 2] = [
+    "apiregistration.k8s.io/v1",
+    "apiregistration.k8s.io/v1beta1",
+];
 
 /// Watches `dir` and publishes its APIServices on `tx`: once after the first successful read, then
 /// after every change that yields a different valid set. Runs until every receiver is gone.
-pub fn run(
-    dir: PathBuf,
-    tx: watch::Sender<Option<ApiServiceSet>>,
-) -> impl Future<Output = ()> + Send + 'static {
-    async move {
-        let changed = Arc::new(Notify::new());
-        let mut watcher = start_watch(&dir, &changed);
-        let mut last_hash = None;
-        let mut rescan = tokio::time::interval(RESCAN_INTERVAL);
-        rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+pub async fn run(dir: PathBuf, tx: watch::Sender<Option<ApiServiceSet>>) {
+    let changed = Arc::new(Notify::new());
+    let mut watcher = start_watch(&dir, &changed);
+    let mut last_hash = None;
+    let mut rescan = tokio::time::interval(RESCAN_INTERVAL);
+    rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
-        loop {
-            tokio::select! {
-                () = changed.notified() => {
-                    tokio::time::sleep(DEBOUNCE).await;
-                    // Events that arrived while we slept are covered by the read below.
-                    let _ = changed.notified().now_or_never();
-                }
-                _ = rescan.tick() => {
-                    if watcher.is_none() {
-                        watcher = start_watch(&dir, &changed);
-                    }
-                }
-                () = tx.closed() => return,
+    loop {
+        // The first tick fires at once: that is the initial load.
+        tokio::select! {
+            () = changed.notified() => {
+                tokio::time::sleep(DEBOUNCE).await;
+                // Events that arrived while we slept are covered by the read below.
+                let _ = changed.notified().now_or_never();
             }
-            reload(&dir, &tx, &mut last_hash).await;
+            _ = rescan.tick() => {
+                if watcher.is_none() {
+                    watcher = start_watch(&dir, &changed);
+                }
+            }
+            () = tx.closed() => return,
         }
+        reload(&dir, &tx, &mut last_hash).await;
     }
 }
 
@@ -122,7 +120,11 @@ fn is_change(kind: &EventKind) -> bool {
 /// Reads the directory and publishes the result if it is valid and different. Content that did
 /// not change since the last attempt (good or bad) is not parsed again, so a broken file is
 /// reported once per edit, not every re-scan.
-async fn reload(dir: &Path, tx: &watch::Sender<Option<ApiServiceSet>>, last_hash: &mut Option<u64>) {
+async fn reload(
+    dir: &Path,
+    tx: &watch::Sender<Option<ApiServiceSet>>,
+    last_hash: &mut Option<u64>,
+) {
     let scan_dir = dir.to_owned();
     let scanned = match tokio::task::spawn_blocking(move || scan(&scan_dir)).await {
         Ok(scanned) => scanned,
@@ -321,13 +323,14 @@ fn collect(path: &Path, doc: Spanned<Doc>, out: &mut Vec<Found>) -> Result<(), S
                 collect(path, item, out)?;
             }
         }
-        Doc::ApiService {
-            api_version,
-            metadata,
-            spec,
-            status,
-            deferred,
-        } => {
+        Doc::ApiService(doc) => {
+            let ApiServiceDoc {
+                api_version,
+                metadata,
+                spec,
+                status,
+                deferred,
+            } = *doc;
             match api_version.as_deref() {
                 Some(v) if API_VERSIONS.contains(&v) => {}
                 Some(v) => {
@@ -426,17 +429,18 @@ impl fmt::Display for Deferred {
 /// before `kind` are buffered (as JSON values) and decoded at the end.
 #[derive(Debug)]
 enum Doc {
-    ApiService {
-        api_version: Option<String>,
-        metadata: Option<ObjectMeta>,
-        spec: Option<APIServiceSpec>,
-        status: Option<APIServiceStatus>,
-        deferred: Vec<(Deferred, Spanned<serde_json::Value>)>,
-    },
+    ApiService(Box<ApiServiceDoc>),
     List(Vec<Spanned<Doc>>),
-    Other {
-        kind: Option<String>,
-    },
+    Other { kind: Option<String> },
+}
+
+#[derive(Debug)]
+struct ApiServiceDoc {
+    api_version: Option<String>,
+    metadata: Option<ObjectMeta>,
+    spec: Option<APIServiceSpec>,
+    status: Option<APIServiceStatus>,
+    deferred: Vec<(Deferred, Spanned<serde_json::Value>)>,
 }
 
 fn is_list_kind(kind: &str) -> bool {
@@ -509,13 +513,13 @@ impl<'de> Visitor<'de> for DocVisitor {
         }
 
         Ok(match kind.as_deref() {
-            Some("APIService") => Doc::ApiService {
+            Some("APIService") => Doc::ApiService(Box::new(ApiServiceDoc {
                 api_version,
                 metadata,
                 spec,
                 status,
                 deferred,
-            },
+            })),
             Some(k) if is_list_kind(k) => Doc::List(items.unwrap_or_default()),
             _ => Doc::Other { kind },
         })
@@ -641,6 +645,7 @@ impl<'de> Deserialize<'de> for Items {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::future::Future;
     use std::os::unix::fs::symlink;
 
     const A: &str = "\
@@ -734,7 +739,12 @@ metadata:
         assert!(crate::model::is_available(&found[0].api));
 
         let typed = text.replace("kind: List", "kind: APIServiceList");
-        assert_eq!(parse_manifests(Path::new("/m/l.yaml"), &typed).unwrap().len(), 1);
+        assert_eq!(
+            parse_manifests(Path::new("/m/l.yaml"), &typed)
+                .unwrap()
+                .len(),
+            1
+        );
     }
 
     #[test]
@@ -761,7 +771,13 @@ metadata:
         let text = format!("{A}---\n{}", api_service("v1.b.io"))
             .replace("versionPriority: 10", "versionPriority: ten");
         let err = parse_manifests(Path::new("/m/b.yaml"), &text).unwrap_err();
-        let SourceError::Parse { path, line, column, message } = &err else {
+        let SourceError::Parse {
+            path,
+            line,
+            column,
+            message,
+        } = &err
+        else {
             panic!("{err}")
         };
         assert_eq!(path, Path::new("/m/b.yaml"));
@@ -770,19 +786,30 @@ metadata:
         assert!(message.contains("i32"), "{message}");
         assert!(err.to_string().starts_with("/m/b.yaml:23:20: "), "{err}");
 
-        let err = parse_manifests(Path::new("/m/c.yaml"), "kind: APIService\nspec: [a, b\nx: y\n")
-            .unwrap_err();
-        assert!(matches!(err, SourceError::Parse { line: Some(_), .. }), "{err}");
+        let err = parse_manifests(
+            Path::new("/m/c.yaml"),
+            "kind: APIService\nspec: [a, b\nx: y\n",
+        )
+        .unwrap_err();
+        assert!(
+            matches!(err, SourceError::Parse { line: Some(_), .. }),
+            "{err}"
+        );
     }
 
     #[test]
     fn invalid_api_service_and_wrong_api_version_are_errors() {
-        let text = api_service("v1.b.io").replace("groupPriorityMinimum: 100", "groupPriorityMinimum: 0");
+        let text =
+            api_service("v1.b.io").replace("groupPriorityMinimum: 100", "groupPriorityMinimum: 0");
         let err = parse_manifests(Path::new("/m/b.yaml"), &text).unwrap_err();
-        assert!(matches!(err, SourceError::Invalid { line: Some(1), .. }), "{err}");
         assert!(
-            err.to_string()
-                .contains("spec.groupPriorityMinimum: Invalid value: 0: must be positive and less than 20000"),
+            matches!(err, SourceError::Invalid { line: Some(1), .. }),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains(
+                "spec.groupPriorityMinimum: Invalid value: 0: must be positive and less than 20000"
+            ),
             "{err}"
         );
 
@@ -794,8 +821,14 @@ metadata:
     #[test]
     fn load_sorts_dedups_and_fails_whole() {
         let files = [
-            file("a.yaml", &format!("{}---\n{}", api_service("v1.z.io"), api_service("v1.b.io"))),
-            file("b.yaml", &api_service("v1.b.io").replace("versionPriority: 10", "versionPriority: 99")),
+            file(
+                "a.yaml",
+                &format!("{}---\n{}", api_service("v1.z.io"), api_service("v1.b.io")),
+            ),
+            file(
+                "b.yaml",
+                &api_service("v1.b.io").replace("versionPriority: 10", "versionPriority: 99"),
+            ),
         ];
         let items = load(&files).unwrap();
         assert_eq!(names(&items), ["v1.b.io", "v1.z.io"]);
@@ -805,7 +838,11 @@ metadata:
         let broken = [files[0].clone(), file("c.yaml", "kind: [")];
         let errors = load(&broken).unwrap_err();
         assert_eq!(errors.len(), 1);
-        assert!(errors[0].to_string().starts_with("/m/c.yaml:"), "{}", errors[0]);
+        assert!(
+            errors[0].to_string().starts_with("/m/c.yaml:"),
+            "{}",
+            errors[0]
+        );
     }
 
     #[test]
@@ -826,9 +863,22 @@ metadata:
         let files = scan(d).unwrap();
         let got: Vec<_> = files
             .iter()
-            .map(|f| (f.path.file_name().unwrap().to_str().unwrap(), f.text.as_str()))
+            .map(|f| {
+                (
+                    f.path.file_name().unwrap().to_str().unwrap(),
+                    f.text.as_str(),
+                )
+            })
             .collect();
-        assert_eq!(got, [("a.json", "a"), ("b.yaml", "b"), ("c.yml", "c"), ("x.yaml", "x")]);
+        assert_eq!(
+            got,
+            [
+                ("a.json", "a"),
+                ("b.yaml", "b"),
+                ("c.yml", "c"),
+                ("x.yaml", "x")
+            ]
+        );
 
         let err = scan(&d.join("missing")).unwrap_err();
         assert!(matches!(err, SourceError::ReadDir { .. }), "{err}");
@@ -879,10 +929,7 @@ metadata:
         kubelet_swap(&d, "..2024_c");
         let unchanged = tokio::time::timeout(Duration::from_millis(800), rx.changed()).await;
         assert!(unchanged.is_err(), "a broken file must not publish");
-        assert_eq!(
-            names(rx.borrow().as_ref().unwrap()),
-            ["v1.a.io", "v1.b.io"]
-        );
+        assert_eq!(names(rx.borrow().as_ref().unwrap()), ["v1.a.io", "v1.b.io"]);
 
         // Fixing it publishes again; so does adding a plain file next to the symlinks.
         std::fs::create_dir(d.join("..2024_d")).unwrap();
@@ -907,10 +954,20 @@ metadata:
         let task = tokio::spawn(run(dir.path().to_owned(), tx));
         let r = tokio::time::timeout(Duration::from_millis(500), rx.changed()).await;
         assert!(r.is_err());
-        assert!(rx.borrow().is_none(), "no set until the manifests are valid");
+        assert!(
+            rx.borrow().is_none(),
+            "no set until the manifests are valid"
+        );
         std::fs::write(dir.path().join("a.yaml"), api_service("v1.a.io")).unwrap();
         assert_eq!(next_set(&mut rx).await, ["v1.a.io"]);
         task.abort();
+    }
+
+    #[test]
+    fn run_is_a_spawnable_future() {
+        fn assert_spawnable<T: Future + Send + 'static>(_: T) {}
+        let (tx, _rx) = super::super::channel();
+        assert_spawnable(run(PathBuf::from("/nonexistent"), tx));
     }
 
     #[tokio::test]

@@ -48,8 +48,11 @@ pub fn run(
 
 /// The source's loop over watcher events, separate from the watcher so tests can feed it a
 /// scripted stream (relists, errors) without a server.
-async fn drive<S>(events: S, label_selector: Option<String>, tx: watch::Sender<Option<ApiServiceSet>>)
-where
+async fn drive<S>(
+    events: S,
+    label_selector: Option<String>,
+    tx: watch::Sender<Option<ApiServiceSet>>,
+) where
     S: Stream<Item = Result<watcher::Event<APIService>, watcher::Error>> + Send,
 {
     let (store, writer) = reflector::store::<APIService>();
@@ -283,10 +286,7 @@ mod tests {
 
         send(Ok(Delete(named("v1.b.io"))));
         rx.changed().await.unwrap();
-        assert_eq!(
-            names(&rx.borrow_and_update()),
-            Some(vec!["v1.c.io".into()])
-        );
+        assert_eq!(names(&rx.borrow_and_update()), Some(vec!["v1.c.io".into()]));
 
         drop(rx);
         tokio::time::timeout(std::time::Duration::from_secs(2), task)
