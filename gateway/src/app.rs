@@ -26,11 +26,18 @@ use crate::listener::{self, ListenerSettings};
 use crate::metrics::Metrics;
 use crate::router::{Gateway, Router};
 use crate::routing::{
-    AvailabilityController, AvailabilityMap, BackendFactory, RouteController, Routing,
+    AvailabilityController, AvailabilityMap, BackendFactory, ProxyIdentity, RouteController,
+    Routing,
 };
 use crate::stack::{
-    access_log::AccessLogLayer, authn::AuthnLayer, limits::LimitsLayer,
-    request_info::RequestInfoLayer, rescue::RescueLayer, timeout::TimeoutLayer,
+    access_log::AccessLogLayer,
+    audit::{AuditCaptureLayer, AuditLayer, AuditSink},
+    authn::AuthnLayer,
+    authz::{Authorizer, AuthzLayer},
+    limits::LimitsLayer,
+    request_info::RequestInfoLayer,
+    rescue::RescueLayer,
+    timeout::TimeoutLayer,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -51,6 +58,12 @@ pub enum StartError {
     ProxyIdentity(tls::TlsError),
     #[error("watching certificate files: {0}")]
     Watch(#[from] notify::Error),
+    #[error("audit log {path}: {source}")]
+    Audit {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 pub async fn run(config: Config) -> Result<(), StartError> {
@@ -93,7 +106,16 @@ pub async fn run(config: Config) -> Result<(), StartError> {
     let (drain_tx, drain_rx) = watch::channel(false);
     let (stop_tx, stop_rx) = watch::channel(false);
 
-    let core = Arc::new(CoreBackend::new(&config.core, drain_rx.clone()).await?);
+    // The core gets the proxy client certificate too: certificate users reach it as X-Remote-*.
+    let core_proxy_identity = match &config.proxy_client {
+        Some(pair) => Some(Identity::load(pair).map_err(StartError::ProxyIdentity)?),
+        None => None,
+    };
+    let core = Arc::new(
+        CoreBackend::new(&config.core, core_proxy_identity.as_ref(), drain_rx.clone()).await?,
+    );
+    let (authenticator, _ca_watch) =
+        crate::auth::start(&config, kube_client::client(core.clone()))?;
     let mut health = Health::new();
     let core_check = Check::unhealthy("core server not checked yet");
     health.register("core-server", health::READY, core_check.clone());
@@ -107,13 +129,34 @@ pub async fn run(config: Config) -> Result<(), StartError> {
     );
 
     let metrics = Arc::new(Metrics::new());
-    start_apiservices(
+    let _proxy_identity = start_apiservices(
         &config,
         core.clone(),
         routing.clone(),
         metrics.clone(),
         drain_rx.clone(),
     )?;
+    let authorizer = (config.authz.webhook || config.authz.authorize_metrics).then(|| {
+        Arc::new(Authorizer::new(
+            kube_client::client(core.clone()),
+            routing.clone(),
+            &config.authz,
+        ))
+    });
+    let audit = match &config.audit.path {
+        Some(path) if config.audit.level != gateway_config::AuditLevel::None => Some(
+            AuditSink::start(
+                path,
+                metrics.audit_event_total.clone(),
+                metrics.audit_error_total.clone(),
+            )
+            .map_err(|source| StartError::Audit {
+                path: path.clone(),
+                source,
+            })?,
+        ),
+        _ => None,
+    };
     let discovery = Arc::new(DiscoveryCache::new(routing.clone()));
     tokio::spawn(
         DiscoveryController::new(
@@ -138,15 +181,18 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         .layer(AccessLogLayer {
             metrics: metrics.clone(),
         })
+        .layer(AuditLayer { sink: audit })
         .layer(RescueLayer {
             request_timeout: config.limits.request_timeout,
         })
         .layer(RequestInfoLayer)
-        .layer(AuthnLayer)
+        .layer(AuthnLayer { authenticator })
+        .layer(AuditCaptureLayer)
         .layer(LimitsLayer::new(&config.limits, metrics.clone()))
         .layer(TimeoutLayer {
             limit: config.limits.request_timeout,
         })
+        .layer(AuthzLayer { authorizer })
         .service(Router::new(gateway.clone()));
 
     tracing::info!(
@@ -188,6 +234,49 @@ pub async fn run(config: Config) -> Result<(), StartError> {
     Ok(())
 }
 
+/// Keeps the proxy client certificate current: the sender the route controller listens to, and
+/// the file watcher that feeds it. Dropping it stops the reloads.
+pub struct ProxyIdentityReload {
+    _tx: Arc<watch::Sender<Option<Arc<Identity>>>>,
+    _watcher: Option<notify::RecommendedWatcher>,
+}
+
+/// Loads the proxy client certificate and reloads it whenever its files change. A pair that does
+/// not load (a half-written rotation, a key that does not match) keeps the previous identity.
+fn proxy_identity(config: &Config) -> Result<(ProxyIdentity, ProxyIdentityReload), StartError> {
+    let Some(pair) = config.proxy_client.clone() else {
+        let (tx, rx) = watch::channel(None);
+        return Ok((
+            rx,
+            ProxyIdentityReload {
+                _tx: Arc::new(tx),
+                _watcher: None,
+            },
+        ));
+    };
+    let first = Identity::load(&pair).map_err(StartError::ProxyIdentity)?;
+    let (tx, rx) = watch::channel(Some(Arc::new(first)));
+    let tx = Arc::new(tx);
+    let sender = tx.clone();
+    let files = [pair.cert_file.clone(), pair.key_file.clone()];
+    let watcher = tls::watch_files(&files, move || match Identity::load(&pair) {
+        Ok(identity) => {
+            sender.send_replace(Some(Arc::new(identity)));
+            tracing::info!(cert_file = %pair.cert_file.display(), "proxy client certificate reloaded");
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "keeping the previous proxy client certificate")
+        }
+    })?;
+    Ok((
+        rx,
+        ProxyIdentityReload {
+            _tx: tx,
+            _watcher: Some(watcher),
+        },
+    ))
+}
+
 /// Starts the APIService source, Service resolution, and the route and availability
 /// controllers. Their only output is the routing snapshot (and, with the kube source, status
 /// writes to the core).
@@ -197,7 +286,7 @@ fn start_apiservices(
     routing: Arc<Routing>,
     metrics: Arc<Metrics>,
     drain: watch::Receiver<bool>,
-) -> Result<(), StartError> {
+) -> Result<ProxyIdentityReload, StartError> {
     let api = &config.apiservices;
     let kube = kube_client::client(core);
     let (set_tx, set_rx) = apiservice::source::channel();
@@ -233,12 +322,7 @@ fn start_apiservices(
         }
     }
 
-    let proxy_identity = match &config.proxy_client {
-        Some(pair) => Some(Arc::new(
-            Identity::load(pair).map_err(StartError::ProxyIdentity)?,
-        )),
-        None => None,
-    };
+    let (proxy_identity, reload) = proxy_identity(config)?;
     let factory = BackendFactory {
         proxy_identity,
         resolver: resolver.clone(),
@@ -265,7 +349,7 @@ fn start_apiservices(
         }
         .run(),
     );
-    Ok(())
+    Ok(reload)
 }
 
 /// Keeps the `core-server` readiness check current. Any HTTP answer below 500 from the core's

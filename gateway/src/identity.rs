@@ -83,6 +83,12 @@ const EXTRA_KEY: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'|')
     .remove(b'~');
 
+/// `key` as it appears in an `X-Remote-Extra-<key>` or `Impersonate-Extra-<key>` header name:
+/// lower-case, percent-encoded like kube's `headerKeyEscape`.
+pub fn encode_extra_key(key: &str) -> String {
+    utf8_percent_encode(&key.to_ascii_lowercase(), EXTRA_KEY).to_string()
+}
+
 /// Sets `X-Remote-User`, one `X-Remote-Group` per group, `X-Remote-Uid` when known, and
 /// `X-Remote-Extra-<percent-encoded key>` per extra value. Values that cannot be header values
 /// are skipped (and logged) rather than failing the request.
@@ -104,7 +110,7 @@ pub fn set_identity_headers(headers: &mut HeaderMap, user: &UserInfo) {
         put(HeaderName::from_static("x-remote-group"), group);
     }
     for (key, values) in &user.extra {
-        let encoded = utf8_percent_encode(&key.to_ascii_lowercase(), EXTRA_KEY).to_string();
+        let encoded = encode_extra_key(key);
         let Ok(name) = HeaderName::from_bytes(format!("x-remote-extra-{encoded}").as_bytes())
         else {
             continue;

@@ -4,10 +4,13 @@
 //! handlers the gateway answers itself, and start-up/shutdown.
 
 pub mod app;
+pub mod auth;
 pub mod backend;
 pub mod body;
 pub mod discovery;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod health;
 pub mod identity;
 pub mod listener;

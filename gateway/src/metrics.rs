@@ -4,7 +4,8 @@
 //! lock-free after the first use of a label set.
 
 use prometheus::{
-    HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 pub struct Metrics {
@@ -25,6 +26,10 @@ pub struct Metrics {
     pub invalid_apiservice: IntGaugeVec,
     /// Rebuilds of the merged aggregated discovery document.
     pub discovery_aggregation_total: IntCounterVec,
+    /// Audit events handed to the audit log writer.
+    pub audit_event_total: IntCounter,
+    /// Audit events dropped (queue full or write error), as kube's `plugin="log"` errors.
+    pub audit_error_total: IntCounter,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -70,6 +75,8 @@ impl Metrics {
             unavailable_apiservice_total: counter(&registry, "aggregator_unavailable_apiservice_total", "Counter of APIServices which are marked as unavailable broken down by APIService name and reason", &["name", "reason"]),
             invalid_apiservice: gauge(&registry, "aggregation_gateway_invalid_apiservice", "APIServices refused by validation (1) and therefore not routed", &["name"]),
             discovery_aggregation_total: counter(&registry, "aggregator_discovery_aggregation_count_total", "Counter of number of times discovery was aggregated", &[]),
+            audit_event_total: counter(&registry, "apiserver_audit_event_total", "Counter of audit events generated and sent to the audit backend", &[]).with_label_values(&[] as &[&str]),
+            audit_error_total: counter(&registry, "apiserver_audit_error_total", "Counter of audit events that failed to be audited properly. Plugin identifies the plugin affected by the error", &["plugin"]).with_label_values(&["log"]),
             registry,
         }
     }

@@ -70,10 +70,15 @@ impl Routing {
     }
 }
 
+/// The proxy client certificate remote backends present. A new value (the files were rotated)
+/// makes the route controller rebuild every `RemoteBackend`; requests already in flight keep the
+/// backend (and connections) they started with.
+pub type ProxyIdentity = watch::Receiver<Option<Arc<Identity>>>;
+
 /// Everything a remote backend is built from besides its APIService.
 #[derive(Clone)]
 pub struct BackendFactory {
-    pub proxy_identity: Option<Arc<Identity>>,
+    pub proxy_identity: ProxyIdentity,
     pub resolver: Arc<dyn ServiceResolver>,
     pub drain: watch::Receiver<bool>,
 }
@@ -86,8 +91,18 @@ pub struct RouteController {
     factory: BackendFactory,
     metrics: Arc<Metrics>,
     backends: HashMap<String, Arc<RemoteBackend>>,
+    /// The proxy identity the backends in `backends` were built with.
+    built_with: Option<Arc<Identity>>,
     last_specs: Vec<RegisteredAPIService>,
     invalid: Vec<String>,
+}
+
+fn same_identity(a: &Option<Arc<Identity>>, b: &Option<Arc<Identity>>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+        (None, None) => true,
+        _ => false,
+    }
 }
 
 impl RouteController {
@@ -105,6 +120,7 @@ impl RouteController {
             factory,
             metrics,
             backends: HashMap::new(),
+            built_with: None,
             last_specs: Vec::new(),
             invalid: Vec::new(),
         }
@@ -116,14 +132,26 @@ impl RouteController {
             tokio::select! {
                 changed = self.sets.changed() => if changed.is_err() { return },
                 changed = self.availability.changed() => if changed.is_err() { return },
+                changed = self.factory.proxy_identity.changed() => if changed.is_err() { return },
             }
         }
     }
 
     fn rebuild(&mut self) {
+        let identity = self.factory.proxy_identity.borrow_and_update().clone();
         let Some(set) = self.sets.borrow_and_update().clone() else {
             return;
         };
+        if !same_identity(&identity, &self.built_with) {
+            if self.built_with.is_some() || !self.backends.is_empty() {
+                tracing::info!(
+                    backends = self.backends.len(),
+                    "proxy client certificate changed; rebuilding remote backends"
+                );
+            }
+            self.backends.clear();
+            self.built_with = identity.clone();
+        }
         let availability = self.availability.borrow_and_update().clone();
         let mut builder = RouteTable::builder();
         let mut specs = Vec::with_capacity(set.len());
@@ -152,7 +180,7 @@ impl RouteController {
                     _ => match RemoteBackend::new(
                         &registered,
                         spec,
-                        self.factory.proxy_identity.as_deref(),
+                        identity.as_deref(),
                         self.factory.resolver.clone(),
                         self.factory.drain.clone(),
                     ) {

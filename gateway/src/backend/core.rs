@@ -1,6 +1,13 @@
 //! The core server: a pooled client (HTTP/2 when the core offers it over TLS), a separate
 //! HTTP/1.1 client for upgrades, and the gateway's own credentials for the requests it makes
-//! itself (health, APIService watch, discovery). Proxied requests keep the caller's credentials.
+//! itself (health, APIService watch, discovery).
+//!
+//! Proxied requests go out on one of up to three client sets, chosen per request by
+//! `auth::onward` from `--core-identity` and how the caller authenticated: *caller* (no client
+//! certificate: the caller's own token is the only credential), *proxy* (our proxy client
+//! certificate, vouching for the `X-Remote-*` we set for certificate users), or *own* (the
+//! gateway's credentials, with `Impersonate-*`). A proxied request never rides on the gateway's
+//! own client certificate unless the gateway set its identity headers itself.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -9,7 +16,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 use gateway_config::tls::{self, Identity, ServerTrust};
-use gateway_config::{CoreConfig, CoreEndpoint};
+use gateway_config::{CoreConfig, CoreEndpoint, CoreIdentity};
 use http::header::{self, HeaderValue};
 use http::uri::{Authority, Scheme};
 use http::{StatusCode, Uri};
@@ -20,6 +27,8 @@ use hyper_util::client::legacy::Client;
 use tokio::sync::watch;
 
 use super::unix::UnixConnector;
+use crate::auth::onward::{prepare_core_request, CoreCredentials};
+use crate::auth::Authenticated;
 use crate::body::{self, Body, Request, Response};
 use crate::error::GatewayError;
 use crate::proxy::{self, Upstream};
@@ -66,11 +75,23 @@ enum Credentials {
     Token(HeaderValue),
 }
 
+/// A pooled client and its HTTP/1.1 twin for upgrades, with one TLS identity.
+#[derive(Clone)]
+struct Clients {
+    pooled: HttpClient,
+    upgrades: HttpClient,
+}
+
 pub struct CoreBackend {
     upstream: Upstream,
     url: String,
-    pooled: HttpClient,
-    upgrades: HttpClient,
+    /// The gateway's own TLS identity (if any): its own requests and impersonate mode.
+    own: Clients,
+    /// No client certificate: callers the core authenticates itself.
+    caller: Clients,
+    /// Our proxy client certificate: certificate users as `X-Remote-*` (passthrough mode).
+    proxy: Clients,
+    identity: CoreIdentity,
     credentials: Credentials,
     drain: watch::Receiver<bool>,
 }
@@ -195,24 +216,33 @@ fn tcp_client(
 }
 
 impl CoreBackend {
+    /// `proxy_identity` is the proxy client certificate (`--proxy-client-cert-file`), presented
+    /// to the core for certificate users in passthrough mode.
     pub async fn new(
         cfg: &CoreConfig,
+        proxy_identity: Option<&Identity>,
         drain: watch::Receiver<bool>,
     ) -> Result<Self, CoreSetupError> {
         let resolved = resolve(cfg).await?;
-        let (upstream, url, pooled, upgrades) = match &resolved.endpoint {
+        let (upstream, url, own, caller, proxy) = match &resolved.endpoint {
             CoreEndpoint::Unix(path) => {
                 let connector = UnixConnector(Arc::new(path.clone()));
-                let client = super::client_builder().build(connector);
+                let client = HttpClient::Unix(super::client_builder().build(connector));
                 let upstream = Upstream {
                     scheme: Scheme::HTTP,
                     authority: Authority::from_static("localhost"),
                 };
+                // No TLS on a socket: one client serves every identity.
+                let clients = Clients {
+                    pooled: client.clone(),
+                    upgrades: client,
+                };
                 (
                     upstream,
                     format!("unix://{}", path.display()),
-                    HttpClient::Unix(client.clone()),
-                    HttpClient::Unix(client),
+                    clients.clone(),
+                    clients.clone(),
+                    clients,
                 )
             }
             CoreEndpoint::Url(url) => {
@@ -222,14 +252,29 @@ impl CoreBackend {
                 else {
                     return Err(CoreSetupError::Url(url.clone()));
                 };
-                let pooled = tcp_client(resolved.trust.as_ref(), resolved.identity.as_ref(), true)?;
-                let upgrades =
-                    tcp_client(resolved.trust.as_ref(), resolved.identity.as_ref(), false)?;
+                let trust = resolved.trust.as_ref();
+                let clients = |identity: Option<&Identity>| -> Result<Clients, CoreSetupError> {
+                    Ok(Clients {
+                        pooled: HttpClient::Tcp(tcp_client(trust, identity, true)?),
+                        upgrades: HttpClient::Tcp(tcp_client(trust, identity, false)?),
+                    })
+                };
+                let own = clients(resolved.identity.as_ref())?;
+                // Without a certificate of our own, the caller clients would be the same.
+                let caller = match resolved.identity {
+                    Some(_) => clients(None)?,
+                    None => own.clone(),
+                };
+                let proxy = match proxy_identity {
+                    Some(id) => clients(Some(id))?,
+                    None => caller.clone(),
+                };
                 (
                     Upstream { scheme, authority },
                     url.clone(),
-                    HttpClient::Tcp(pooled),
-                    HttpClient::Tcp(upgrades),
+                    own,
+                    caller,
+                    proxy,
                 )
             }
         };
@@ -246,11 +291,16 @@ impl CoreBackend {
             }
             (None, None) => Credentials::None,
         };
+        if cfg.identity == CoreIdentity::Passthrough && proxy_identity.is_none() {
+            tracing::info!("no --proxy-client-cert-file: certificate users reach the core without identity headers it can trust");
+        }
         Ok(Self {
             upstream,
             url,
-            pooled,
-            upgrades,
+            own,
+            caller,
+            proxy,
+            identity: cfg.identity,
             credentials,
             drain,
         })
@@ -261,19 +311,37 @@ impl CoreBackend {
         &self.url
     }
 
-    /// Proxies a client request to the core: path, query and headers as the client sent them.
+    /// Proxies a client request to the core: path, query and headers as the client sent them,
+    /// except identity (see the module documentation and `auth::onward`).
     pub async fn forward(
         &self,
-        mut req: Request,
+        req: Request,
         client: Option<SocketAddr>,
         long_running: bool,
     ) -> Result<Response, GatewayError> {
         let upgrade = proxy::is_upgrade(req.headers());
+        let (mut parts, body) = req.into_parts();
+        let credentials = prepare_core_request(
+            &mut parts.headers,
+            parts.extensions.get::<Authenticated>(),
+            self.identity,
+        );
+        let clients = match credentials {
+            CoreCredentials::Caller => &self.caller,
+            CoreCredentials::Proxy => &self.proxy,
+            CoreCredentials::Own => {
+                if let Some(auth) = self.authorization() {
+                    parts.headers.insert(header::AUTHORIZATION, auth);
+                }
+                &self.own
+            }
+        };
+        let mut req = Request::from_parts(parts, body);
         proxy::prepare_request(&mut req, &self.upstream, client);
         if upgrade {
             let mut client_req = http::Request::new(body::empty());
             *client_req.extensions_mut() = std::mem::take(req.extensions_mut());
-            let mut resp = self
+            let mut resp = clients
                 .upgrades
                 .send(req)
                 .await
@@ -285,7 +353,7 @@ impl CoreBackend {
             proxy::prepare_response(&mut resp);
             return Ok(resp);
         }
-        let resp = self
+        let resp = clients
             .pooled
             .send(req)
             .await
@@ -317,7 +385,11 @@ impl CoreBackend {
         if let Some(auth) = self.authorization() {
             req.headers_mut().insert(header::AUTHORIZATION, auth);
         }
-        self.pooled.send(req).await.map_err(|e| self.unavailable(e))
+        self.own
+            .pooled
+            .send(req)
+            .await
+            .map_err(|e| self.unavailable(e))
     }
 
     fn authorization(&self) -> Option<HeaderValue> {

@@ -1,56 +1,46 @@
-//! Authentication: decides who the caller is and puts a `UserInfo` into the request before
-//! anything is routed. A verified client certificate names the user (CN) and groups (O);
-//! everyone else is `system:anonymous`. (Token review, request-header identity and
-//! impersonation extend this same layer.)
+//! Authentication: decides who the caller is (and whom they impersonate) before anything is
+//! routed, using `crate::auth`. On success the request carries `auth::Authenticated` and the
+//! effective `UserInfo`, with every credential and claimed-identity header removed; on failure
+//! the layer answers itself (401, 400, 403 or 503 Status) and nothing reaches a backend.
+//!
+//! It sits after request-info (nothing here needs it, but the access log wants both) and before
+//! limits: unauthenticated requests are refused before they take an in-flight slot.
 
-use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tower::{Layer, Service};
 
-use super::{BoxFuture, ConnInfo};
+use super::BoxFuture;
+use crate::auth::Authenticator;
 use crate::body::{BoxError, Request, Response};
-use crate::identity::UserInfo;
 
-/// User and groups from a DER certificate's subject, as kube-apiserver's x509 authenticator reads
-/// them (CN → user, every O → a group).
-pub fn user_from_certificate(der: &[u8]) -> Option<UserInfo> {
-    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
-    let subject = cert.subject();
-    let name = subject.iter_common_name().next()?.as_str().ok()?.to_owned();
-    if name.is_empty() {
-        return None;
-    }
-    let groups = subject
-        .iter_organization()
-        .filter_map(|o| o.as_str().ok().map(str::to_owned))
-        .collect();
-    Some(UserInfo::authenticated(
-        name,
-        String::new(),
-        groups,
-        BTreeMap::new(),
-    ))
+pub use crate::auth::x509::user_from_certificate;
+
+#[derive(Clone)]
+pub struct AuthnLayer {
+    pub authenticator: Arc<Authenticator>,
 }
-
-#[derive(Clone, Default)]
-pub struct AuthnLayer;
 
 impl<S> Layer<S> for AuthnLayer {
     type Service = Authn<S>;
     fn layer(&self, inner: S) -> Authn<S> {
-        Authn { inner }
+        Authn {
+            inner,
+            authenticator: self.authenticator.clone(),
+        }
     }
 }
 
 #[derive(Clone)]
 pub struct Authn<S> {
     inner: S,
+    authenticator: Arc<Authenticator>,
 }
 
 impl<S> Service<Request> for Authn<S>
 where
-    S: Service<Request, Response = Response, Error = BoxError> + Send + 'static,
+    S: Service<Request, Response = Response, Error = BoxError> + Clone + Send + 'static,
     S::Future: Send,
 {
     type Response = Response;
@@ -62,14 +52,15 @@ where
     }
 
     fn call(&mut self, mut req: Request) -> Self::Future {
-        let user = req
-            .extensions()
-            .get::<ConnInfo>()
-            .and_then(|c| c.peer_certs.as_ref())
-            .and_then(|chain| chain.first())
-            .and_then(|leaf| user_from_certificate(leaf))
-            .unwrap_or_else(UserInfo::anonymous);
-        req.extensions_mut().insert(user);
-        Box::pin(self.inner.call(req))
+        let authenticator = self.authenticator.clone();
+        // The inner service is called later, from the future: take the ready one, leave a clone.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(async move {
+            match authenticator.authenticate(&mut req).await {
+                Ok(()) => inner.call(req).await,
+                Err(answer) => Ok(answer),
+            }
+        })
     }
 }

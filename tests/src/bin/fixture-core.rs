@@ -28,6 +28,9 @@ struct Args {
     /// JSON policy for TokenReview and SubjectAccessReview.
     #[arg(long)]
     policy: Option<PathBuf>,
+    /// Also serve plain HTTP on this Unix domain socket.
+    #[arg(long)]
+    unix_socket: Option<PathBuf>,
 }
 
 fn load_policy(path: Option<&PathBuf>) -> Result<Policy, String> {
@@ -52,8 +55,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         }),
         _ => None,
     };
-    Server::bind(config, &args.listen, tls.as_ref())
-        .await?
-        .announce_and_serve()
-        .await
+    let server = Server::bind(config, &args.listen, tls.as_ref()).await?;
+    if let Some(path) = &args.unix_socket {
+        server.serve_unix(path)?;
+    }
+    server.announce_and_serve().await
 }

@@ -1,0 +1,434 @@
+//! `Impersonate-User`, `-Group`, `-Uid` and `-Extra-<key>`, honoured the way kube-apiserver's
+//! impersonation filter honours them: every requested attribute is checked with a
+//! SubjectAccessReview for verb `impersonate` on behalf of the authenticated requestor, and only
+//! when all are allowed does the request continue as the impersonated user.
+
+use std::collections::BTreeMap;
+
+use http::HeaderMap;
+
+use super::requestheader::values;
+use super::sar::Action;
+use crate::identity::{UserInfo, ANONYMOUS, AUTHENTICATED, UNAUTHENTICATED};
+
+pub const USER: &str = "impersonate-user";
+pub const GROUP: &str = "impersonate-group";
+pub const UID: &str = "impersonate-uid";
+pub const EXTRA_PREFIX: &str = "impersonate-extra-";
+const AUTHENTICATION_GROUP: &str = "authentication.k8s.io";
+
+/// One attribute to be allowed, in kube's order: the user (or service account), each group,
+/// each extra value, the UID.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Check {
+    User(String),
+    ServiceAccount { namespace: String, name: String },
+    Group(String),
+    Extra { key: String, value: String },
+    Uid(String),
+}
+
+impl Check {
+    /// The attributes kube's impersonation filter authorizes for this check.
+    pub fn action(&self) -> Action<'_> {
+        let resource = |group, resource, subresource, namespace, name| Action::Resource {
+            verb: "impersonate",
+            group,
+            version: "",
+            resource,
+            subresource,
+            namespace,
+            name,
+        };
+        match self {
+            Self::User(name) => resource("", "users", "", "", name),
+            Self::ServiceAccount { namespace, name } => {
+                resource("", "serviceaccounts", "", namespace, name)
+            }
+            Self::Group(name) => resource("", "groups", "", "", name),
+            Self::Extra { key, value } => {
+                resource(AUTHENTICATION_GROUP, "userextras", key, "", value)
+            }
+            Self::Uid(uid) => resource(AUTHENTICATION_GROUP, "uids", "", "", uid),
+        }
+    }
+}
+
+/// What the caller asked to be treated as.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Request {
+    pub user: String,
+    pub uid: String,
+    pub groups: Vec<String>,
+    pub extra: BTreeMap<String, Vec<String>>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ImpersonationError {
+    #[error("requested impersonation of {0} without impersonating a user (Impersonate-User)")]
+    NoUser(&'static str),
+}
+
+/// Whether any impersonation header is present (cheap check for the common case).
+pub fn requested(headers: &HeaderMap) -> bool {
+    headers
+        .keys()
+        .any(|k| k.as_str().starts_with("impersonate-"))
+}
+
+/// The impersonation the headers ask for; `None` when they ask for none. Groups, extras or a UID
+/// without a user is a malformed request (kube answers it with an error too).
+pub fn parse(headers: &HeaderMap) -> Result<Option<Request>, ImpersonationError> {
+    let user = values(headers, USER).next().unwrap_or_default().to_owned();
+    let uid = values(headers, UID).next().unwrap_or_default().to_owned();
+    let groups: Vec<String> = values(headers, GROUP).map(str::to_owned).collect();
+    let extra = super::requestheader::extras(headers, EXTRA_PREFIX);
+    if user.is_empty() {
+        return match () {
+            _ if !groups.is_empty() => Err(ImpersonationError::NoUser("groups")),
+            _ if !extra.is_empty() => Err(ImpersonationError::NoUser("user extras")),
+            _ if !uid.is_empty() => Err(ImpersonationError::NoUser("a UID")),
+            _ => Ok(None),
+        };
+    }
+    Ok(Some(Request {
+        user,
+        uid,
+        groups,
+        extra,
+    }))
+}
+
+/// `system:serviceaccount:<namespace>:<name>` split, as kube's `serviceaccount.SplitUsername`.
+fn service_account(user: &str) -> Option<(&str, &str)> {
+    let rest = user.strip_prefix("system:serviceaccount:")?;
+    let (ns, name) = rest.split_once(':')?;
+    (!ns.is_empty() && !name.is_empty() && !name.contains(':')).then_some((ns, name))
+}
+
+/// Every attribute the requestor must be allowed to impersonate, in kube's order.
+pub fn checks(req: &Request) -> Vec<Check> {
+    let mut out = Vec::with_capacity(1 + req.groups.len() + req.extra.len() + 1);
+    out.push(match service_account(&req.user) {
+        Some((namespace, name)) => Check::ServiceAccount {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        },
+        None => Check::User(req.user.clone()),
+    });
+    out.extend(req.groups.iter().cloned().map(Check::Group));
+    for (key, vals) in &req.extra {
+        out.extend(vals.iter().map(|value| Check::Extra {
+            key: key.clone(),
+            value: value.clone(),
+        }));
+    }
+    if !req.uid.is_empty() {
+        out.push(Check::Uid(req.uid.clone()));
+    }
+    out
+}
+
+/// The user the request continues as once every check passed: a service account without
+/// requested groups gets its two service-account groups; `system:authenticated` is added unless
+/// impersonating `system:anonymous` (which gets `system:unauthenticated`) or either group was
+/// requested explicitly.
+pub fn impersonated_user(req: &Request) -> UserInfo {
+    let mut groups = req.groups.clone();
+    if let (Some((ns, _)), true) = (service_account(&req.user), groups.is_empty()) {
+        groups.push("system:serviceaccounts".to_owned());
+        groups.push(format!("system:serviceaccounts:{ns}"));
+    }
+    if req.user == ANONYMOUS {
+        if !groups.iter().any(|g| g == UNAUTHENTICATED) {
+            groups.push(UNAUTHENTICATED.to_owned());
+        }
+    } else if !groups
+        .iter()
+        .any(|g| g == AUTHENTICATED || g == UNAUTHENTICATED)
+    {
+        groups.push(AUTHENTICATED.to_owned());
+    }
+    UserInfo {
+        name: req.user.clone(),
+        uid: req.uid.clone(),
+        groups,
+        extra: req.extra.clone(),
+    }
+}
+
+/// Go's `%q` for the plain strings in these messages.
+fn quote(s: &str) -> String {
+    format!("{s:?}")
+}
+
+/// kube-apiserver's 403 message for a refused impersonation (`responsewriters.Forbidden` →
+/// `apierrors.NewForbidden`), e.g. `users "admin" is forbidden: User "alice" cannot impersonate
+/// resource "users" in API group "" at the cluster scope`, with the reviewer's reason appended.
+/// Returns the message plus the Status details (name, group, kind).
+pub fn forbidden_message(
+    requestor: &str,
+    check: &Check,
+    reason: &str,
+) -> (String, crate::status::StatusDetails) {
+    let Action::Resource {
+        verb,
+        group,
+        resource,
+        subresource,
+        namespace,
+        name,
+        ..
+    } = check.action()
+    else {
+        unreachable!("impersonation checks are resource checks")
+    };
+    let full = if subresource.is_empty() {
+        resource.to_owned()
+    } else {
+        format!("{resource}/{subresource}")
+    };
+    let scope = if namespace.is_empty() {
+        "at the cluster scope".to_owned()
+    } else {
+        format!("in the namespace {}", quote(namespace))
+    };
+    let mut err = format!(
+        "User {} cannot {verb} resource {} in API group {} {scope}",
+        quote(requestor),
+        quote(&full),
+        quote(group)
+    );
+    if !reason.is_empty() {
+        err.push_str(": ");
+        err.push_str(reason);
+    }
+    let qualified = if group.is_empty() {
+        resource.to_owned()
+    } else {
+        format!("{resource}.{group}")
+    };
+    let message = format!("{qualified} {} is forbidden: {err}", quote(name));
+    let details = crate::status::StatusDetails {
+        name: Some(name.to_owned()),
+        group: (!group.is_empty()).then(|| group.to_owned()),
+        kind: Some(resource.to_owned()),
+        ..Default::default()
+    };
+    (message, details)
+}
+
+/// The `Impersonate-*` headers that make the core treat a request as `user`: used when the
+/// gateway speaks to the core with its own credentials (`--core-identity=impersonate`). The
+/// `system:authenticated`/`system:unauthenticated` groups are left out: the core adds them
+/// itself, and asking for them explicitly would need impersonate rights on them.
+pub fn set_headers(headers: &mut HeaderMap, user: &UserInfo) {
+    use http::header::{HeaderName, HeaderValue};
+    let mut put = |name: HeaderName, value: &str| match HeaderValue::from_str(value) {
+        Ok(v) => {
+            headers.append(name, v);
+        }
+        Err(_) => {
+            tracing::warn!(header = %name, "identity value is not a valid header value; skipped")
+        }
+    };
+    put(HeaderName::from_static(USER), &user.name);
+    if !user.uid.is_empty() {
+        put(HeaderName::from_static(UID), &user.uid);
+    }
+    for g in &user.groups {
+        if g != AUTHENTICATED && g != UNAUTHENTICATED {
+            put(HeaderName::from_static(GROUP), g);
+        }
+    }
+    for (key, vals) in &user.extra {
+        let Ok(name) = HeaderName::from_bytes(
+            format!("{EXTRA_PREFIX}{}", crate::identity::encode_extra_key(key)).as_bytes(),
+        ) else {
+            continue;
+        };
+        for v in vals {
+            put(name.clone(), v);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn no_headers_no_impersonation() {
+        assert_eq!(parse(&headers(&[("Accept", "*/*")])), Ok(None));
+        assert!(!requested(&headers(&[("Accept", "*/*")])));
+    }
+
+    #[test]
+    fn attributes_without_a_user_are_refused() {
+        let err = parse(&headers(&[("Impersonate-Group", "system:masters")])).unwrap_err();
+        assert_eq!(err, ImpersonationError::NoUser("groups"));
+        assert!(parse(&headers(&[("Impersonate-Uid", "1")])).is_err());
+        assert!(parse(&headers(&[("Impersonate-Extra-Scopes", "x")])).is_err());
+    }
+
+    #[test]
+    fn checks_follow_kubes_order_and_attributes() {
+        let req = parse(&headers(&[
+            ("Impersonate-User", "bob"),
+            ("Impersonate-Group", "dev"),
+            ("Impersonate-Group", "ops"),
+            ("Impersonate-Extra-Acme.com%2FProject", "p1"),
+            ("Impersonate-Extra-Acme.com%2FProject", "p2"),
+            ("Impersonate-Uid", "1234"),
+        ]))
+        .unwrap()
+        .unwrap();
+        let checks = checks(&req);
+        assert_eq!(
+            checks,
+            [
+                Check::User("bob".into()),
+                Check::Group("dev".into()),
+                Check::Group("ops".into()),
+                Check::Extra {
+                    key: "acme.com/project".into(),
+                    value: "p1".into()
+                },
+                Check::Extra {
+                    key: "acme.com/project".into(),
+                    value: "p2".into()
+                },
+                Check::Uid("1234".into()),
+            ]
+        );
+        assert_eq!(
+            checks[3].action(),
+            Action::Resource {
+                verb: "impersonate",
+                group: "authentication.k8s.io",
+                version: "",
+                resource: "userextras",
+                subresource: "acme.com/project",
+                namespace: "",
+                name: "p1",
+            }
+        );
+        assert_eq!(
+            checks[5].action(),
+            Action::Resource {
+                verb: "impersonate",
+                group: "authentication.k8s.io",
+                version: "",
+                resource: "uids",
+                subresource: "",
+                namespace: "",
+                name: "1234",
+            }
+        );
+        let user = impersonated_user(&req);
+        assert_eq!(user.groups, ["dev", "ops", AUTHENTICATED]);
+        assert_eq!(user.uid, "1234");
+        assert_eq!(user.extra["acme.com/project"], ["p1", "p2"]);
+    }
+
+    #[test]
+    fn service_accounts_are_namespaced_checks_with_default_groups() {
+        let req = parse(&headers(&[(
+            "Impersonate-User",
+            "system:serviceaccount:kube-system:default",
+        )]))
+        .unwrap()
+        .unwrap();
+        let check = &checks(&req)[0];
+        assert_eq!(
+            check,
+            &Check::ServiceAccount {
+                namespace: "kube-system".into(),
+                name: "default".into()
+            }
+        );
+        let (message, _) = forbidden_message("alice", check, "");
+        assert_eq!(
+            message,
+            r#"serviceaccounts "default" is forbidden: User "alice" cannot impersonate resource "serviceaccounts" in API group "" in the namespace "kube-system""#
+        );
+        assert_eq!(
+            impersonated_user(&req).groups,
+            [
+                "system:serviceaccounts",
+                "system:serviceaccounts:kube-system",
+                AUTHENTICATED
+            ]
+        );
+    }
+
+    #[test]
+    fn anonymous_and_explicit_groups() {
+        let anon = impersonated_user(&Request {
+            user: ANONYMOUS.into(),
+            ..Default::default()
+        });
+        assert_eq!(anon.groups, [UNAUTHENTICATED]);
+        let explicit = impersonated_user(&Request {
+            user: "x".into(),
+            groups: vec![UNAUTHENTICATED.into()],
+            ..Default::default()
+        });
+        assert_eq!(explicit.groups, [UNAUTHENTICATED]);
+    }
+
+    #[test]
+    fn forbidden_messages_read_like_kube() {
+        let (message, details) = forbidden_message("alice", &Check::User("admin".into()), "");
+        assert_eq!(
+            message,
+            r#"users "admin" is forbidden: User "alice" cannot impersonate resource "users" in API group "" at the cluster scope"#
+        );
+        assert_eq!(details.name.as_deref(), Some("admin"));
+        assert_eq!(details.kind.as_deref(), Some("users"));
+        let (message, _) = forbidden_message(
+            "alice",
+            &Check::Extra {
+                key: "scopes".into(),
+                value: "view".into(),
+            },
+            "no rule",
+        );
+        assert_eq!(
+            message,
+            r#"userextras.authentication.k8s.io "view" is forbidden: User "alice" cannot impersonate resource "userextras/scopes" in API group "authentication.k8s.io" at the cluster scope: no rule"#
+        );
+    }
+
+    #[test]
+    fn outgoing_headers_leave_implicit_groups_to_the_core() {
+        let mut extra = BTreeMap::new();
+        extra.insert("acme.com/project".to_owned(), vec!["p1".to_owned()]);
+        let user = UserInfo {
+            name: "bob".into(),
+            uid: "9".into(),
+            groups: vec!["dev".into(), AUTHENTICATED.into()],
+            extra,
+        };
+        let mut h = HeaderMap::new();
+        set_headers(&mut h, &user);
+        assert_eq!(h["impersonate-user"], "bob");
+        assert_eq!(h["impersonate-uid"], "9");
+        assert_eq!(h.get_all("impersonate-group").iter().count(), 1);
+        assert_eq!(h["impersonate-extra-acme.com%2fproject"], "p1");
+        // And they parse back to the same request.
+        let back = parse(&h).unwrap().unwrap();
+        assert_eq!(back.extra["acme.com/project"], ["p1"]);
+    }
+}

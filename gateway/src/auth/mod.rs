@@ -1,0 +1,437 @@
+//! Delegated authentication and authorization against the core server: who the caller is
+//! (client certificate, front-proxy request headers, bearer token by TokenReview, anonymous),
+//! whom they impersonate, and how that identity travels on to the core.
+//!
+//! Semantics are kube-apiserver's, in its order:
+//! 1. **Request-header** (`x-remote-*`): only from a connection whose certificate chains to
+//!    `--requestheader-client-ca-file` with a CN in `--requestheader-allowed-names` (any CN when
+//!    the list is empty), and only when `X-Remote-User` is set.
+//! 2. **x509**: a certificate chaining to `--client-ca-file`; CN is the user, each O a group.
+//! 3. **Bearer token**: a `TokenReview` on the core, cached (see `token`).
+//! 4. **Anonymous** (`system:anonymous` / `system:unauthenticated`) when nothing above produced
+//!    a user *and nothing failed*: a certificate that authenticates nobody, or a rejected token,
+//!    is a 401 (kube's `FailOnError` around the anonymous authenticator), not anonymity.
+//!    With `--anonymous-auth=false` the request is a 401 too, except on `/livez`, `/readyz` and
+//!    `/healthz` (and below), which always answer: probes carry no credentials.
+//!
+//! Decisions that differ from kube-apiserver, and why:
+//! - A `TokenReview` that cannot be made (core unreachable, timeout, 5xx) answers **503**
+//!   "authentication webhook unavailable" with `Retry-After: 1`, not kube's 401: the caller's
+//!   credential is not wrong, and a 401 makes credential plugins discard good tokens.
+//!   Impersonation checks that cannot be made answer 503 the same way (kube: 403).
+//! - Impersonation headers without `Impersonate-User` answer **400** (kube: 500).
+//!
+//! Every authenticated user gets `system:authenticated` (unless it already has it or
+//! `system:unauthenticated`). After authentication the request carries an [`Authenticated`] and
+//! the effective `UserInfo` in its extensions; `Authorization`, `X-Remote-*` and `Impersonate-*`
+//! are gone from its headers, so no later layer, log or backend sees a credential or a claimed
+//! identity. The core path puts back what it needs (see `onward`).
+
+pub mod cache;
+pub mod impersonation;
+pub mod onward;
+pub mod requestheader;
+pub mod sar;
+pub mod token;
+pub mod x509;
+
+use std::sync::Arc;
+
+use gateway_config::tls::TlsError;
+use http::header::{HeaderName, HeaderValue, AUTHORIZATION};
+use http::{HeaderMap, StatusCode};
+use rustls::pki_types::CertificateDer;
+
+use crate::body::{Request, Response};
+use crate::identity::{UserInfo, ANONYMOUS, AUTHENTICATED, UNAUTHENTICATED};
+use crate::stack::ConnInfo;
+use crate::status::{status_response, StatusDetails};
+
+use self::sar::{cached_review, Attributes, DecisionCache};
+use self::token::{TokenReviewer, Verdict};
+use self::x509::CertAuthenticator;
+
+/// How the caller proved who they are; it decides how the identity travels on to the core.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Method {
+    Anonymous,
+    /// A client certificate from `--client-ca-file`.
+    Certificate,
+    /// `X-Remote-*` from a trusted front proxy.
+    RequestHeader,
+    /// A bearer token the core confirmed with a TokenReview.
+    Token,
+}
+
+/// Request extension: the outcome of authentication (and impersonation).
+#[derive(Clone, Debug)]
+pub struct Authenticated {
+    pub method: Method,
+    /// Who authenticated.
+    pub requestor: UserInfo,
+    /// Whom the request impersonates, once every attribute was allowed.
+    pub impersonated: Option<UserInfo>,
+    /// The caller's `Authorization` header (marked sensitive), taken off the request. Only the
+    /// core path in passthrough mode puts it back, for callers the core authenticates itself.
+    pub authorization: Option<HeaderValue>,
+    /// The `Impersonate-*` headers as the caller sent them, after the gateway allowed them; for
+    /// the same passthrough case (the core then checks them again with the caller's token).
+    pub impersonation_headers: Vec<(HeaderName, HeaderValue)>,
+}
+
+impl Authenticated {
+    /// The user the request acts as: the impersonated user if any, else the requestor.
+    pub fn user(&self) -> &UserInfo {
+        self.impersonated.as_ref().unwrap_or(&self.requestor)
+    }
+}
+
+/// Adds `system:authenticated` as kube's `AuthenticatedGroupAdder` does.
+pub fn with_authenticated_group(mut user: UserInfo) -> UserInfo {
+    if user.name != ANONYMOUS
+        && !user
+            .groups
+            .iter()
+            .any(|g| g == AUTHENTICATED || g == UNAUTHENTICATED)
+    {
+        user.groups.push(AUTHENTICATED.to_owned());
+    }
+    user
+}
+
+/// `/livez`, `/readyz`, `/healthz` and their sub-paths.
+pub fn is_health_path(path: &str) -> bool {
+    ["/livez", "/readyz", "/healthz"].iter().any(|p| {
+        path.strip_prefix(p)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    })
+}
+
+pub struct AuthnSettings {
+    pub anonymous: bool,
+}
+
+/// Everything authentication needs, built once at start.
+pub struct Authenticator {
+    certs: Option<CertAuthenticator>,
+    tokens: Option<TokenReviewer>,
+    anonymous: bool,
+    client: kube::Client,
+    impersonation_cache: DecisionCache,
+}
+
+impl Authenticator {
+    pub fn new(
+        certs: Option<CertAuthenticator>,
+        tokens: Option<TokenReviewer>,
+        settings: AuthnSettings,
+        client: kube::Client,
+        impersonation_cache: DecisionCache,
+    ) -> Self {
+        Self {
+            certs,
+            tokens,
+            anonymous: settings.anonymous,
+            client,
+            impersonation_cache,
+        }
+    }
+
+    pub fn certs(&self) -> Option<&CertAuthenticator> {
+        self.certs.as_ref()
+    }
+
+    /// Authenticates `req` and applies impersonation: on success the request's headers are
+    /// cleaned and [`Authenticated`] plus the effective `UserInfo` are in its extensions; on
+    /// failure the answer to send (401, 400, 403 or 503 Status).
+    pub async fn authenticate(&self, req: &mut Request) -> Result<(), Response> {
+        let health = is_health_path(req.uri().path());
+        // Only Sync parts are held across the reviews (the body is not Sync).
+        let chain = req
+            .extensions()
+            .get::<ConnInfo>()
+            .and_then(|c| c.peer_certs.clone());
+        let found = self.identify(req.headers(), chain.as_deref()).await;
+        let (method, requestor) = match found {
+            Ok(Some(found)) => found,
+            Ok(None) if self.anonymous || health => (Method::Anonymous, UserInfo::anonymous()),
+            Ok(None) => return Err(unauthorized("anonymous requests are not allowed")),
+            Err(_) if health => (Method::Anonymous, UserInfo::anonymous()),
+            Err(resp) => return Err(resp),
+        };
+
+        let headers = req.headers_mut();
+        requestheader::strip(headers);
+        let authorization = headers.remove(AUTHORIZATION).map(|mut v| {
+            v.set_sensitive(true);
+            v
+        });
+        let mut impersonation_headers = Vec::new();
+        let mut impersonated = None;
+        if impersonation::requested(headers) {
+            let parsed = impersonation::parse(headers);
+            impersonation_headers = take_prefixed(headers, "impersonate-");
+            match parsed {
+                Err(e) => {
+                    return Err(status_response(
+                        StatusCode::BAD_REQUEST,
+                        &e.to_string(),
+                        None,
+                    ))
+                }
+                Ok(Some(request)) => {
+                    self.allow_impersonation(&requestor, &request).await?;
+                    impersonated = Some(impersonation::impersonated_user(&request));
+                }
+                Ok(None) => impersonation_headers.clear(),
+            }
+        }
+
+        let auth = Authenticated {
+            method,
+            requestor,
+            impersonated,
+            authorization,
+            impersonation_headers,
+        };
+        req.extensions_mut().insert(auth.user().clone());
+        req.extensions_mut().insert(auth);
+        Ok(())
+    }
+
+    /// The authenticated caller, `None` when no credential was presented (or none named
+    /// anyone without failing), or the 401/503 answer.
+    async fn identify(
+        &self,
+        headers: &HeaderMap,
+        chain: Option<&Vec<CertificateDer<'static>>>,
+    ) -> Result<Option<(Method, UserInfo)>, Response> {
+        let mut failures: Vec<String> = Vec::new();
+        if let (Some(chain), Some(certs)) = (chain, &self.certs) {
+            let check = certs.check(chain);
+            match check.front_proxy {
+                Some(Ok(())) => {
+                    if let Some(user) = requestheader::user_from_headers(headers) {
+                        return Ok(Some((
+                            Method::RequestHeader,
+                            with_authenticated_group(user),
+                        )));
+                    }
+                }
+                Some(Err(e)) => failures.push(e),
+                None => {}
+            }
+            match check.user {
+                Some(Ok(Some(user))) => {
+                    return Ok(Some((Method::Certificate, with_authenticated_group(user))))
+                }
+                Some(Ok(None)) => {}
+                Some(Err(e)) => failures.push(e),
+                None => {}
+            }
+        }
+        if let (Some(token), Some(reviewer)) = (token::bearer_token(headers), &self.tokens) {
+            match reviewer.review(token).await {
+                Ok(Verdict::Authenticated(user)) => {
+                    return Ok(Some((Method::Token, with_authenticated_group(user))))
+                }
+                Ok(Verdict::Rejected(why)) if why.is_empty() => {
+                    failures.push("invalid bearer token".to_owned())
+                }
+                Ok(Verdict::Rejected(why)) => failures.push(format!("bearer token: {why}")),
+                Err(e) => {
+                    tracing::warn!(error = %e, "bearer token could not be reviewed");
+                    return Err(unavailable(&e.to_string()));
+                }
+            }
+        }
+        if failures.is_empty() {
+            Ok(None)
+        } else {
+            Err(unauthorized(&failures.join("; ")))
+        }
+    }
+
+    /// Every impersonated attribute must be allowed for the requestor; the first refused one
+    /// (in kube's order) is the 403.
+    async fn allow_impersonation(
+        &self,
+        requestor: &UserInfo,
+        request: &impersonation::Request,
+    ) -> Result<(), Response> {
+        let checks = impersonation::checks(request);
+        let reviews = checks.iter().map(|check| {
+            let attrs = Attributes {
+                user: requestor,
+                action: check.action(),
+            };
+            async move { cached_review(&self.client, &self.impersonation_cache, &attrs).await }
+        });
+        let decisions = futures::future::join_all(reviews).await;
+        for (check, decision) in checks.iter().zip(decisions) {
+            match decision {
+                Ok((d, _)) if d.allowed => {}
+                Ok((d, _)) => {
+                    let (message, details) =
+                        impersonation::forbidden_message(&requestor.name, check, &d.reason);
+                    tracing::debug!(user = %requestor.name, %message, "impersonation refused");
+                    return Err(status_response(
+                        StatusCode::FORBIDDEN,
+                        &message,
+                        Some(details),
+                    ));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "impersonation could not be checked");
+                    return Err(status_response(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        &format!("{e}; impersonation could not be checked, retry shortly"),
+                        Some(StatusDetails {
+                            retry_after_seconds: Some(1),
+                            ..Default::default()
+                        }),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Builds the authenticator from the configuration, with a watch that reloads the client and
+/// request-header CAs when their files change (kept alive by holding the returned watcher).
+/// Impersonation decisions are cached with the authorization TTLs.
+pub fn start(
+    config: &gateway_config::Config,
+    client: kube::Client,
+) -> Result<(Arc<Authenticator>, Option<notify::RecommendedWatcher>), TlsError> {
+    let authn = &config.authn;
+    let certs = if authn.client_ca_file.is_some() || authn.requestheader_client_ca_file.is_some() {
+        Some(CertAuthenticator::new(
+            authn.client_ca_file.clone(),
+            authn.requestheader_client_ca_file.clone(),
+            authn.requestheader_allowed_names.clone(),
+        )?)
+    } else {
+        None
+    };
+    let tokens = authn.token_webhook.then(|| {
+        TokenReviewer::new(
+            client.clone(),
+            authn.token_cache_ttl,
+            authn.token_cache_unauthorized_ttl,
+        )
+    });
+    let authenticator = Arc::new(Authenticator::new(
+        certs,
+        tokens,
+        AuthnSettings {
+            anonymous: authn.anonymous,
+        },
+        client,
+        DecisionCache::new(
+            config.authz.cache_authorized_ttl,
+            config.authz.cache_unauthorized_ttl,
+        ),
+    ));
+    let files = authenticator.certs().map(|c| c.files()).unwrap_or_default();
+    let watcher = if files.is_empty() {
+        None
+    } else {
+        let reloading = authenticator.clone();
+        match gateway_config::tls::watch_files(&files, move || {
+            if let Some(certs) = reloading.certs() {
+                certs.reload();
+            }
+        }) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                tracing::warn!(error = %e, "client CA files are not watched; changes need a restart");
+                None
+            }
+        }
+    };
+    Ok((authenticator, watcher))
+}
+
+/// kube's 401: the body says only "Unauthorized" (why is for the log, not the caller).
+fn unauthorized(why: &str) -> Response {
+    tracing::debug!(reason = %why, "authentication failed");
+    status_response(StatusCode::UNAUTHORIZED, "Unauthorized", None)
+}
+
+fn unavailable(why: &str) -> Response {
+    status_response(
+        StatusCode::SERVICE_UNAVAILABLE,
+        &format!("{why}; the credential could not be checked, retry shortly"),
+        Some(StatusDetails {
+            retry_after_seconds: Some(1),
+            ..Default::default()
+        }),
+    )
+}
+
+/// Removes and returns every header whose name starts with `prefix`.
+fn take_prefixed(headers: &mut HeaderMap, prefix: &str) -> Vec<(HeaderName, HeaderValue)> {
+    let names: Vec<HeaderName> = headers
+        .keys()
+        .filter(|k| k.as_str().starts_with(prefix))
+        .cloned()
+        .collect();
+    let mut out = Vec::new();
+    for name in names {
+        for v in headers.get_all(&name) {
+            out.push((name.clone(), v.clone()));
+        }
+        headers.remove(&name);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn health_paths() {
+        for p in [
+            "/livez",
+            "/readyz",
+            "/healthz",
+            "/readyz/ping",
+            "/livez/etcd",
+        ] {
+            assert!(is_health_path(p), "{p}");
+        }
+        for p in ["/readyzz", "/api", "/", "/apis/readyz"] {
+            assert!(!is_health_path(p), "{p}");
+        }
+    }
+
+    #[test]
+    fn authenticated_group_is_added_once() {
+        let u = with_authenticated_group(UserInfo {
+            name: "a".into(),
+            groups: vec!["dev".into()],
+            ..Default::default()
+        });
+        assert_eq!(u.groups, ["dev", AUTHENTICATED]);
+        assert_eq!(with_authenticated_group(u.clone()).groups, u.groups);
+        assert_eq!(
+            with_authenticated_group(UserInfo::anonymous()).groups,
+            [UNAUTHENTICATED]
+        );
+    }
+
+    #[test]
+    fn taking_headers_keeps_every_value() {
+        let mut h = HeaderMap::new();
+        h.append("impersonate-group", "a".parse().unwrap());
+        h.append("impersonate-group", "b".parse().unwrap());
+        h.append("impersonate-user", "u".parse().unwrap());
+        h.append("accept", "*/*".parse().unwrap());
+        let taken = take_prefixed(&mut h, "impersonate-");
+        assert_eq!(taken.len(), 3);
+        assert_eq!(h.len(), 1);
+    }
+}

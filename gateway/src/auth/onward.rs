@@ -1,0 +1,184 @@
+//! How the caller's identity travels on to the **core** (`--core-identity`). Remote APIServices
+//! always get `X-Remote-*` over our proxy client certificate (`identity::set_identity_headers`).
+//!
+//! The rule everything here serves: the core must never see an identity the caller made up and
+//! that the core would believe because of *our* credentials. So which headers go out depends on
+//! which connection they go out on:
+//!
+//! | mode | caller | connection to the core | identity headers |
+//! |---|---|---|---|
+//! | passthrough | token, anonymous | no client certificate | the caller's own `Authorization`, and the `Impersonate-*` the gateway allowed (the core checks both itself) |
+//! | passthrough | certificate, front proxy | our proxy client certificate | `X-Remote-*` of the (impersonated) user, set by us |
+//! | impersonate | anyone | the gateway's own credentials | `Impersonate-*` of the (impersonated) user, set by us |
+//!
+//! Whatever the caller sent as `X-Remote-*`/`Impersonate-*`/`Authorization` is removed first in
+//! every case (the authentication layer already took them off; this is the backstop).
+
+use gateway_config::CoreIdentity;
+use http::header::AUTHORIZATION;
+use http::HeaderMap;
+
+use super::{impersonation, requestheader, Authenticated, Method};
+use crate::identity::{set_identity_headers, UserInfo};
+
+/// Which client (credentials) the core request must go out on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CoreCredentials {
+    /// No client certificate and no gateway token: the caller's own credentials only.
+    Caller,
+    /// Our proxy client certificate, vouching for the `X-Remote-*` we set.
+    Proxy,
+    /// The gateway's own core credentials, with `Impersonate-*` we set.
+    Own,
+}
+
+/// Sets the identity headers for a request to the core and says which credentials to send it
+/// with. A request without an [`Authenticated`] extension (it did not pass the authentication
+/// layer) goes as an anonymous caller.
+pub fn prepare_core_request(
+    headers: &mut HeaderMap,
+    auth: Option<&Authenticated>,
+    mode: CoreIdentity,
+) -> CoreCredentials {
+    requestheader::strip_prefixed(headers, "x-remote-");
+    requestheader::strip_prefixed(headers, "impersonate-");
+    headers.remove(AUTHORIZATION);
+    match mode {
+        CoreIdentity::Impersonate => {
+            let anonymous;
+            let user = match auth {
+                Some(a) => a.user(),
+                None => {
+                    anonymous = UserInfo::anonymous();
+                    &anonymous
+                }
+            };
+            impersonation::set_headers(headers, user);
+            CoreCredentials::Own
+        }
+        CoreIdentity::Passthrough => match auth {
+            Some(a) if matches!(a.method, Method::Certificate | Method::RequestHeader) => {
+                set_identity_headers(headers, a.user());
+                CoreCredentials::Proxy
+            }
+            Some(a) => {
+                if let Some(v) = &a.authorization {
+                    headers.insert(AUTHORIZATION, v.clone());
+                }
+                for (name, value) in &a.impersonation_headers {
+                    headers.append(name.clone(), value.clone());
+                }
+                CoreCredentials::Caller
+            }
+            None => CoreCredentials::Caller,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::AUTHENTICATED;
+    use http::header::{HeaderName, HeaderValue};
+    use std::collections::BTreeMap;
+
+    fn forged() -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert("x-remote-user", "admin".parse().unwrap());
+        h.insert("x-remote-group", "system:masters".parse().unwrap());
+        h.insert("impersonate-user", "admin".parse().unwrap());
+        h.insert(AUTHORIZATION, "Bearer forged".parse().unwrap());
+        h.insert("accept", "application/json".parse().unwrap());
+        h
+    }
+
+    fn alice(method: Method) -> Authenticated {
+        Authenticated {
+            method,
+            requestor: UserInfo {
+                name: "alice".into(),
+                groups: vec!["dev".into(), AUTHENTICATED.into()],
+                uid: String::new(),
+                extra: BTreeMap::new(),
+            },
+            impersonated: None,
+            authorization: Some(HeaderValue::from_static("Bearer alice-token")),
+            impersonation_headers: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn token_callers_keep_their_own_credentials_and_nothing_forged() {
+        let mut h = forged();
+        let creds = prepare_core_request(
+            &mut h,
+            Some(&alice(Method::Token)),
+            CoreIdentity::Passthrough,
+        );
+        assert_eq!(creds, CoreCredentials::Caller);
+        assert_eq!(h[AUTHORIZATION], "Bearer alice-token");
+        assert!(h.get("x-remote-user").is_none());
+        assert!(h.get("x-remote-group").is_none());
+        assert!(h.get("impersonate-user").is_none());
+        assert_eq!(h["accept"], "application/json");
+    }
+
+    #[test]
+    fn allowed_impersonation_is_passed_on_for_the_core_to_check_again() {
+        let mut auth = alice(Method::Token);
+        auth.impersonation_headers = vec![(
+            HeaderName::from_static("impersonate-user"),
+            HeaderValue::from_static("bob"),
+        )];
+        let mut h = forged();
+        prepare_core_request(&mut h, Some(&auth), CoreIdentity::Passthrough);
+        assert_eq!(h["impersonate-user"], "bob");
+    }
+
+    #[test]
+    fn certificate_callers_go_as_request_headers_over_the_proxy_certificate() {
+        let mut h = forged();
+        let creds = prepare_core_request(
+            &mut h,
+            Some(&alice(Method::Certificate)),
+            CoreIdentity::Passthrough,
+        );
+        assert_eq!(creds, CoreCredentials::Proxy);
+        assert_eq!(h["x-remote-user"], "alice");
+        assert!(h.get(AUTHORIZATION).is_none());
+        assert!(h.get("impersonate-user").is_none());
+        let groups: Vec<_> = h.get_all("x-remote-group").iter().collect();
+        assert_eq!(groups, ["dev", AUTHENTICATED]);
+    }
+
+    #[test]
+    fn impersonate_mode_speaks_for_the_effective_user() {
+        let mut auth = alice(Method::Token);
+        auth.impersonated = Some(UserInfo {
+            name: "bob".into(),
+            groups: vec!["ops".into(), AUTHENTICATED.into()],
+            ..Default::default()
+        });
+        let mut h = forged();
+        let creds = prepare_core_request(&mut h, Some(&auth), CoreIdentity::Impersonate);
+        assert_eq!(creds, CoreCredentials::Own);
+        assert_eq!(h["impersonate-user"], "bob");
+        assert_eq!(h["impersonate-group"], "ops");
+        assert!(h.get(AUTHORIZATION).is_none());
+        assert!(h.get("x-remote-user").is_none());
+
+        let mut h = forged();
+        prepare_core_request(&mut h, None, CoreIdentity::Impersonate);
+        assert_eq!(h["impersonate-user"], "system:anonymous");
+    }
+
+    #[test]
+    fn unauthenticated_requests_carry_nothing() {
+        let mut h = forged();
+        assert_eq!(
+            prepare_core_request(&mut h, None, CoreIdentity::Passthrough),
+            CoreCredentials::Caller
+        );
+        assert_eq!(h.len(), 1);
+    }
+}

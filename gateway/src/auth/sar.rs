@@ -1,0 +1,222 @@
+//! SubjectAccessReview against the core (`authorization.k8s.io/v1`), with a decision cache.
+//!
+//! **Shared by request authorization (`stack::authz`) and impersonation checks
+//! (`auth::impersonation`).** Describe the question as [`Attributes`] (who: a `UserInfo`; what:
+//! an [`Action`]) and call [`cached_review`] with a [`DecisionCache`]; [`review`] is the uncached
+//! call.
+//!
+//! Allowed and denied decisions are cached for different times (kube's webhook authorizer
+//! defaults: 5m / 30s). Errors (core unreachable, timed out, 5xx) are never cached. The cache key
+//! is the SHA-256 of the whole review spec (user, groups, uid, extra and attributes), and
+//! concurrent identical questions share one review.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::authorization::v1::{
+    NonResourceAttributes, ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
+use kube::api::{Api, PostParams};
+
+use super::cache::{key_of, TtlCache};
+use crate::identity::UserInfo;
+
+/// How long a review may take before it counts as failed.
+pub const REVIEW_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What is being done, with kube's attribute names; empty strings mean "not set" (except
+/// `group`, where empty is the core group).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action<'a> {
+    Resource {
+        verb: &'a str,
+        group: &'a str,
+        version: &'a str,
+        resource: &'a str,
+        subresource: &'a str,
+        namespace: &'a str,
+        name: &'a str,
+    },
+    NonResource {
+        path: &'a str,
+        verb: &'a str,
+    },
+}
+
+/// The question: may `user` perform `action`?
+#[derive(Clone, Copy, Debug)]
+pub struct Attributes<'a> {
+    pub user: &'a UserInfo,
+    pub action: Action<'a>,
+}
+
+/// The core's answer. `allowed` is false both for an explicit deny and for no opinion (a single
+/// webhook authorizer's no opinion is a no).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    pub allowed: bool,
+    /// `status.reason` (may be empty).
+    pub reason: Arc<str>,
+}
+
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum SarError {
+    /// The core could not be asked, or did not answer with a review.
+    #[error("authorization webhook unavailable: {0}")]
+    Unavailable(Arc<str>),
+}
+
+fn opt(s: &str) -> Option<String> {
+    (!s.is_empty()).then(|| s.to_owned())
+}
+
+/// The review spec kube's webhook authorizer would send for `attrs`.
+pub fn spec(attrs: &Attributes<'_>) -> SubjectAccessReviewSpec {
+    let user = attrs.user;
+    let mut spec = SubjectAccessReviewSpec {
+        user: Some(user.name.clone()),
+        uid: opt(&user.uid),
+        groups: Some(user.groups.clone()),
+        extra: (!user.extra.is_empty()).then(|| user.extra.clone()),
+        ..Default::default()
+    };
+    match attrs.action {
+        Action::Resource {
+            verb,
+            group,
+            version,
+            resource,
+            subresource,
+            namespace,
+            name,
+        } => {
+            spec.resource_attributes = Some(ResourceAttributes {
+                verb: opt(verb),
+                group: Some(group.to_owned()),
+                version: opt(version),
+                resource: opt(resource),
+                subresource: opt(subresource),
+                namespace: opt(namespace),
+                name: opt(name),
+                ..Default::default()
+            })
+        }
+        Action::NonResource { path, verb } => {
+            spec.non_resource_attributes = Some(NonResourceAttributes {
+                path: opt(path),
+                verb: opt(verb),
+            })
+        }
+    }
+    spec
+}
+
+/// One uncached SubjectAccessReview.
+pub async fn review(client: &kube::Client, attrs: &Attributes<'_>) -> Result<Decision, SarError> {
+    review_spec(client, spec(attrs)).await
+}
+
+async fn review_spec(
+    client: &kube::Client,
+    spec: SubjectAccessReviewSpec,
+) -> Result<Decision, SarError> {
+    let api: Api<SubjectAccessReview> = Api::all(client.clone());
+    let sar = SubjectAccessReview {
+        spec,
+        ..Default::default()
+    };
+    let created = tokio::time::timeout(REVIEW_TIMEOUT, api.create(&PostParams::default(), &sar))
+        .await
+        .map_err(|_| {
+            SarError::Unavailable(format!("no answer within {}s", REVIEW_TIMEOUT.as_secs()).into())
+        })?
+        .map_err(|e| SarError::Unavailable(e.to_string().into()))?;
+    let status = created.status.unwrap_or_default();
+    let denied = status.denied.unwrap_or(false);
+    Ok(Decision {
+        // kube's webhook authorizer refuses an answer that is both allowed and denied.
+        allowed: status.allowed && !denied,
+        reason: status.reason.unwrap_or_default().into(),
+    })
+}
+
+/// Bounded (10 000 decisions) TTL cache of review decisions.
+pub struct DecisionCache {
+    cache: TtlCache<Decision, SarError>,
+    allowed_ttl: Duration,
+    denied_ttl: Duration,
+}
+
+impl DecisionCache {
+    pub fn new(allowed_ttl: Duration, denied_ttl: Duration) -> Self {
+        Self {
+            cache: TtlCache::new(10_000),
+            allowed_ttl,
+            denied_ttl,
+        }
+    }
+}
+
+/// The decision for `attrs` from `cache` or, on a miss, from the core; the flag says whether it
+/// came from the cache.
+pub async fn cached_review(
+    client: &kube::Client,
+    cache: &DecisionCache,
+    attrs: &Attributes<'_>,
+) -> Result<(Decision, bool), SarError> {
+    let spec = spec(attrs);
+    // serde_json writes struct fields in declaration order and `extra` (a BTreeMap) sorted, so
+    // equal questions give equal bytes.
+    let key = key_of(&serde_json::to_vec(&spec).unwrap_or_default());
+    if let Some(d) = cache.cache.get(&key) {
+        return Ok((d, true));
+    }
+    let (allowed_ttl, denied_ttl) = (cache.allowed_ttl, cache.denied_ttl);
+    let decision = cache
+        .cache
+        .get_or_fetch(
+            key,
+            |d: &Decision| if d.allowed { allowed_ttl } else { denied_ttl },
+            || review_spec(client, spec),
+        )
+        .await?;
+    Ok((decision, false))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn specs_carry_the_whole_user_and_the_core_group() {
+        let mut extra = BTreeMap::new();
+        extra.insert("scopes".to_owned(), vec!["a".to_owned()]);
+        let user = UserInfo {
+            name: "alice".into(),
+            uid: "1".into(),
+            groups: vec!["dev".into()],
+            extra,
+        };
+        let attrs = Attributes {
+            user: &user,
+            action: Action::Resource {
+                verb: "impersonate",
+                group: "",
+                version: "",
+                resource: "users",
+                subresource: "",
+                namespace: "",
+                name: "bob",
+            },
+        };
+        let json = serde_json::to_value(spec(&attrs)).unwrap();
+        assert_eq!(json["user"], "alice");
+        assert_eq!(json["uid"], "1");
+        assert_eq!(json["groups"][0], "dev");
+        assert_eq!(json["extra"]["scopes"][0], "a");
+        assert_eq!(json["resourceAttributes"]["group"], "");
+        assert_eq!(json["resourceAttributes"]["name"], "bob");
+        assert!(json["resourceAttributes"].get("namespace").is_none());
+    }
+}

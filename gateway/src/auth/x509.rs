@@ -1,0 +1,303 @@
+//! Client certificates. The TLS handshake accepts a chain from either the client CA or the
+//! request-header CA (one rustls verifier over their union), so by the time a request arrives we
+//! only know that the chain is good for *one* of them. Which one matters: a front-proxy
+//! certificate may vouch for `X-Remote-*` headers but is not itself a user, and a user's
+//! certificate must never make its `X-Remote-*` headers believed. So every chain is verified
+//! again, separately, against each CA.
+//!
+//! The verifiers are rebuilt when the CA files change (same directory watch as the serving
+//! material), and swapped in atomically; a broken file keeps the previous verifiers.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use gateway_config::tls::{self, TlsError};
+use rustls::pki_types::{CertificateDer, UnixTime};
+use rustls::server::danger::ClientCertVerifier;
+use rustls::server::WebPkiClientVerifier;
+
+use crate::identity::UserInfo;
+
+/// User (CN) and groups (every O) from a DER certificate's subject, as kube-apiserver's x509
+/// authenticator reads them. `None` when the certificate cannot be parsed or has no CN: kube then
+/// treats the certificate as naming nobody and moves on to other credentials.
+pub fn user_from_certificate(der: &[u8]) -> Option<UserInfo> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    let subject = cert.subject();
+    let name = subject.iter_common_name().next()?.as_str().ok()?.to_owned();
+    if name.is_empty() {
+        return None;
+    }
+    let groups = subject
+        .iter_organization()
+        .filter_map(|o| o.as_str().ok().map(str::to_owned))
+        .collect();
+    Some(UserInfo {
+        name,
+        groups,
+        ..UserInfo::default()
+    })
+}
+
+fn common_name(der: &[u8]) -> Option<String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    let cn = cert.subject().iter_common_name().next()?.as_str().ok()?;
+    Some(cn.to_owned())
+}
+
+/// A verifier for one CA bundle.
+fn verifier(path: &Path) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
+    let roots = tls::load_roots(&[path])?;
+    WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        Arc::new(rustls::crypto::ring::default_provider()),
+    )
+    .build()
+    .map_err(|e| TlsError::Roots {
+        path: path.to_owned(),
+        message: e.to_string(),
+    })
+}
+
+fn verify(
+    verifier: &dyn ClientCertVerifier,
+    chain: &[CertificateDer<'static>],
+) -> Result<(), String> {
+    let (leaf, intermediates) = chain
+        .split_first()
+        .ok_or_else(|| "empty certificate chain".to_owned())?;
+    verifier
+        .verify_client_cert(leaf, intermediates, UnixTime::now())
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+struct Verifiers {
+    client_ca: Option<Arc<dyn ClientCertVerifier>>,
+    requestheader_ca: Option<Arc<dyn ClientCertVerifier>>,
+}
+
+/// What a presented certificate chain is good for.
+#[derive(Debug, Default)]
+pub struct CertCheck {
+    /// `Some(Ok)` when the chain belongs to the request-header CA and its CN is allowed: its
+    /// `X-Remote-*` headers may be believed. `Some(Err)` says why not; `None` when no
+    /// request-header CA is configured.
+    pub front_proxy: Option<Result<(), String>>,
+    /// `Some(Ok(user))` when the chain belongs to the client CA (`None` inside when the
+    /// certificate names nobody). `None` when no client CA is configured.
+    pub user: Option<Result<Option<UserInfo>, String>>,
+}
+
+pub struct CertAuthenticator {
+    client_ca_file: Option<PathBuf>,
+    requestheader_ca_file: Option<PathBuf>,
+    allowed_names: Vec<String>,
+    verifiers: ArcSwap<Verifiers>,
+}
+
+impl CertAuthenticator {
+    pub fn new(
+        client_ca_file: Option<PathBuf>,
+        requestheader_ca_file: Option<PathBuf>,
+        allowed_names: Vec<String>,
+    ) -> Result<Self, TlsError> {
+        let verifiers = Self::build(client_ca_file.as_deref(), requestheader_ca_file.as_deref())?;
+        Ok(Self {
+            client_ca_file,
+            requestheader_ca_file,
+            allowed_names,
+            verifiers: ArcSwap::from_pointee(verifiers),
+        })
+    }
+
+    fn build(client: Option<&Path>, requestheader: Option<&Path>) -> Result<Verifiers, TlsError> {
+        Ok(Verifiers {
+            client_ca: client.map(verifier).transpose()?,
+            requestheader_ca: requestheader.map(verifier).transpose()?,
+        })
+    }
+
+    /// The CA files, for the reload watch.
+    pub fn files(&self) -> Vec<PathBuf> {
+        self.client_ca_file
+            .iter()
+            .chain(self.requestheader_ca_file.iter())
+            .cloned()
+            .collect()
+    }
+
+    /// Re-reads the CA files; on error the previous verifiers stay.
+    pub fn reload(&self) {
+        match Self::build(
+            self.client_ca_file.as_deref(),
+            self.requestheader_ca_file.as_deref(),
+        ) {
+            Ok(v) => {
+                self.verifiers.store(Arc::new(v));
+                tracing::info!("client certificate authorities reloaded");
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "keeping the previous client certificate authorities")
+            }
+        }
+    }
+
+    /// Verifies `chain` (leaf first) against each CA separately. A signature check or two per
+    /// request with a certificate; kube-apiserver does the same per request.
+    pub fn check(&self, chain: &[CertificateDer<'static>]) -> CertCheck {
+        let verifiers = self.verifiers.load();
+        let front_proxy = verifiers.requestheader_ca.as_deref().map(|v| {
+            verify(v, chain)
+                .map_err(|e| format!("not a front-proxy certificate: {e}"))
+                .and_then(|()| self.allowed(chain))
+        });
+        let user = verifiers.client_ca.as_deref().map(|v| {
+            verify(v, chain)
+                .map_err(|e| format!("verifying the client certificate: {e}"))
+                .map(|()| chain.first().and_then(|leaf| user_from_certificate(leaf)))
+        });
+        CertCheck { front_proxy, user }
+    }
+
+    fn allowed(&self, chain: &[CertificateDer<'static>]) -> Result<(), String> {
+        if self.allowed_names.is_empty() {
+            return Ok(());
+        }
+        let cn = chain.first().and_then(|leaf| common_name(leaf));
+        match cn {
+            Some(cn) if self.allowed_names.contains(&cn) => Ok(()),
+            cn => Err(format!(
+                "front-proxy certificate CN {:?} is not one of --requestheader-allowed-names {:?}",
+                cn.unwrap_or_default(),
+                self.allowed_names
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+        KeyPair, KeyUsagePurpose,
+    };
+
+    pub struct Ca {
+        pub pem: String,
+        issuer: Issuer<'static, KeyPair>,
+    }
+
+    impl Ca {
+        pub fn new(cn: &str) -> Ca {
+            let key = KeyPair::generate().unwrap();
+            let mut params = CertificateParams::default();
+            params.distinguished_name.push(DnType::CommonName, cn);
+            params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+            params.key_usages = vec![
+                KeyUsagePurpose::KeyCertSign,
+                KeyUsagePurpose::DigitalSignature,
+            ];
+            let cert = params.self_signed(&key).unwrap();
+            Ca {
+                pem: cert.pem(),
+                issuer: Issuer::new(params, key),
+            }
+        }
+
+        /// A client certificate: CN = `cn`, one O (rcgen keeps a single value per type).
+        pub fn client(&self, cn: &str, org: Option<&str>) -> Vec<CertificateDer<'static>> {
+            let key = KeyPair::generate().unwrap();
+            let mut params = CertificateParams::default();
+            params.distinguished_name.push(DnType::CommonName, cn);
+            if let Some(o) = org {
+                params.distinguished_name.push(DnType::OrganizationName, o);
+            }
+            params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+            let cert = params.signed_by(&key, &self.issuer).unwrap();
+            vec![cert.der().clone()]
+        }
+
+        pub fn write(&self, dir: &Path, name: &str) -> PathBuf {
+            let path = dir.join(name);
+            std::fs::write(&path, &self.pem).unwrap();
+            path
+        }
+    }
+
+    fn provider() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+
+    #[test]
+    fn each_chain_is_attributed_to_its_own_ca() {
+        provider();
+        let dir = tempfile_dir();
+        let users = Ca::new("users");
+        let proxies = Ca::new("front-proxy");
+        let auth = CertAuthenticator::new(
+            Some(users.write(&dir, "users.pem")),
+            Some(proxies.write(&dir, "proxies.pem")),
+            vec!["front-proxy".into()],
+        )
+        .unwrap();
+
+        let alice = auth.check(&users.client("alice", Some("dev")));
+        let user = alice.user.unwrap().unwrap().unwrap();
+        assert_eq!(user.name, "alice");
+        assert_eq!(user.groups, ["dev"]);
+        assert!(alice.front_proxy.unwrap().is_err(), "a user is not a proxy");
+
+        let proxy = auth.check(&proxies.client("front-proxy", None));
+        assert!(proxy.front_proxy.unwrap().is_ok());
+        assert!(proxy.user.unwrap().is_err(), "a proxy is not a user");
+
+        let stranger = auth.check(&proxies.client("someone-else", None));
+        let why = stranger.front_proxy.unwrap().unwrap_err();
+        assert!(why.contains("someone-else"), "{why}");
+
+        let foreign = Ca::new("other").client("mallory", Some("system:masters"));
+        let check = auth.check(&foreign);
+        assert!(check.user.unwrap().is_err());
+        assert!(check.front_proxy.unwrap().is_err());
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn any_name_is_allowed_when_the_list_is_empty() {
+        provider();
+        let dir = tempfile_dir();
+        let proxies = Ca::new("front-proxy");
+        let auth =
+            CertAuthenticator::new(None, Some(proxies.write(&dir, "p.pem")), vec![]).unwrap();
+        let check = auth.check(&proxies.client("anything", None));
+        assert!(check.front_proxy.unwrap().is_ok());
+        assert!(check.user.is_none());
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_certificate_without_cn_names_nobody() {
+        provider();
+        let dir = tempfile_dir();
+        let users = Ca::new("users");
+        let auth = CertAuthenticator::new(Some(users.write(&dir, "u.pem")), None, vec![]).unwrap();
+        let check = auth.check(&users.client("", Some("dev")));
+        assert!(matches!(check.user, Some(Ok(None))), "{check:?}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    pub fn tempfile_dir() -> PathBuf {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static N: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "gateway-auth-test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+}

@@ -1,0 +1,539 @@
+//! Who the gateway says the caller is: bearer tokens checked by TokenReview (and cached), client
+//! certificates from the client CA only, request-header identity only from a trusted front proxy,
+//! impersonation only when the core's SubjectAccessReview allows it, and a forged identity never
+//! reaching a backend, remote or core.
+
+use std::path::Path;
+use std::time::Duration;
+
+use base64::Engine;
+use bytes::Bytes;
+use e2e::certs::{CertifiedPair, TestCa};
+use e2e::harness::{self, FixtureAggregated, FixtureCore, Gateway, GatewayOptions};
+use http::{Request, StatusCode};
+use http_body_util::Full;
+use serde_json::{json, Value};
+
+const GROUP: &str = "wardle.example.com";
+const IDENTITY: &str = "/apis/wardle.example.com/v1alpha1/identity";
+
+/// The core's policy: three token users, ordinary verbs for every authenticated user, reads for
+/// anonymous, and alice may impersonate only `carol` and group `qa`.
+fn policy() -> Value {
+    json!({
+        "tokens": {
+            "alice-token": {"username": "alice", "uid": "a-1", "groups": ["dev"], "extra": {"scopes": ["read"]}},
+            "bob-token": {"username": "bob", "groups": ["ops"]}
+        },
+        "rules": [
+            {"group": "system:authenticated", "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
+             "apiGroups": ["*"], "resources": ["*"]},
+            {"group": "system:unauthenticated", "verbs": ["get"], "apiGroups": ["*"], "resources": ["*"]},
+            {"user": "alice", "verbs": ["impersonate"], "apiGroups": [""], "resources": ["users"], "resourceNames": ["carol"]},
+            {"user": "alice", "verbs": ["impersonate"], "apiGroups": [""], "resources": ["groups"], "resourceNames": ["qa"]}
+        ]
+    })
+}
+
+struct Scenario {
+    _dir: tempfile::TempDir,
+    core: FixtureCore,
+    _backend: FixtureAggregated,
+    gateway: Gateway,
+    users_ca: TestCa,
+    incoming_proxy_ca: TestCa,
+}
+
+fn path(p: &Path) -> String {
+    p.display().to_string()
+}
+
+impl Scenario {
+    /// A core with [`policy`], an aggregated backend served through an APIService from a
+    /// manifest directory, and a gateway trusting `users-ca` for users and `incoming-proxy-ca`
+    /// (CN `trusted-proxy`) for front proxies.
+    async fn start(extra: &[&str]) -> Scenario {
+        let dir = tempfile::tempdir().unwrap();
+        let policy_file = dir.path().join("policy.json");
+        std::fs::write(&policy_file, policy().to_string()).unwrap();
+        let core = FixtureCore::start(&["--policy", &path(&policy_file)])
+            .await
+            .unwrap();
+
+        let backend_ca = TestCa::new("wardle-ca");
+        let (serving_cert, serving_key) = backend_ca
+            .issue_server(&["api.wardle.svc", "localhost", "127.0.0.1"])
+            .write(dir.path(), "wardle-serving")
+            .unwrap();
+        let proxy_ca = TestCa::new("front-proxy-ca");
+        let proxy_ca_file = proxy_ca.write(dir.path(), "front-proxy-ca").unwrap();
+        let (proxy_cert, proxy_key) = proxy_ca
+            .issue_client("aggregator", &[])
+            .write(dir.path(), "proxy-client")
+            .unwrap();
+        let backend = FixtureAggregated::start(&[
+            "--tls-cert-file",
+            &path(&serving_cert),
+            "--tls-private-key-file",
+            &path(&serving_key),
+            "--requestheader-client-ca-file",
+            &path(&proxy_ca_file),
+            "--requestheader-allowed-names",
+            "aggregator",
+            "--group",
+            GROUP,
+        ])
+        .await
+        .unwrap();
+
+        let users_ca = TestCa::new("users-ca");
+        let users_ca_file = users_ca.write(dir.path(), "users-ca").unwrap();
+        let incoming_proxy_ca = TestCa::new("incoming-proxy-ca");
+        let incoming_file = incoming_proxy_ca
+            .write(dir.path(), "incoming-proxy-ca")
+            .unwrap();
+
+        let manifests = dir.path().join("apiservices");
+        std::fs::create_dir(&manifests).unwrap();
+        let ca = base64::engine::general_purpose::STANDARD.encode(backend_ca.cert_pem());
+        std::fs::write(
+            manifests.join("wardle.yaml"),
+            format!(
+                "apiVersion: apiregistration.k8s.io/v1\nkind: APIService\nmetadata:\n  name: v1alpha1.{GROUP}\nspec:\n  group: {GROUP}\n  version: v1alpha1\n  \
+                 groupPriorityMinimum: 1000\n  versionPriority: 15\n  caBundle: {ca}\n  service:\n    namespace: wardle\n    name: api\n    port: 443\n"
+            ),
+        )
+        .unwrap();
+        let config = dir.path().join("gateway.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "services:\n- namespace: wardle\n  name: api\n  port: 443\n  urls: [\"https://{}\"]\n",
+                backend.addr
+            ),
+        )
+        .unwrap();
+
+        let mut args: Vec<String> = [
+            "--config",
+            &path(&config),
+            "--proxy-client-cert-file",
+            &path(&proxy_cert),
+            "--proxy-client-key-file",
+            &path(&proxy_key),
+            "--client-ca-file",
+            &path(&users_ca_file),
+            "--requestheader-client-ca-file",
+            &path(&incoming_file),
+            "--requestheader-allowed-names",
+            "trusted-proxy",
+            "--apiservice-source",
+            "file",
+            "--apiservice-dir",
+            &path(&manifests),
+            "--apiservice-availability-interval",
+            "1s",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let gateway = Gateway::start(GatewayOptions::new(core.url()).args(args))
+            .await
+            .expect("gateway starts");
+        let scenario = Scenario {
+            _dir: dir,
+            core,
+            _backend: backend,
+            gateway,
+            users_ca,
+            incoming_proxy_ca,
+        };
+        scenario.wait_for_backend().await;
+        scenario
+    }
+
+    async fn wait_for_backend(&self) {
+        let ready = harness::wait_until(Duration::from_secs(10), || async {
+            self.get(None, IDENTITY, &[("authorization", "Bearer bob-token")])
+                .await
+                .0
+                == StatusCode::OK
+        })
+        .await;
+        assert!(
+            ready,
+            "the remote never became reachable:\n{}",
+            self.gateway.process.logs()
+        );
+    }
+
+    /// GET through the gateway over HTTP/2, optionally with a client certificate.
+    async fn get(
+        &self,
+        cert: Option<&CertifiedPair>,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> (StatusCode, Value) {
+        self.try_get(cert, path, headers)
+            .await
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+    }
+
+    async fn try_get(
+        &self,
+        cert: Option<&CertifiedPair>,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> Result<(StatusCode, Value), harness::HarnessError> {
+        let client = harness::http2_client(&self.gateway.ca_pem()?, cert)?;
+        let mut req = Request::get(format!("{}{path}", self.gateway.url()));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let (status, _, body) =
+            harness::send(&client, req.body(Full::new(Bytes::new())).unwrap()).await?;
+        Ok((status, serde_json::from_slice(&body).unwrap_or(Value::Null)))
+    }
+
+    /// The requests the core recorded, oldest first.
+    async fn core_requests(&self) -> Vec<Value> {
+        let client = harness::http1_client(&self.gateway.ca_pem().unwrap(), None).unwrap();
+        let (_, _, body) = harness::get(&client, &format!("{}/fixture/requests", self.core.url()))
+            .await
+            .unwrap();
+        serde_json::from_slice::<Vec<Value>>(&body).unwrap()
+    }
+
+    async fn clear_core_requests(&self) {
+        let client = harness::http1_client(&self.gateway.ca_pem().unwrap(), None).unwrap();
+        let req = Request::delete(format!("{}/fixture/requests", self.core.url()))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        harness::send(&client, req).await.unwrap();
+    }
+
+    async fn token_reviews(&self) -> usize {
+        self.core_requests()
+            .await
+            .iter()
+            .filter(|r| {
+                r["method"] == "POST"
+                    && r["path"]
+                        .as_str()
+                        .is_some_and(|p| p.contains("/tokenreviews"))
+            })
+            .count()
+    }
+}
+
+fn groups(identity: &Value) -> Vec<String> {
+    identity["groups"]
+        .as_array()
+        .unwrap_or(&Vec::new())
+        .iter()
+        .filter_map(|g| g.as_str().map(str::to_owned))
+        .collect()
+}
+
+/// The value of header `name` in a recorded request (`[[name, value], ...]`), all values joined.
+fn header(request: &Value, name: &str) -> Vec<String> {
+    request["headers"]
+        .as_array()
+        .unwrap_or(&Vec::new())
+        .iter()
+        .filter(|pair| {
+            pair[0]
+                .as_str()
+                .is_some_and(|n| n.eq_ignore_ascii_case(name))
+        })
+        .filter_map(|pair| pair[1].as_str().map(str::to_owned))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_token_user_reaches_backends_as_exactly_themselves_and_forgeries_never_pass() {
+    let s = Scenario::start(&[]).await;
+    let forged = [
+        ("authorization", "Bearer alice-token"),
+        ("x-remote-user", "admin"),
+        ("x-remote-group", "system:masters"),
+        ("x-remote-extra-scopes", "all"),
+    ];
+
+    // The remote sees alice as the core's TokenReview described her, nothing she claimed.
+    let (status, identity) = s.get(None, IDENTITY, &forged).await;
+    assert_eq!(status, StatusCode::OK, "{identity}");
+    assert_eq!(identity["user"], "alice", "{identity}");
+    assert_eq!(identity["uid"], "a-1", "{identity}");
+    assert_eq!(groups(&identity), ["dev", "system:authenticated"]);
+    assert_eq!(identity["extra"], json!({"scopes": ["read"]}), "{identity}");
+    assert_eq!(identity["tlsClientCN"], "aggregator");
+    let raw = identity["headers"].to_string().to_ascii_lowercase();
+    for leaked in ["system:masters", "admin", "alice-token", "authorization"] {
+        assert!(!raw.contains(leaked), "{leaked} reached the backend: {raw}");
+    }
+
+    // The core gets alice's own token (it authenticates her itself) and none of the forgery.
+    s.clear_core_requests().await;
+    let (status, body) = s
+        .get(None, "/api/v1/namespaces/default/configmaps", &forged)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let requests = s.core_requests().await;
+    let list = requests
+        .iter()
+        .find(|r| r["path"] == "/api/v1/namespaces/default/configmaps")
+        .expect("the core saw the list");
+    assert_eq!(header(list, "authorization"), ["Bearer alice-token"]);
+    for h in ["x-remote-user", "x-remote-group", "x-remote-extra-scopes"] {
+        assert!(header(list, h).is_empty(), "{h} reached the core: {list}");
+    }
+
+    // Forged impersonation is refused with kube's message and reaches nobody.
+    s.clear_core_requests().await;
+    for target in [IDENTITY, "/api/v1/namespaces/default/configmaps"] {
+        let (status, body) = s
+            .get(
+                None,
+                target,
+                &[
+                    ("authorization", "Bearer alice-token"),
+                    ("impersonate-user", "admin"),
+                ],
+            )
+            .await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+        assert_eq!(body["kind"], "Status");
+        assert_eq!(body["reason"], "Forbidden");
+        let message = body["message"].as_str().unwrap();
+        assert!(
+            message.starts_with(
+                r#"users "admin" is forbidden: User "alice" cannot impersonate resource "users" in API group "" at the cluster scope"#
+            ),
+            "{message}"
+        );
+        assert_eq!(body["details"]["name"], "admin", "{body}");
+        assert_eq!(body["details"]["kind"], "users", "{body}");
+    }
+    let requests = s.core_requests().await;
+    assert!(
+        requests
+            .iter()
+            .all(|r| header(r, "impersonate-user").is_empty()
+                && r["path"] != "/api/v1/namespaces/default/configmaps"),
+        "a refused impersonation reached the core: {requests:?}"
+    );
+}
+
+#[tokio::test]
+async fn impersonation_allowed_by_the_core_is_honoured_everywhere() {
+    let s = Scenario::start(&[]).await;
+    let as_carol = [
+        ("authorization", "Bearer alice-token"),
+        ("impersonate-user", "carol"),
+        ("impersonate-group", "qa"),
+    ];
+    let (status, identity) = s.get(None, IDENTITY, &as_carol).await;
+    assert_eq!(status, StatusCode::OK, "{identity}");
+    assert_eq!(identity["user"], "carol", "{identity}");
+    assert_eq!(groups(&identity), ["qa", "system:authenticated"]);
+    assert!(
+        !identity["headers"]
+            .to_string()
+            .to_ascii_lowercase()
+            .contains("impersonate-"),
+        "{identity}"
+    );
+
+    // Passthrough: the core gets alice's token and the impersonation she was allowed, and
+    // checks both itself.
+    s.clear_core_requests().await;
+    let (status, body) = s.get(None, "/api/v1/namespaces", &as_carol).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let requests = s.core_requests().await;
+    let list = requests
+        .iter()
+        .find(|r| r["path"] == "/api/v1/namespaces")
+        .expect("the core saw the list");
+    assert_eq!(header(list, "impersonate-user"), ["carol"]);
+    assert_eq!(header(list, "impersonate-group"), ["qa"]);
+    assert_eq!(header(list, "authorization"), ["Bearer alice-token"]);
+
+    // One attribute not allowed refuses the whole request.
+    let (status, body) = s
+        .get(
+            None,
+            IDENTITY,
+            &[
+                ("authorization", "Bearer alice-token"),
+                ("impersonate-user", "carol"),
+                ("impersonate-group", "system:masters"),
+            ],
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .starts_with(r#"groups "system:masters" is forbidden: User "alice" cannot impersonate resource "groups""#),
+        "{body}"
+    );
+
+    // Groups without a user is malformed.
+    let (status, _) = s
+        .get(
+            None,
+            IDENTITY,
+            &[
+                ("authorization", "Bearer alice-token"),
+                ("impersonate-group", "qa"),
+            ],
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn certificates_count_only_for_the_ca_they_belong_to() {
+    let s = Scenario::start(&[]).await;
+
+    // A user certificate: CN/O is the identity, its X-Remote-* headers are ignored.
+    let dave = s.users_ca.issue_client("dave", &["dev"]);
+    let (status, identity) = s
+        .get(
+            Some(&dave),
+            IDENTITY,
+            &[
+                ("x-remote-user", "admin"),
+                ("x-remote-group", "system:masters"),
+            ],
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{identity}");
+    assert_eq!(identity["user"], "dave");
+    assert_eq!(groups(&identity), ["dev", "system:authenticated"]);
+
+    // To the core (passthrough), a certificate user goes as X-Remote-* set by the gateway.
+    s.clear_core_requests().await;
+    let (status, _) = s
+        .get(
+            Some(&dave),
+            "/api/v1/namespaces",
+            &[("x-remote-user", "admin")],
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let requests = s.core_requests().await;
+    let list = requests
+        .iter()
+        .find(|r| r["path"] == "/api/v1/namespaces")
+        .expect("the core saw the list");
+    assert_eq!(header(list, "x-remote-user"), ["dave"]);
+    assert_eq!(
+        header(list, "x-remote-group"),
+        ["dev", "system:authenticated"]
+    );
+
+    // The trusted front proxy's X-Remote-* is the identity.
+    let proxy = s.incoming_proxy_ca.issue_client("trusted-proxy", &[]);
+    let (status, identity) = s
+        .get(
+            Some(&proxy),
+            IDENTITY,
+            &[
+                ("x-remote-user", "frank"),
+                ("x-remote-group", "qa"),
+                ("x-remote-extra-acme.com%2fproject", "p1"),
+            ],
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{identity}");
+    assert_eq!(identity["user"], "frank", "{identity}");
+    assert_eq!(groups(&identity), ["qa", "system:authenticated"]);
+    assert_eq!(identity["extra"], json!({"acme.com/project": ["p1"]}));
+
+    // A certificate from the request-header CA whose CN is not allowed vouches for nothing and
+    // is not a user either: 401, as kube-apiserver answers.
+    let stranger = s.incoming_proxy_ca.issue_client("someone-else", &[]);
+    let (status, body) = s
+        .get(Some(&stranger), IDENTITY, &[("x-remote-user", "frank")])
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+    assert_eq!(body["reason"], "Unauthorized");
+    // ...and neither is the trusted proxy naming nobody.
+    let (status, _) = s.get(Some(&proxy), IDENTITY, &[]).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    // A request-header certificate is not a user certificate, whatever its CN says.
+    let proxy_named_admin = s
+        .incoming_proxy_ca
+        .issue_client("admin", &["system:masters"]);
+    let (status, _) = s.get(Some(&proxy_named_admin), IDENTITY, &[]).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+
+    // A certificate from a CA the gateway does not trust fails the handshake.
+    let mallory = TestCa::new("mallory-ca").issue_client("mallory", &["system:masters"]);
+    let refused = s.try_get(Some(&mallory), IDENTITY, &[]).await;
+    assert!(refused.is_err(), "{refused:?}");
+}
+
+#[tokio::test]
+async fn without_anonymous_auth_only_health_answers_strangers() {
+    let s = Scenario::start(&["--anonymous-auth=false"]).await;
+    let (status, body) = s.get(None, "/api/v1/namespaces", &[]).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+    assert_eq!(body["kind"], "Status");
+    assert_eq!(body["reason"], "Unauthorized");
+    assert_eq!(body["code"], 401);
+    let (status, _) = s.get(None, IDENTITY, &[]).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+
+    for probe in ["/readyz", "/livez", "/healthz", "/readyz/ping"] {
+        let (status, _) = s.get(None, probe, &[]).await;
+        assert_eq!(status, StatusCode::OK, "{probe}");
+    }
+    // Credentials still work.
+    let (status, _) = s
+        .get(
+            None,
+            "/api/v1/namespaces",
+            &[("authorization", "Bearer bob-token")],
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn token_reviews_are_cached_both_ways() {
+    let s = Scenario::start(&[]).await;
+    s.clear_core_requests().await;
+    for _ in 0..5 {
+        let (status, _) = s
+            .get(
+                None,
+                "/api/v1/namespaces",
+                &[("authorization", "Bearer alice-token")],
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK);
+        let (status, _) = s
+            .get(None, IDENTITY, &[("authorization", "Bearer alice-token")])
+            .await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    assert_eq!(s.token_reviews().await, 1, "{:?}", s.core_requests().await);
+
+    for _ in 0..3 {
+        let (status, body) = s
+            .get(
+                None,
+                "/api/v1/namespaces",
+                &[("authorization", "Bearer not-a-token")],
+            )
+            .await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+        assert_eq!(body["message"], "Unauthorized");
+    }
+    assert_eq!(s.token_reviews().await, 2, "a rejected token is cached too");
+}
