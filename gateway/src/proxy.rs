@@ -113,6 +113,48 @@ pub fn prepare_response(resp: &mut Response) {
     strip_hop_by_hop(resp.headers_mut(), switching);
 }
 
+/// Sends an upgrade request with `send` and, when the backend answers 101, tunnels the client's
+/// connection to the backend's. Any other answer is passed back as is.
+pub async fn forward_upgrade<F, E>(
+    mut req: Request,
+    send: impl FnOnce(Request) -> F,
+    drain: watch::Receiver<bool>,
+) -> Result<Response, E>
+where
+    F: std::future::Future<Output = Result<hyper::Response<hyper::body::Incoming>, E>>,
+{
+    // hyper keeps the client connection's pending upgrade in the request extensions; it must stay
+    // with us while the request itself goes to the backend.
+    let mut client_req = http::Request::new(body::empty());
+    *client_req.extensions_mut() = std::mem::take(req.extensions_mut());
+    let mut resp = send(req).await?;
+    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+        tunnel(&mut client_req, &mut resp, drain);
+    }
+    let mut resp = resp.map(body::boxed);
+    prepare_response(&mut resp);
+    Ok(resp)
+}
+
+/// A backend response as the client gets it: hop-by-hop headers removed, and a long-running body
+/// ended cleanly when the gateway drains.
+pub fn client_response(
+    resp: hyper::Response<hyper::body::Incoming>,
+    long_running: bool,
+    drain: &watch::Receiver<bool>,
+) -> Response {
+    let mut resp = resp.map(|b| {
+        let b = body::boxed(b);
+        if long_running {
+            drainable(b, drain.clone())
+        } else {
+            b
+        }
+    });
+    prepare_response(&mut resp);
+    resp
+}
+
 /// After both sides agreed to switch protocols, copies bytes both ways until either side closes,
 /// or until the gateway drains long-running connections at shutdown.
 pub fn tunnel(

@@ -273,6 +273,25 @@ async fn an_applied_apiservice_routes_to_its_backend_with_the_callers_identity()
         "{flunder}"
     );
 
+    // exec-style upgrades tunnel to the remote over HTTP/1.1.
+    {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let config = harness::tls_client_config(&gateway.ca_pem().unwrap(), Some(&alice), &[b"http/1.1"]).unwrap();
+        let mut tls = harness::tls_connect_with(gateway.addr, config).await.unwrap();
+        let request = format!(
+            "POST /apis/wardle.example.com/v1alpha1/namespaces/default/flunders/first/exec HTTP/1.1\r\n\
+             Host: {}\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\nContent-Length: 0\r\n\r\n",
+            gateway.addr
+        );
+        tls.write_all(request.as_bytes()).await.unwrap();
+        let head = harness::read_head(&mut tls, Duration::from_secs(5)).await.unwrap();
+        assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+        tls.write_all(b"ping remote").await.unwrap();
+        let mut echoed = [0u8; 11];
+        tokio::time::timeout(Duration::from_secs(5), tls.read_exact(&mut echoed)).await.unwrap().unwrap();
+        assert_eq!(&echoed, b"ping remote");
+    }
+
     wait_for_row(&kubectl, "True", Duration::from_secs(10)).await;
     let table = kubectl.run_ok(&["get", "apiservices"]).await.stdout;
     assert!(

@@ -19,7 +19,7 @@ use gateway_config::tls::{self, Identity, ServerTrust};
 use gateway_config::{CoreConfig, CoreEndpoint, CoreIdentity};
 use http::header::{self, HeaderValue};
 use http::uri::{Authority, Scheme};
-use http::{StatusCode, Uri};
+use http::Uri;
 use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -29,7 +29,7 @@ use tokio::sync::watch;
 use super::unix::UnixConnector;
 use crate::auth::onward::{prepare_core_request, CoreCredentials};
 use crate::auth::Authenticated;
-use crate::body::{self, Body, Request, Response};
+use crate::body::{Body, Request, Response};
 use crate::error::GatewayError;
 use crate::proxy::{self, Upstream};
 
@@ -339,35 +339,16 @@ impl CoreBackend {
         let mut req = Request::from_parts(parts, body);
         proxy::prepare_request(&mut req, &self.upstream, client);
         if upgrade {
-            let mut client_req = http::Request::new(body::empty());
-            *client_req.extensions_mut() = std::mem::take(req.extensions_mut());
-            let mut resp = clients
-                .upgrades
-                .send(req)
+            return proxy::forward_upgrade(req, |r| clients.upgrades.send(r), self.drain.clone())
                 .await
-                .map_err(|e| self.unavailable(e))?;
-            if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
-                proxy::tunnel(&mut client_req, &mut resp, self.drain.clone());
-            }
-            let mut resp = resp.map(body::boxed);
-            proxy::prepare_response(&mut resp);
-            return Ok(resp);
+                .map_err(|e| self.unavailable(e));
         }
         let resp = clients
             .pooled
             .send(req)
             .await
             .map_err(|e| self.unavailable(e))?;
-        let mut resp = resp.map(|b| {
-            let b = body::boxed(b);
-            if long_running {
-                proxy::drainable(b, self.drain.clone())
-            } else {
-                b
-            }
-        });
-        proxy::prepare_response(&mut resp);
-        Ok(resp)
+        Ok(proxy::client_response(resp, long_running, &self.drain))
     }
 
     /// A request the gateway makes on its own behalf, with its own credentials.

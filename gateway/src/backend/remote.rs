@@ -11,7 +11,7 @@ use apiservice::model::{RegisteredAPIService, RemoteBackendSpec};
 use apiservice::resolve::ServiceResolver;
 use gateway_config::tls::{self, Identity, ServerTrust};
 use http::uri::{Authority, Scheme};
-use http::{Method, StatusCode};
+use http::Method;
 use hyper_rustls::{FixedServerNameResolver, HttpsConnector};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -168,19 +168,9 @@ impl RemoteBackend {
         proxy::prepare_request(&mut req, &upstream, client);
         set_identity_headers(req.headers_mut(), user);
         if upgrade {
-            let mut client_req = http::Request::new(body::empty());
-            *client_req.extensions_mut() = std::mem::take(req.extensions_mut());
-            let mut resp = self
-                .upgrades
-                .request(req)
+            return proxy::forward_upgrade(req, |r| self.upgrades.request(r), self.drain.clone())
                 .await
-                .map_err(|e| self.transport_error(e))?;
-            if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
-                proxy::tunnel(&mut client_req, &mut resp, self.drain.clone());
-            }
-            let mut resp = resp.map(body::boxed);
-            proxy::prepare_response(&mut resp);
-            return Ok(resp);
+                .map_err(|e| self.transport_error(e));
         }
         let send = self.pooled.request(req);
         let resp = if discovery {
@@ -197,16 +187,7 @@ impl RemoteBackend {
                 status: resp.status().as_u16(),
             });
         }
-        let mut resp = resp.map(|b| {
-            let b = body::boxed(b);
-            if long_running {
-                proxy::drainable(b, self.drain.clone())
-            } else {
-                b
-            }
-        });
-        proxy::prepare_response(&mut resp);
-        Ok(resp)
+        Ok(proxy::client_response(resp, long_running, &self.drain))
     }
 
     /// The availability probe: `GET /apis/<group>/<version>` through the same transport, 5 s,
