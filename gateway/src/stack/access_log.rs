@@ -49,11 +49,8 @@ where
     fn call(&mut self, req: Request) -> Self::Future {
         let start = Instant::now();
         let method = req.method().clone();
-        let uri = req
-            .uri()
-            .path_and_query()
-            .map(|p| p.as_str().to_owned())
-            .unwrap_or_default();
+        // Cloning a `Uri` only bumps reference counts; the log line formats it if it is written.
+        let uri = req.uri().clone();
         let client = req.extensions().get::<super::ConnInfo>().map(|c| c.remote);
         let version = req.version();
         let fut = self.inner.call(req);
@@ -65,11 +62,11 @@ where
                 .extensions()
                 .get::<RoutedTo>()
                 .map(RoutedTo::label)
-                .unwrap_or_else(|| "gateway".into());
+                .unwrap_or(std::borrow::Cow::Borrowed("gateway"));
             let code = resp.status().as_u16();
             metrics
                 .requests
-                .with_label_values(&[method.as_str(), &target, &code.to_string()])
+                .with_label_values(&[method.as_str(), &target, resp.status().as_str()])
                 .inc();
             metrics
                 .duration

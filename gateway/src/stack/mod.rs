@@ -40,11 +40,11 @@ pub enum RoutedTo {
 }
 
 impl RoutedTo {
-    pub fn label(&self) -> String {
+    pub fn label(&self) -> std::borrow::Cow<'static, str> {
         match self {
             Self::Gateway => "gateway".into(),
             Self::Core => "core".into(),
-            Self::ApiService(name) => format!("apiservice/{name}"),
+            Self::ApiService(name) => format!("apiservice/{name}").into(),
         }
     }
 }
