@@ -357,7 +357,7 @@ where
                 annotations.insert("authorization.k8s.io/reason", outcome.reason.to_string());
             }
             if let Some(target) = resp.extensions().get::<RoutedTo>() {
-                annotations.insert("aggregation-gateway/routed-to", target.label());
+                annotations.insert("aggregation-gateway/routed-to", target.label().into_owned());
             }
             let event = Event {
                 kind: "Event",
