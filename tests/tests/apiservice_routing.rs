@@ -276,19 +276,28 @@ async fn an_applied_apiservice_routes_to_its_backend_with_the_callers_identity()
     // exec-style upgrades tunnel to the remote over HTTP/1.1.
     {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let config = harness::tls_client_config(&gateway.ca_pem().unwrap(), Some(&alice), &[b"http/1.1"]).unwrap();
-        let mut tls = harness::tls_connect_with(gateway.addr, config).await.unwrap();
+        let config =
+            harness::tls_client_config(&gateway.ca_pem().unwrap(), Some(&alice), &[b"http/1.1"])
+                .unwrap();
+        let mut tls = harness::tls_connect_with(gateway.addr, config)
+            .await
+            .unwrap();
         let request = format!(
             "POST /apis/wardle.example.com/v1alpha1/namespaces/default/flunders/first/exec HTTP/1.1\r\n\
              Host: {}\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\nContent-Length: 0\r\n\r\n",
             gateway.addr
         );
         tls.write_all(request.as_bytes()).await.unwrap();
-        let head = harness::read_head(&mut tls, Duration::from_secs(5)).await.unwrap();
+        let head = harness::read_head(&mut tls, Duration::from_secs(5))
+            .await
+            .unwrap();
         assert!(head.starts_with("HTTP/1.1 101"), "{head}");
         tls.write_all(b"ping remote").await.unwrap();
         let mut echoed = [0u8; 11];
-        tokio::time::timeout(Duration::from_secs(5), tls.read_exact(&mut echoed)).await.unwrap().unwrap();
+        tokio::time::timeout(Duration::from_secs(5), tls.read_exact(&mut echoed))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(&echoed, b"ping remote");
     }
 
@@ -456,10 +465,14 @@ async fn services_and_endpointslices_on_the_core_resolve_the_backend() {
     std::fs::write(&config, "logLevel: info\n").unwrap();
     let gateway = pki.gateway(&core, &config, &[]).await;
     let alice = pki.user("alice", &[]);
-    let kubectl = Kubectl::new(&gateway.url(), Some(&gateway.ca_file), KubectlVersion::V1_32)
-        .unwrap()
-        .with_client_pair(&alice)
-        .unwrap();
+    let kubectl = Kubectl::new(
+        &gateway.url(),
+        Some(&gateway.ca_file),
+        KubectlVersion::V1_32,
+    )
+    .unwrap()
+    .with_client_pair(&alice)
+    .unwrap();
 
     let service = serde_json::json!({
         "apiVersion": "v1", "kind": "Service",
@@ -467,12 +480,22 @@ async fn services_and_endpointslices_on_the_core_resolve_the_backend() {
         "spec": {"type": "ClusterIP", "clusterIP": "127.0.0.1",
                  "ports": [{"name": "https", "port": port, "targetPort": port, "protocol": "TCP"}]}
     });
-    assert_eq!(create_on_core(&core, "/api/v1/namespaces/wardle/services", service).await, StatusCode::CREATED);
-    let yaml = pki.apiservice_yaml("api").replace("port: 443", &format!("port: {port}"));
+    assert_eq!(
+        create_on_core(&core, "/api/v1/namespaces/wardle/services", service).await,
+        StatusCode::CREATED
+    );
+    let yaml = pki
+        .apiservice_yaml("api")
+        .replace("port: 443", &format!("port: {port}"));
     kubectl.apply_yaml(&yaml).await;
 
     // The Service exists but has no EndpointSlices yet (kube-aggregator's EndpointsNotFound).
-    wait_for_row(&kubectl, "False (EndpointsNotFound)", Duration::from_secs(10)).await;
+    wait_for_row(
+        &kubectl,
+        "False (EndpointsNotFound)",
+        Duration::from_secs(10),
+    )
+    .await;
     // A slice whose only endpoint is not ready: MissingEndpoints.
     let unready = serde_json::json!({
         "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
@@ -482,10 +505,20 @@ async fn services_and_endpointslices_on_the_core_resolve_the_backend() {
         "ports": [{"name": "https", "port": port, "protocol": "TCP"}]
     });
     assert_eq!(
-        create_on_core(&core, "/apis/discovery.k8s.io/v1/namespaces/wardle/endpointslices", unready).await,
+        create_on_core(
+            &core,
+            "/apis/discovery.k8s.io/v1/namespaces/wardle/endpointslices",
+            unready
+        )
+        .await,
         StatusCode::CREATED
     );
-    wait_for_row(&kubectl, "False (MissingEndpoints)", Duration::from_secs(10)).await;
+    wait_for_row(
+        &kubectl,
+        "False (MissingEndpoints)",
+        Duration::from_secs(10),
+    )
+    .await;
 
     let slice = serde_json::json!({
         "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
@@ -495,11 +528,22 @@ async fn services_and_endpointslices_on_the_core_resolve_the_backend() {
         "ports": [{"name": "https", "port": port, "protocol": "TCP"}]
     });
     assert_eq!(
-        create_on_core(&core, "/apis/discovery.k8s.io/v1/namespaces/wardle/endpointslices", slice).await,
+        create_on_core(
+            &core,
+            "/apis/discovery.k8s.io/v1/namespaces/wardle/endpointslices",
+            slice
+        )
+        .await,
         StatusCode::CREATED
     );
     wait_for_row(&kubectl, "True", Duration::from_secs(10)).await;
-    let (status, body) = get_as(&gateway, &alice, "/apis/wardle.example.com/v1alpha1/namespaces/default/flunders", &[]).await;
+    let (status, body) = get_as(
+        &gateway,
+        &alice,
+        "/apis/wardle.example.com/v1alpha1/namespaces/default/flunders",
+        &[],
+    )
+    .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["kind"], "FlunderList");
 }

@@ -408,7 +408,10 @@ async fn the_core_is_reached_over_https_kubeconfig_and_unix_sockets() {
     let dir = tempfile::tempdir().unwrap();
     let ca = e2e::certs::TestCa::new("core-ca");
     let ca_file = ca.write(dir.path(), "core-ca").unwrap();
-    let (cert, key) = ca.issue_server(&["localhost", "127.0.0.1"]).write(dir.path(), "core").unwrap();
+    let (cert, key) = ca
+        .issue_server(&["localhost", "127.0.0.1"])
+        .write(dir.path(), "core")
+        .unwrap();
     let socket = dir.path().join("core.sock");
     let core = FixtureCore::start(&[
         "--tls-cert-file",
@@ -437,32 +440,65 @@ async fn the_core_is_reached_over_https_kubeconfig_and_unix_sockets() {
     let variants: Vec<(&str, GatewayOptions)> = vec![
         (
             "https with --core-ca-file",
-            GatewayOptions::new(https_url.clone()).args(["--apiservice-source", "none", "--core-ca-file", ca_file.to_str().unwrap()]),
+            GatewayOptions::new(https_url.clone()).args([
+                "--apiservice-source",
+                "none",
+                "--core-ca-file",
+                ca_file.to_str().unwrap(),
+            ]),
         ),
         (
             "--core-kubeconfig",
             // --core-url names the server; the kubeconfig supplies the CA to trust and the token.
-            GatewayOptions::new(https_url.clone()).args(["--apiservice-source", "none", "--core-kubeconfig", kubeconfig.to_str().unwrap()]),
+            GatewayOptions::new(https_url.clone()).args([
+                "--apiservice-source",
+                "none",
+                "--core-kubeconfig",
+                kubeconfig.to_str().unwrap(),
+            ]),
         ),
-        ("unix socket", GatewayOptions::new(socket.display().to_string()).args(["--apiservice-source", "none"])),
+        (
+            "unix socket",
+            GatewayOptions::new(socket.display().to_string()).args(["--apiservice-source", "none"]),
+        ),
     ];
     for (name, options) in variants {
-        let gateway = Gateway::start(options).await.unwrap_or_else(|e| panic!("{name}: {e}"));
+        let gateway = Gateway::start(options)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
         let kubectl = gateway.kubectl().unwrap();
         let out = kubectl.run_ok(&["get", "namespaces", "-o", "name"]).await;
         assert!(out.stdout.contains("namespace/default"), "{name}: {out}");
         let client = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
         let ready = harness::wait_until(Duration::from_secs(5), || async {
-            harness::get(&client, &format!("{}/readyz", gateway.url())).await.map(|r| r.0 == StatusCode::OK).unwrap_or(false)
+            harness::get(&client, &format!("{}/readyz", gateway.url()))
+                .await
+                .map(|r| r.0 == StatusCode::OK)
+                .unwrap_or(false)
         })
         .await;
-        assert!(ready, "{name}: gateway not ready:\n{}", gateway.process.logs());
+        assert!(
+            ready,
+            "{name}: gateway not ready:\n{}",
+            gateway.process.logs()
+        );
     }
 
     // Without the CA the core's certificate is refused, and the 503 says why.
-    let gateway = Gateway::start(GatewayOptions::new(https_url.clone()).args(["--apiservice-source", "none"])).await.unwrap();
+    let gateway = Gateway::start(
+        GatewayOptions::new(https_url.clone()).args(["--apiservice-source", "none"]),
+    )
+    .await
+    .unwrap();
     let client = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
-    let (status, _, body) = harness::get(&client, &format!("{}/api/v1/namespaces", gateway.url())).await.unwrap();
+    let (status, _, body) = harness::get(&client, &format!("{}/api/v1/namespaces", gateway.url()))
+        .await
+        .unwrap();
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
-    assert!(String::from_utf8_lossy(&body).to_lowercase().contains("certificate"), "{body:?}");
+    assert!(
+        String::from_utf8_lossy(&body)
+            .to_lowercase()
+            .contains("certificate"),
+        "{body:?}"
+    );
 }
