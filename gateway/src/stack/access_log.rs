@@ -49,8 +49,9 @@ where
     fn call(&mut self, req: Request) -> Self::Future {
         let start = Instant::now();
         let method = req.method().clone();
-        // Cloning a `Uri` only bumps reference counts; the log line formats it if it is written.
-        let uri = req.uri().clone();
+        // Cloning the path and query only bumps a reference count; the log line formats it if it
+        // is written. (HTTP/2 requests carry an absolute URI; the log shows the path either way.)
+        let uri = req.uri().path_and_query().cloned();
         let client = req.extensions().get::<super::ConnInfo>().map(|c| c.remote);
         let version = req.version();
         let fut = self.inner.call(req);
@@ -75,7 +76,7 @@ where
             tracing::info!(
                 target: "access",
                 method = %method,
-                uri = %uri,
+                uri = uri.as_ref().map_or("", |p| p.as_str()),
                 status = code,
                 duration_ms = elapsed.as_secs_f64() * 1000.0,
                 routed = %target,
