@@ -5,3 +5,4 @@
 pub mod certs;
 pub mod fixture;
 pub mod harness;
+pub mod scenario;

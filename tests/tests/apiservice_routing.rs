@@ -3,15 +3,11 @@
 //! APIService's availability shows in `kubectl get apiservices`, a stopped backend gives a clear
 //! 503, and deleting the APIService sends the group back to the core.
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use base64::Engine;
 use bytes::Bytes;
-use e2e::certs::{CertifiedPair, TestCa};
-use e2e::harness::{
-    self, FixtureAggregated, FixtureCore, Gateway, GatewayOptions, Kubectl, KubectlVersion,
-};
+use e2e::harness::{self, FixtureCore, Gateway, GatewayOptions, Kubectl, KubectlVersion};
+use e2e::scenario::{self, create_on_core, get_as, Pki};
 use http::{Request, StatusCode};
 use http_body_util::Full;
 use serde_json::Value;
@@ -19,179 +15,51 @@ use serde_json::Value;
 const GROUP: &str = "wardle.example.com";
 const NAME: &str = "v1alpha1.wardle.example.com";
 
-/// Certificates for one scenario: the backend's serving CA, the gateway's proxy client identity,
-/// and the CA that signs users' client certificates.
-struct Pki {
-    dir: tempfile::TempDir,
-    backend_ca: TestCa,
-    backend_cert: (PathBuf, PathBuf),
-    proxy_ca_file: PathBuf,
-    proxy_client: (PathBuf, PathBuf),
-    users_ca: TestCa,
-    users_ca_file: PathBuf,
-}
-
-impl Pki {
-    fn new() -> Pki {
-        let dir = tempfile::tempdir().unwrap();
-        let backend_ca = TestCa::new("wardle-ca");
-        let backend_cert = backend_ca
-            .issue_server(&["api.wardle.svc", "localhost", "127.0.0.1"])
-            .write(dir.path(), "wardle-serving")
-            .unwrap();
-        let proxy_ca = TestCa::new("front-proxy-ca");
-        let proxy_ca_file = proxy_ca.write(dir.path(), "front-proxy-ca").unwrap();
-        let proxy_client = proxy_ca
-            .issue_client("aggregator", &[])
-            .write(dir.path(), "proxy-client")
-            .unwrap();
-        let users_ca = TestCa::new("users-ca");
-        let users_ca_file = users_ca.write(dir.path(), "users-ca").unwrap();
-        Pki {
-            dir,
-            backend_ca,
-            backend_cert,
-            proxy_ca_file,
-            proxy_client,
-            users_ca,
-            users_ca_file,
-        }
-    }
-
-    fn user(&self, name: &str, groups: &[&str]) -> CertifiedPair {
-        self.users_ca.issue_client(name, groups)
-    }
-
-    async fn start_backend(&self, extra: &[&str]) -> FixtureAggregated {
-        let (cert, key) = &self.backend_cert;
-        let mut args = vec![
-            "--tls-cert-file".to_owned(),
-            path(cert),
-            "--tls-private-key-file".to_owned(),
-            path(key),
-            "--requestheader-client-ca-file".to_owned(),
-            path(&self.proxy_ca_file),
-            "--requestheader-allowed-names".to_owned(),
-            "aggregator".to_owned(),
-            "--group".to_owned(),
-            GROUP.to_owned(),
-            "--version".to_owned(),
-            "v1alpha1".to_owned(),
-        ];
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        FixtureAggregated::start(&args)
-            .await
-            .expect("aggregated fixture starts")
-    }
-
-    /// Gateway config: the backend Service `wardle/api` lives at the fixture's address.
-    fn config(&self, backend: &FixtureAggregated, extra_yaml: &str) -> PathBuf {
-        let file = self
-            .dir
-            .path()
-            .join(format!("gateway-{}.yaml", backend.addr.port()));
-        let yaml = format!(
-            "services:\n- namespace: wardle\n  name: api\n  port: 443\n  urls: [\"https://{}\"]\n{extra_yaml}",
-            backend.addr
-        );
-        std::fs::write(&file, yaml).unwrap();
-        file
-    }
-
-    async fn gateway(&self, core: &FixtureCore, config: &Path, extra: &[&str]) -> Gateway {
-        let (cert, key) = &self.proxy_client;
-        let mut args = vec![
-            "--config".to_owned(),
-            path(config),
-            "--proxy-client-cert-file".to_owned(),
-            path(cert),
-            "--proxy-client-key-file".to_owned(),
-            path(key),
-            "--client-ca-file".to_owned(),
-            path(&self.users_ca_file),
-            "--apiservice-availability-interval".to_owned(),
-            "1s".to_owned(),
-        ];
-        args.extend(extra.iter().map(|s| s.to_string()));
-        Gateway::start(GatewayOptions::new(core.url()).args(args))
-            .await
-            .expect("gateway starts")
-    }
-
-    fn apiservice_yaml(&self, service_name: &str) -> String {
-        let ca = base64::engine::general_purpose::STANDARD.encode(self.backend_ca.cert_pem());
-        format!(
-            "apiVersion: apiregistration.k8s.io/v1\nkind: APIService\nmetadata:\n  name: {NAME}\nspec:\n  group: {GROUP}\n  version: v1alpha1\n  \
-             groupPriorityMinimum: 1000\n  versionPriority: 15\n  caBundle: {ca}\n  service:\n    namespace: wardle\n    name: {service_name}\n    port: 443\n"
-        )
-    }
-}
-
-fn path(p: &Path) -> String {
-    p.display().to_string()
-}
-
-async fn get_as(
-    gateway: &Gateway,
-    user: &CertifiedPair,
-    path: &str,
-    headers: &[(&str, &str)],
-) -> (StatusCode, Value) {
-    let client = harness::http2_client(&gateway.ca_pem().unwrap(), Some(user)).unwrap();
-    let mut req = Request::get(format!("{}{path}", gateway.url()));
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    let (status, _, body) = harness::send(&client, req.body(Full::new(Bytes::new())).unwrap())
-        .await
-        .unwrap();
-    (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
-}
-
 /// Polls `kubectl get apiservices` until the row for NAME contains `wanted`.
 async fn wait_for_row(kubectl: &Kubectl, wanted: &str, timeout: Duration) -> String {
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        let out = kubectl.run(&["get", "apiservices"]).await;
-        if out
-            .stdout
-            .lines()
-            .any(|l| l.starts_with(NAME) && l.contains(wanted))
-        {
-            return out.stdout;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no {wanted:?} for {NAME} in:\n{out}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    scenario::wait_for_apiservice_row(kubectl, NAME, wanted, timeout).await
+}
+
+/// Creates an EndpointSlice of Service `wardle/api` on the core, with one endpoint at
+/// 127.0.0.1:`port`.
+async fn create_endpoint_slice(
+    core: &FixtureCore,
+    name: &str,
+    port: u16,
+    ready: bool,
+) -> StatusCode {
+    let slice = serde_json::json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": name, "namespace": "wardle", "labels": {"kubernetes.io/service-name": "api"}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": ready}}],
+        "ports": [{"name": "https", "port": port, "protocol": "TCP"}]
+    });
+    create_on_core(
+        core,
+        "/apis/discovery.k8s.io/v1/namespaces/wardle/endpointslices",
+        slice,
+    )
+    .await
 }
 
 #[tokio::test]
 async fn an_applied_apiservice_routes_to_its_backend_with_the_callers_identity() {
     let pki = Pki::new();
     let core = FixtureCore::start(&[]).await.unwrap();
-    let mut backend = pki.start_backend(&[]).await;
-    let config = pki.config(&backend, "");
-    let gateway = pki.gateway(&core, &config, &[]).await;
+    let mut backend = pki.start_backend(GROUP, "v1alpha1", &[]).await;
+    let config = pki.gateway_config(&[("wardle", &backend)], "");
+    let gateway = pki.start_gateway(&core, &config, &[]).await;
     let alice = pki.user("alice", &["dev"]);
-    let kubectl = Kubectl::new(
-        &gateway.url(),
-        Some(&gateway.ca_file),
-        KubectlVersion::V1_32,
-    )
-    .unwrap()
-    .with_client_pair(&alice)
-    .unwrap();
+    let kubectl = scenario::kubectl_as(&gateway, KubectlVersion::V1_32, &alice);
+    let wardle = pki.apiservice(GROUP, "v1alpha1", "wardle");
 
     // Before registration the group is the core's (which does not have it).
     let flunders = "/apis/wardle.example.com/v1alpha1/namespaces/default/flunders";
     let (status, _) = get_as(&gateway, &alice, flunders, &[]).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 
-    kubectl.apply_yaml(&pki.apiservice_yaml("api")).await;
+    kubectl.apply_yaml(&wardle.yaml()).await;
     let served = harness::wait_until(Duration::from_secs(2), || async {
         let (status, body) = get_as(&gateway, &alice, flunders, &[]).await;
         status == StatusCode::OK && body["kind"] == "FlunderList"
@@ -352,24 +220,20 @@ async fn an_applied_apiservice_routes_to_its_backend_with_the_callers_identity()
 async fn file_source_picks_up_edited_manifests_without_restart() {
     let pki = Pki::new();
     let core = FixtureCore::start(&[]).await.unwrap();
-    let _backend = pki.start_backend(&[]).await;
+    let backend = pki.start_backend(GROUP, "v1alpha1", &[]).await;
     let manifests = tempfile::tempdir().unwrap();
-    let config = pki.config(&_backend, "");
-    let dir = path(manifests.path());
+    let config = pki.gateway_config(&[("wardle", &backend)], "");
     let gateway = pki
-        .gateway(
-            &core,
-            &config,
-            &["--apiservice-source", "file", "--apiservice-dir", &dir],
-        )
+        .start_gateway_with_file_source(&core, &config, manifests.path(), &[])
         .await;
     let alice = pki.user("alice", &[]);
     let flunders = "/apis/wardle.example.com/v1alpha1/namespaces/default/flunders";
+    let wardle = pki.apiservice(GROUP, "v1alpha1", "wardle");
 
     // A manifest naming a Service the gateway cannot reach: routed, but unavailable.
     std::fs::write(
         manifests.path().join("wardle.yaml"),
-        pki.apiservice_yaml("missing"),
+        wardle.clone().service("missing").yaml(),
     )
     .unwrap();
     let unavailable = harness::wait_until(Duration::from_secs(5), || async {
@@ -381,11 +245,7 @@ async fn file_source_picks_up_edited_manifests_without_restart() {
     assert!(unavailable, "{}", gateway.process.logs());
 
     // Edit it to name the real Service: served by the remote without a restart.
-    std::fs::write(
-        manifests.path().join("wardle.yaml"),
-        pki.apiservice_yaml("api"),
-    )
-    .unwrap();
+    std::fs::write(manifests.path().join("wardle.yaml"), wardle.yaml()).unwrap();
     let served = harness::wait_until(Duration::from_secs(5), || async {
         let (status, body) = get_as(&gateway, &alice, flunders, &[]).await;
         status == StatusCode::OK && body["kind"] == "FlunderList"
@@ -444,35 +304,17 @@ async fn before_the_first_sync_unclaimed_groups_get_503_with_retry_after() {
     );
 }
 
-/// POSTs a JSON object straight to the core fixture (what a cluster's controllers would create).
-async fn create_on_core(core: &FixtureCore, path: &str, object: Value) -> StatusCode {
-    let client = harness::http1_client(TestCa::new("unused").cert_pem(), None).unwrap();
-    let req = Request::post(format!("{}{path}", core.url()))
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(object.to_string())))
-        .unwrap();
-    harness::send(&client, req).await.unwrap().0
-}
-
 #[tokio::test]
 async fn services_and_endpointslices_on_the_core_resolve_the_backend() {
     let pki = Pki::new();
     let core = FixtureCore::start(&[]).await.unwrap();
-    let backend = pki.start_backend(&[]).await;
+    let backend = pki.start_backend(GROUP, "v1alpha1", &[]).await;
     let port = backend.addr.port();
     // No static services map: the gateway must find the backend through the core's Service.
-    let config = pki.dir.path().join("plain.yaml");
-    std::fs::write(&config, "logLevel: info\n").unwrap();
-    let gateway = pki.gateway(&core, &config, &[]).await;
+    let config = pki.gateway_config(&[], "logLevel: info\n");
+    let gateway = pki.start_gateway(&core, &config, &[]).await;
     let alice = pki.user("alice", &[]);
-    let kubectl = Kubectl::new(
-        &gateway.url(),
-        Some(&gateway.ca_file),
-        KubectlVersion::V1_32,
-    )
-    .unwrap()
-    .with_client_pair(&alice)
-    .unwrap();
+    let kubectl = scenario::kubectl_as(&gateway, KubectlVersion::V1_32, &alice);
 
     let service = serde_json::json!({
         "apiVersion": "v1", "kind": "Service",
@@ -484,10 +326,8 @@ async fn services_and_endpointslices_on_the_core_resolve_the_backend() {
         create_on_core(&core, "/api/v1/namespaces/wardle/services", service).await,
         StatusCode::CREATED
     );
-    let yaml = pki
-        .apiservice_yaml("api")
-        .replace("port: 443", &format!("port: {port}"));
-    kubectl.apply_yaml(&yaml).await;
+    let wardle = pki.apiservice(GROUP, "v1alpha1", "wardle").port(port);
+    kubectl.apply_yaml(&wardle.yaml()).await;
 
     // The Service exists but has no EndpointSlices yet (kube-aggregator's EndpointsNotFound).
     wait_for_row(
@@ -497,20 +337,8 @@ async fn services_and_endpointslices_on_the_core_resolve_the_backend() {
     )
     .await;
     // A slice whose only endpoint is not ready: MissingEndpoints.
-    let unready = serde_json::json!({
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": "api-unready", "namespace": "wardle", "labels": {"kubernetes.io/service-name": "api"}},
-        "addressType": "IPv4",
-        "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": false}}],
-        "ports": [{"name": "https", "port": port, "protocol": "TCP"}]
-    });
     assert_eq!(
-        create_on_core(
-            &core,
-            "/apis/discovery.k8s.io/v1/namespaces/wardle/endpointslices",
-            unready
-        )
-        .await,
+        create_endpoint_slice(&core, "api-unready", port, false).await,
         StatusCode::CREATED
     );
     wait_for_row(
@@ -520,20 +348,8 @@ async fn services_and_endpointslices_on_the_core_resolve_the_backend() {
     )
     .await;
 
-    let slice = serde_json::json!({
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": "api-abcde", "namespace": "wardle", "labels": {"kubernetes.io/service-name": "api"}},
-        "addressType": "IPv4",
-        "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": true}}],
-        "ports": [{"name": "https", "port": port, "protocol": "TCP"}]
-    });
     assert_eq!(
-        create_on_core(
-            &core,
-            "/apis/discovery.k8s.io/v1/namespaces/wardle/endpointslices",
-            slice
-        )
-        .await,
+        create_endpoint_slice(&core, "api-abcde", port, true).await,
         StatusCode::CREATED
     );
     wait_for_row(&kubectl, "True", Duration::from_secs(10)).await;

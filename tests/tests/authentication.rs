@@ -3,18 +3,14 @@
 //! impersonation only when the core's SubjectAccessReview allows it, and a forged identity never
 //! reaching a backend, remote or core.
 
-use std::path::Path;
 use std::time::Duration;
 
-use base64::Engine;
-use bytes::Bytes;
 use e2e::certs::{CertifiedPair, TestCa};
-use e2e::harness::{self, FixtureAggregated, FixtureCore, Gateway, GatewayOptions};
-use http::{Request, StatusCode};
-use http_body_util::Full;
+use e2e::harness;
+use e2e::scenario::{self, json_or_null, path_arg, Pki, WardleScenario};
+use http::StatusCode;
 use serde_json::{json, Value};
 
-const GROUP: &str = "wardle.example.com";
 const IDENTITY: &str = "/apis/wardle.example.com/v1alpha1/identity";
 
 /// The core's policy: three token users, ordinary verbs for every authenticated user, reads for
@@ -36,16 +32,8 @@ fn policy() -> Value {
 }
 
 struct Scenario {
-    _dir: tempfile::TempDir,
-    core: FixtureCore,
-    _backend: FixtureAggregated,
-    gateway: Gateway,
-    users_ca: TestCa,
+    setup: WardleScenario,
     incoming_proxy_ca: TestCa,
-}
-
-fn path(p: &Path) -> String {
-    p.display().to_string()
 }
 
 impl Scenario {
@@ -53,104 +41,26 @@ impl Scenario {
     /// manifest directory, and a gateway trusting `users-ca` for users and `incoming-proxy-ca`
     /// (CN `trusted-proxy`) for front proxies.
     async fn start(extra: &[&str]) -> Scenario {
-        let dir = tempfile::tempdir().unwrap();
-        let policy_file = dir.path().join("policy.json");
-        std::fs::write(&policy_file, policy().to_string()).unwrap();
-        let core = FixtureCore::start(&["--policy", &path(&policy_file)])
-            .await
-            .unwrap();
-
-        let backend_ca = TestCa::new("wardle-ca");
-        let (serving_cert, serving_key) = backend_ca
-            .issue_server(&["api.wardle.svc", "localhost", "127.0.0.1"])
-            .write(dir.path(), "wardle-serving")
-            .unwrap();
-        let proxy_ca = TestCa::new("front-proxy-ca");
-        let proxy_ca_file = proxy_ca.write(dir.path(), "front-proxy-ca").unwrap();
-        let (proxy_cert, proxy_key) = proxy_ca
-            .issue_client("aggregator", &[])
-            .write(dir.path(), "proxy-client")
-            .unwrap();
-        let backend = FixtureAggregated::start(&[
-            "--tls-cert-file",
-            &path(&serving_cert),
-            "--tls-private-key-file",
-            &path(&serving_key),
-            "--requestheader-client-ca-file",
-            &path(&proxy_ca_file),
-            "--requestheader-allowed-names",
-            "aggregator",
-            "--group",
-            GROUP,
-        ])
-        .await
-        .unwrap();
-
-        let users_ca = TestCa::new("users-ca");
-        let users_ca_file = users_ca.write(dir.path(), "users-ca").unwrap();
+        let pki = Pki::new();
         let incoming_proxy_ca = TestCa::new("incoming-proxy-ca");
         let incoming_file = incoming_proxy_ca
-            .write(dir.path(), "incoming-proxy-ca")
+            .write(pki.dir(), "incoming-proxy-ca")
             .unwrap();
-
-        let manifests = dir.path().join("apiservices");
-        std::fs::create_dir(&manifests).unwrap();
-        let ca = base64::engine::general_purpose::STANDARD.encode(backend_ca.cert_pem());
-        std::fs::write(
-            manifests.join("wardle.yaml"),
-            format!(
-                "apiVersion: apiregistration.k8s.io/v1\nkind: APIService\nmetadata:\n  name: v1alpha1.{GROUP}\nspec:\n  group: {GROUP}\n  version: v1alpha1\n  \
-                 groupPriorityMinimum: 1000\n  versionPriority: 15\n  caBundle: {ca}\n  service:\n    namespace: wardle\n    name: api\n    port: 443\n"
-            ),
-        )
-        .unwrap();
-        let config = dir.path().join("gateway.yaml");
-        std::fs::write(
-            &config,
-            format!(
-                "services:\n- namespace: wardle\n  name: api\n  port: 443\n  urls: [\"https://{}\"]\n",
-                backend.addr
-            ),
-        )
-        .unwrap();
-
-        let mut args: Vec<String> = [
-            "--config",
-            &path(&config),
-            "--proxy-client-cert-file",
-            &path(&proxy_cert),
-            "--proxy-client-key-file",
-            &path(&proxy_key),
-            "--client-ca-file",
-            &path(&users_ca_file),
+        let incoming_file = path_arg(&incoming_file);
+        let front_proxy = [
             "--requestheader-client-ca-file",
-            &path(&incoming_file),
+            &incoming_file,
             "--requestheader-allowed-names",
             "trusted-proxy",
-            "--apiservice-source",
-            "file",
-            "--apiservice-dir",
-            &path(&manifests),
-            "--apiservice-availability-interval",
-            "1s",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let gateway = Gateway::start(GatewayOptions::new(core.url()).args(args))
-            .await
-            .expect("gateway starts");
-        let scenario = Scenario {
-            _dir: dir,
-            core,
-            _backend: backend,
-            gateway,
-            users_ca,
+        ];
+        let gateway_args = [&front_proxy[..], extra].concat();
+        let setup = WardleScenario::start(pki, &policy(), &[], &gateway_args).await;
+        let s = Scenario {
+            setup,
             incoming_proxy_ca,
         };
-        scenario.wait_for_backend().await;
-        scenario
+        s.wait_for_backend().await;
+        s
     }
 
     async fn wait_for_backend(&self) {
@@ -164,7 +74,7 @@ impl Scenario {
         assert!(
             ready,
             "the remote never became reachable:\n{}",
-            self.gateway.process.logs()
+            self.setup.gateway.process.logs()
         );
     }
 
@@ -186,44 +96,23 @@ impl Scenario {
         path: &str,
         headers: &[(&str, &str)],
     ) -> Result<(StatusCode, Value), harness::HarnessError> {
-        let client = harness::http2_client(&self.gateway.ca_pem()?, cert)?;
-        let mut req = Request::get(format!("{}{path}", self.gateway.url()));
-        for (k, v) in headers {
-            req = req.header(*k, *v);
-        }
-        let (status, _, body) =
-            harness::send(&client, req.body(Full::new(Bytes::new())).unwrap()).await?;
-        Ok((status, serde_json::from_slice(&body).unwrap_or(Value::Null)))
+        let (status, _, body) = scenario::try_get(&self.setup.gateway, cert, path, headers).await?;
+        Ok((status, json_or_null(&body)))
     }
 
     /// The requests the core recorded, oldest first.
     async fn core_requests(&self) -> Vec<Value> {
-        let client = harness::http1_client(&self.gateway.ca_pem().unwrap(), None).unwrap();
-        let (_, _, body) = harness::get(&client, &format!("{}/fixture/requests", self.core.url()))
-            .await
-            .unwrap();
-        serde_json::from_slice::<Vec<Value>>(&body).unwrap()
+        scenario::core_requests(&self.setup.core).await
     }
 
     async fn clear_core_requests(&self) {
-        let client = harness::http1_client(&self.gateway.ca_pem().unwrap(), None).unwrap();
-        let req = Request::delete(format!("{}/fixture/requests", self.core.url()))
-            .body(Full::new(Bytes::new()))
-            .unwrap();
-        harness::send(&client, req).await.unwrap();
+        scenario::clear_core_requests(&self.setup.core).await
     }
 
     async fn token_reviews(&self) -> usize {
-        self.core_requests()
+        scenario::core_posts(&self.setup.core, "/tokenreviews")
             .await
-            .iter()
-            .filter(|r| {
-                r["method"] == "POST"
-                    && r["path"]
-                        .as_str()
-                        .is_some_and(|p| p.contains("/tokenreviews"))
-            })
-            .count()
+            .len()
     }
 }
 
@@ -400,7 +289,7 @@ async fn certificates_count_only_for_the_ca_they_belong_to() {
     let s = Scenario::start(&[]).await;
 
     // A user certificate: CN/O is the identity, its X-Remote-* headers are ignored.
-    let dave = s.users_ca.issue_client("dave", &["dev"]);
+    let dave = s.setup.pki.user("dave", &["dev"]);
     let (status, identity) = s
         .get(
             Some(&dave),

@@ -4,161 +4,20 @@
 //! through the merged OpenAPI v3, a stopped backend only hides its own group, and a new
 //! APIService shows up within 2 s.
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use base64::Engine;
-use bytes::Bytes;
-use e2e::certs::{CertifiedPair, TestCa};
-use e2e::harness::{
-    self, FixtureAggregated, FixtureCore, Gateway, GatewayOptions, Kubectl, KubectlVersion,
-};
-use http::{HeaderMap, Request, StatusCode};
-use http_body_util::Full;
+use e2e::certs::CertifiedPair;
+use e2e::harness::{self, FixtureCore, Gateway, KubectlVersion};
+use e2e::scenario::{self, get_raw, json_or_null, Pki};
+use http::StatusCode;
 use serde_json::Value;
 
 const AGG: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json";
 
-struct Pki {
-    dir: tempfile::TempDir,
-    backend_ca: TestCa,
-    backend_cert: (PathBuf, PathBuf),
-    proxy_ca_file: PathBuf,
-    proxy_client: (PathBuf, PathBuf),
-    users_ca: TestCa,
-    users_ca_file: PathBuf,
-}
-
-impl Pki {
-    fn new() -> Pki {
-        let dir = tempfile::tempdir().unwrap();
-        let backend_ca = TestCa::new("backends-ca");
-        let backend_cert = backend_ca
-            .issue_server(&["api.wardle.svc", "api.legacy.svc", "localhost", "127.0.0.1"])
-            .write(dir.path(), "backend-serving")
-            .unwrap();
-        let proxy_ca = TestCa::new("front-proxy-ca");
-        let proxy_ca_file = proxy_ca.write(dir.path(), "front-proxy-ca").unwrap();
-        let proxy_client = proxy_ca
-            .issue_client("aggregator", &[])
-            .write(dir.path(), "proxy-client")
-            .unwrap();
-        let users_ca = TestCa::new("users-ca");
-        let users_ca_file = users_ca.write(dir.path(), "users-ca").unwrap();
-        Pki {
-            dir,
-            backend_ca,
-            backend_cert,
-            proxy_ca_file,
-            proxy_client,
-            users_ca,
-            users_ca_file,
-        }
-    }
-
-    fn user(&self, name: &str) -> CertifiedPair {
-        self.users_ca.issue_client(name, &[])
-    }
-
-    async fn start_backend(
-        &self,
-        group: &str,
-        versions: &str,
-        extra: &[&str],
-    ) -> FixtureAggregated {
-        let (cert, key) = &self.backend_cert;
-        let mut args = vec![
-            "--tls-cert-file".to_owned(),
-            path(cert),
-            "--tls-private-key-file".to_owned(),
-            path(key),
-            "--requestheader-client-ca-file".to_owned(),
-            path(&self.proxy_ca_file),
-            "--requestheader-allowed-names".to_owned(),
-            "aggregator".to_owned(),
-            "--group".to_owned(),
-            group.to_owned(),
-            "--version".to_owned(),
-            versions.to_owned(),
-        ];
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        FixtureAggregated::start(&args)
-            .await
-            .expect("aggregated fixture starts")
-    }
-
-    async fn gateway(
-        &self,
-        core: &FixtureCore,
-        services: &[(&str, &FixtureAggregated)],
-        manifests: &Path,
-    ) -> Gateway {
-        let mut yaml = String::from("services:\n");
-        for (namespace, backend) in services {
-            yaml.push_str(&format!(
-                "- namespace: {namespace}\n  name: api\n  port: 443\n  urls: [\"https://{}\"]\n",
-                backend.addr
-            ));
-        }
-        let config = self.dir.path().join("gateway.yaml");
-        std::fs::write(&config, yaml).unwrap();
-        let (cert, key) = &self.proxy_client;
-        let args = vec![
-            "--config".to_owned(),
-            path(&config),
-            "--proxy-client-cert-file".to_owned(),
-            path(cert),
-            "--proxy-client-key-file".to_owned(),
-            path(key),
-            "--client-ca-file".to_owned(),
-            path(&self.users_ca_file),
-            "--apiservice-availability-interval".to_owned(),
-            "1s".to_owned(),
-            "--apiservice-source".to_owned(),
-            "file".to_owned(),
-            "--apiservice-dir".to_owned(),
-            path(manifests),
-        ];
-        Gateway::start(GatewayOptions::new(core.url()).args(args))
-            .await
-            .expect("gateway starts")
-    }
-
-    fn apiservice_yaml(
-        &self,
-        group: &str,
-        version: &str,
-        namespace: &str,
-        priority: i32,
-    ) -> String {
-        let ca = base64::engine::general_purpose::STANDARD.encode(self.backend_ca.cert_pem());
-        format!(
-            "apiVersion: apiregistration.k8s.io/v1\nkind: APIService\nmetadata:\n  name: {version}.{group}\nspec:\n  \
-             group: {group}\n  version: {version}\n  groupPriorityMinimum: {priority}\n  versionPriority: 15\n  \
-             caBundle: {ca}\n  service:\n    namespace: {namespace}\n    name: api\n    port: 443\n"
-        )
-    }
-}
-
-fn path(p: &Path) -> String {
-    p.display().to_string()
-}
-
-async fn get_raw(
-    gateway: &Gateway,
-    user: &CertifiedPair,
-    path: &str,
-    headers: &[(&str, &str)],
-) -> (StatusCode, HeaderMap, Bytes) {
-    let client = harness::http2_client(&gateway.ca_pem().unwrap(), Some(user)).unwrap();
-    let mut req = Request::get(format!("{}{path}", gateway.url()));
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    harness::send(&client, req.body(Full::new(Bytes::new())).unwrap())
-        .await
-        .unwrap()
+/// `/apis` as aggregated discovery: the status and the document (`null` if not JSON).
+async fn aggregated_apis(gateway: &Gateway, user: &CertifiedPair) -> (StatusCode, Value) {
+    let (status, _, body) = get_raw(gateway, user, "/apis", &[("accept", AGG)]).await;
+    (status, json_or_null(&body))
 }
 
 /// The `freshness` of `group`'s versions in the aggregated `/apis`.
@@ -188,7 +47,7 @@ fn access_lines(gateway: &Gateway, uri: &str, status: u16) -> usize {
 
 #[tokio::test]
 async fn two_backends_merge_into_one_discovery() {
-    let pki = Pki::new();
+    let pki = Pki::for_services(&["wardle", "legacy"]);
     let core = FixtureCore::start(&[]).await.unwrap();
     let wardle = pki
         .start_backend("wardle.example.com", "v1alpha1,v1beta1", &[])
@@ -197,37 +56,21 @@ async fn two_backends_merge_into_one_discovery() {
         .start_backend("legacy.example.com", "v1", &["--legacy-only"])
         .await;
     let manifests = tempfile::tempdir().unwrap();
-    std::fs::write(
-        manifests.path().join("wardle.yaml"),
-        pki.apiservice_yaml("wardle.example.com", "v1alpha1", "wardle", 1000),
-    )
-    .unwrap();
-    std::fs::write(
-        manifests.path().join("legacy.yaml"),
-        pki.apiservice_yaml("legacy.example.com", "v1", "legacy", 900),
-    )
-    .unwrap();
+    pki.apiservice("wardle.example.com", "v1alpha1", "wardle")
+        .write_to(manifests.path(), "wardle.yaml");
+    pki.apiservice("legacy.example.com", "v1", "legacy")
+        .group_priority_minimum(900)
+        .write_to(manifests.path(), "legacy.yaml");
+    let config = pki.gateway_config(&[("wardle", &wardle), ("legacy", &legacy)], "");
     let gateway = pki
-        .gateway(
-            &core,
-            &[("wardle", &wardle), ("legacy", &legacy)],
-            manifests.path(),
-        )
+        .start_gateway_with_file_source(&core, &config, manifests.path(), &[])
         .await;
-    let alice = pki.user("alice");
-    let kubectl = Kubectl::new(
-        &gateway.url(),
-        Some(&gateway.ca_file),
-        KubectlVersion::V1_32,
-    )
-    .unwrap()
-    .with_client_pair(&alice)
-    .unwrap();
+    let alice = pki.user("alice", &[]);
+    let kubectl = scenario::kubectl_as(&gateway, KubectlVersion::V1_32, &alice);
 
     // Both groups become current once the backends were fetched.
     let merged = harness::wait_until(Duration::from_secs(10), || async {
-        let (status, _, body) = get_raw(&gateway, &alice, "/apis", &[("accept", AGG)]).await;
-        let doc: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        let (status, doc) = aggregated_apis(&gateway, &alice).await;
         status == StatusCode::OK
             && freshness(&doc, "wardle.example.com") == ["Current"]
             && freshness(&doc, "legacy.example.com") == ["Current"]
@@ -330,14 +173,7 @@ async fn two_backends_merge_into_one_discovery() {
     );
 
     // kubectl 1.29 (aggregated v2beta1).
-    let old = Kubectl::new(
-        &gateway.url(),
-        Some(&gateway.ca_file),
-        KubectlVersion::V1_29,
-    )
-    .unwrap()
-    .with_client_pair(&alice)
-    .unwrap();
+    let old = scenario::kubectl_as(&gateway, KubectlVersion::V1_29, &alice);
     let resources = old.run_ok(&["api-resources"]).await.stdout;
     assert!(
         resources.contains("wardle.example.com/v1alpha1")
@@ -368,14 +204,10 @@ async fn two_backends_merge_into_one_discovery() {
     assert!(applied.stdout.contains("created"), "{applied}");
 
     // A new APIService shows up within 2 s.
-    std::fs::write(
-        manifests.path().join("wardle-beta.yaml"),
-        pki.apiservice_yaml("wardle.example.com", "v1beta1", "wardle", 1000),
-    )
-    .unwrap();
+    pki.apiservice("wardle.example.com", "v1beta1", "wardle")
+        .write_to(manifests.path(), "wardle-beta.yaml");
     let added = harness::wait_until(Duration::from_secs(2), || async {
-        let (_, _, body) = get_raw(&gateway, &alice, "/apis", &[("accept", AGG)]).await;
-        let doc: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        let (_, doc) = aggregated_apis(&gateway, &alice).await;
         freshness(&doc, "wardle.example.com") == ["Current", "Current"]
     })
     .await;
@@ -388,20 +220,12 @@ async fn two_backends_merge_into_one_discovery() {
     // The legacy backend stops: its group goes Stale, kubectl hides only that group.
     legacy.process.kill();
     let stale = harness::wait_until(Duration::from_secs(15), || async {
-        let (_, _, body) = get_raw(&gateway, &alice, "/apis", &[("accept", AGG)]).await;
-        let doc: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        let (_, doc) = aggregated_apis(&gateway, &alice).await;
         freshness(&doc, "legacy.example.com") == ["Stale"]
     })
     .await;
     assert!(stale, "{}", gateway.process.logs());
-    let fresh = Kubectl::new(
-        &gateway.url(),
-        Some(&gateway.ca_file),
-        KubectlVersion::V1_32,
-    )
-    .unwrap()
-    .with_client_pair(&alice)
-    .unwrap();
+    let fresh = scenario::kubectl_as(&gateway, KubectlVersion::V1_32, &alice);
     let out = fresh.run(&["api-resources"]).await;
     assert!(out.success(), "{out}");
     assert!(!out.stdout.contains("legacy.example.com"), "{out}");
@@ -423,18 +247,16 @@ async fn a_legacy_only_core_is_converted() {
         .start_backend("wardle.example.com", "v1alpha1", &[])
         .await;
     let manifests = tempfile::tempdir().unwrap();
-    std::fs::write(
-        manifests.path().join("wardle.yaml"),
-        pki.apiservice_yaml("wardle.example.com", "v1alpha1", "wardle", 1000),
-    )
-    .unwrap();
+    pki.apiservice("wardle.example.com", "v1alpha1", "wardle")
+        .write_to(manifests.path(), "wardle.yaml");
+    let config = pki.gateway_config(&[("wardle", &wardle)], "");
     let gateway = pki
-        .gateway(&core, &[("wardle", &wardle)], manifests.path())
+        .start_gateway_with_file_source(&core, &config, manifests.path(), &[])
         .await;
-    let alice = pki.user("alice");
+    let alice = pki.user("alice", &[]);
     let ready = harness::wait_until(Duration::from_secs(10), || async {
         let (status, headers, body) = get_raw(&gateway, &alice, "/api", &[("accept", AGG)]).await;
-        let doc: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        let doc = json_or_null(&body);
         status == StatusCode::OK
             && headers
                 .get("content-type")
@@ -445,14 +267,7 @@ async fn a_legacy_only_core_is_converted() {
     })
     .await;
     assert!(ready, "{}", gateway.process.logs());
-    let kubectl = Kubectl::new(
-        &gateway.url(),
-        Some(&gateway.ca_file),
-        KubectlVersion::V1_32,
-    )
-    .unwrap()
-    .with_client_pair(&alice)
-    .unwrap();
+    let kubectl = scenario::kubectl_as(&gateway, KubectlVersion::V1_32, &alice);
     let current = harness::wait_until(Duration::from_secs(10), || async {
         let out = kubectl.run(&["api-resources"]).await;
         out.success()

@@ -7,10 +7,10 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use base64::Engine;
 use bytes::Bytes;
 use e2e::certs::{CertifiedPair, TestCa};
 use e2e::harness::{self, FixtureAggregated, FixtureCore, Gateway, GatewayOptions, HttpClient};
+use e2e::scenario::{self, path_arg, Pki, WardleScenario};
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use serde_json::{json, Value};
@@ -20,119 +20,34 @@ const GROUP: &str = "wardle.example.com";
 const NAME: &str = "v1alpha1.wardle.example.com";
 const FLUNDERS: &str = "/apis/wardle.example.com/v1alpha1/namespaces/default/flunders";
 
-fn path(p: &Path) -> String {
-    p.display().to_string()
-}
-
 /// An aggregated backend registered through a manifest file, users with client certificates,
-/// and the gateway's proxy identity.
+/// and the gateway's proxy identity; the backend also trusts the proxy CN `aggregator-2`.
 struct Scenario {
-    _dir: tempfile::TempDir,
-    users_ca: TestCa,
-    proxy_ca: TestCa,
-    /// The gateway's `--proxy-client-cert-file` / `--proxy-client-key-file`.
-    proxy_client: (std::path::PathBuf, std::path::PathBuf),
-    core: FixtureCore,
-    _backend: FixtureAggregated,
     gateway: Gateway,
+    _backend: FixtureAggregated,
+    core: FixtureCore,
+    pki: Pki,
 }
 
 impl Scenario {
     async fn start(policy: Value, gateway_args: &[&str]) -> Scenario {
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path();
-        let policy_file = d.join("policy.json");
-        std::fs::write(&policy_file, policy.to_string()).unwrap();
-        let core = FixtureCore::start(&["--policy", &path(&policy_file)])
-            .await
-            .unwrap();
-
-        let backend_ca = TestCa::new("wardle-ca");
-        let (cert, key) = backend_ca
-            .issue_server(&["api.wardle.svc", "localhost", "127.0.0.1"])
-            .write(d, "wardle-serving")
-            .unwrap();
-        let proxy_ca = TestCa::new("front-proxy-ca");
-        let proxy_ca_file = proxy_ca.write(d, "front-proxy-ca").unwrap();
-        let (proxy_cert, proxy_key) = proxy_ca
-            .issue_client("aggregator", &[])
-            .write(d, "proxy-client")
-            .unwrap();
-        let users_ca = TestCa::new("users-ca");
-        let users_ca_file = users_ca.write(d, "users-ca").unwrap();
-        let backend = FixtureAggregated::start(&[
-            "--tls-cert-file",
-            &path(&cert),
-            "--tls-private-key-file",
-            &path(&key),
-            "--requestheader-client-ca-file",
-            &path(&proxy_ca_file),
-            "--requestheader-allowed-names",
-            "aggregator,aggregator-2",
-            "--group",
-            GROUP,
-            "--version",
-            "v1alpha1",
-        ])
-        .await
-        .expect("aggregated fixture starts");
-
-        let manifests = d.join("apiservices");
-        std::fs::create_dir(&manifests).unwrap();
-        let ca = base64::engine::general_purpose::STANDARD.encode(backend_ca.cert_pem());
-        std::fs::write(
-            manifests.join("wardle.yaml"),
-            format!(
-                "apiVersion: apiregistration.k8s.io/v1\nkind: APIService\nmetadata:\n  name: {NAME}\nspec:\n  group: {GROUP}\n  version: v1alpha1\n  \
-                 groupPriorityMinimum: 1000\n  versionPriority: 15\n  caBundle: {ca}\n  service:\n    namespace: wardle\n    name: api\n    port: 443\n"
-            ),
-        )
-        .unwrap();
-        let config = d.join("gateway.yaml");
-        std::fs::write(
-            &config,
-            format!(
-                "services:\n- namespace: wardle\n  name: api\n  port: 443\n  urls: [\"https://{}\"]\n",
-                backend.addr
-            ),
-        )
-        .unwrap();
-        let mut args: Vec<String> = [
-            "--config",
-            &path(&config),
-            "--apiservice-source",
-            "file",
-            "--apiservice-dir",
-            &path(&manifests),
-            "--proxy-client-cert-file",
-            &path(&proxy_cert),
-            "--proxy-client-key-file",
-            &path(&proxy_key),
-            "--client-ca-file",
-            &path(&users_ca_file),
-            "--apiservice-availability-interval",
-            "1s",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        args.extend(gateway_args.iter().map(|s| s.to_string()));
-        let gateway = Gateway::start(GatewayOptions::new(core.url()).args(args))
-            .await
-            .expect("gateway starts");
-        Scenario {
-            _dir: dir,
-            users_ca,
-            proxy_ca,
-            proxy_client: (proxy_cert, proxy_key),
-            core,
-            _backend: backend,
+        let backend_args = ["--requestheader-allowed-names", "aggregator-2"];
+        let WardleScenario {
             gateway,
+            backend,
+            core,
+            pki,
+        } = WardleScenario::start(Pki::new(), &policy, &backend_args, gateway_args).await;
+        Scenario {
+            gateway,
+            _backend: backend,
+            core,
+            pki,
         }
     }
 
     fn user(&self, name: &str, groups: &[&str]) -> CertifiedPair {
-        self.users_ca.issue_client(name, groups)
+        self.pki.user(name, groups)
     }
 
     fn client(&self, user: Option<&CertifiedPair>) -> HttpClient {
@@ -153,39 +68,12 @@ impl Scenario {
 
     /// SubjectAccessReviews the core has answered since the last `clear_core_requests`.
     async fn reviews_at_core(&self) -> Vec<Value> {
-        let (_, _, body) = harness::get(
-            &core_client(),
-            &format!("{}/fixture/requests", self.core.url()),
-        )
-        .await
-        .unwrap();
-        let all: Vec<Value> = serde_json::from_slice(&body).unwrap();
-        all.into_iter()
-            .filter(|r| {
-                r["method"] == "POST"
-                    && r["path"]
-                        .as_str()
-                        .is_some_and(|p| p.contains("subjectaccessreviews"))
-            })
-            .collect()
+        scenario::core_posts(&self.core, "subjectaccessreviews").await
     }
 
     async fn clear_core_requests(&self) {
-        let client = core_client();
-        harness::send(
-            &client,
-            Request::delete(format!("{}/fixture/requests", self.core.url()))
-                .body(Full::new(Bytes::new()))
-                .unwrap(),
-        )
-        .await
-        .unwrap();
+        scenario::clear_core_requests(&self.core).await
     }
-}
-
-/// A plain-HTTP client for the fixture core.
-fn core_client() -> HttpClient {
-    harness::http1_client(TestCa::new("unused").cert_pem(), None).unwrap()
 }
 
 /// Waits until the remote answers alice (availability is probed every second).
@@ -222,7 +110,7 @@ async fn remote_requests_are_authorized_cached_and_audited() {
         &[
             "--authorize-metrics",
             "--audit-log-path",
-            &path(&audit_file),
+            &path_arg(&audit_file),
         ],
     )
     .await;
@@ -404,14 +292,9 @@ async fn remote_requests_are_authorized_cached_and_audited() {
     .await
     .unwrap();
     assert_eq!(headers["audit-id"], "e2e-audit-1");
-    let (_, _, seen) = harness::get(
-        &core_client(),
-        &format!("{}/fixture/requests", s.core.url()),
-    )
-    .await
-    .unwrap();
+    let seen = Value::from(scenario::core_requests(&s.core).await).to_string();
     assert!(
-        String::from_utf8_lossy(&seen).contains("e2e-audit-1"),
+        seen.contains("e2e-audit-1"),
         "the core did not receive the Audit-ID"
     );
 }
@@ -439,13 +322,13 @@ async fn a_rotated_proxy_client_certificate_is_presented_to_backends() {
     assert_eq!(body["tlsClientCN"], "aggregator");
 
     // A half-written rotation (key missing) keeps the current identity.
-    let (cert_file, key_file) = &s.proxy_client;
+    let (cert_file, key_file) = &s.pki.proxy_client;
     std::fs::write(key_file, "").unwrap();
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert_eq!(s.get(&dave, identity).await.2["tlsClientCN"], "aggregator");
 
     // The new pair lands (renamed into place): backends are rebuilt with it.
-    let next = s.proxy_ca.issue_client("aggregator-2", &[]);
+    let next = s.pki.proxy_ca.issue_client("aggregator-2", &[]);
     let dir = cert_file.parent().unwrap();
     let (c, k) = next.write(dir, "proxy-client-next").unwrap();
     std::fs::rename(k, key_file).unwrap();
@@ -745,9 +628,9 @@ async fn a_rotated_serving_certificate_is_used_by_new_connections_while_a_watch_
     write_pair(&old_ca.issue_server(&["localhost", "127.0.0.1"]));
     let (_core, gateway) = core_gateway(&[
         "--tls-cert-file",
-        &path(&cert_file),
+        &path_arg(&cert_file),
         "--tls-private-key-file",
-        &path(&key_file),
+        &path_arg(&key_file),
     ])
     .await;
     let old_client = harness::http2_client(old_ca.cert_pem(), None).unwrap();
