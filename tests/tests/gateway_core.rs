@@ -502,3 +502,54 @@ async fn the_core_is_reached_over_https_kubeconfig_and_unix_sockets() {
         "{body:?}"
     );
 }
+
+/// At shutdown an open watch is ended cleanly (the stream finishes, no reset), so the client can
+/// re-watch elsewhere, and the gateway still exits 0.
+#[tokio::test]
+async fn open_watches_end_cleanly_at_shutdown() {
+    let (_core, mut gateway) = core_and_gateway(&[
+        "--shutdown-delay-duration",
+        "1s",
+        "--shutdown-timeout",
+        "10s",
+    ])
+    .await;
+    let client = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
+    let req = Request::get(format!(
+        "{}/api/v1/namespaces/default/configmaps?watch=true",
+        gateway.url()
+    ))
+    .header(
+        "authorization",
+        format!("Bearer {}", harness::DEFAULT_TOKEN),
+    )
+    .body(Full::new(Bytes::new()))
+    .unwrap();
+    let resp = harness::send_streaming(&client, req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut body = resp.into_body();
+
+    gateway.process.signal("TERM").unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(8), async {
+        loop {
+            match body.frame().await {
+                None => return Ok(()),
+                Some(Ok(_)) => continue,
+                Some(Err(e)) => return Err(e.to_string()),
+            }
+        }
+    })
+    .await;
+    assert_eq!(
+        ended,
+        Ok(Ok(())),
+        "the watch should end cleanly:\n{}",
+        gateway.process.logs()
+    );
+    let status = gateway
+        .process
+        .wait_exit(Duration::from_secs(10))
+        .await
+        .expect("gateway exits");
+    assert_eq!(status.code(), Some(0));
+}
