@@ -30,14 +30,14 @@ use crate::routing::{
     Routing,
 };
 use crate::stack::{
-    access_log::AccessLogLayer,
-    audit::{AuditCaptureLayer, AuditLayer, AuditSink},
-    authn::AuthnLayer,
-    authz::{Authorizer, AuthzLayer},
-    limits::LimitsLayer,
-    request_info::RequestInfoLayer,
-    rescue::RescueLayer,
-    timeout::TimeoutLayer,
+    access_log::AccessLog,
+    audit::{Audit, AuditCapture, AuditSink},
+    authn::Authn,
+    authz::{Authorizer, Authz},
+    limits::LimitsService,
+    request_info::RequestInfoService,
+    rescue::Rescue,
+    timeout::TimeoutService,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -178,21 +178,15 @@ pub async fn run(config: Config) -> Result<(), StartError> {
     tokio::spawn(watch_core(gateway.clone(), core_check));
 
     let stack = ServiceBuilder::new()
-        .layer(AccessLogLayer {
-            metrics: metrics.clone(),
-        })
-        .layer(AuditLayer { sink: audit })
-        .layer(RescueLayer {
-            request_timeout: config.limits.request_timeout,
-        })
-        .layer(RequestInfoLayer)
-        .layer(AuthnLayer { authenticator })
-        .layer(AuditCaptureLayer)
-        .layer(LimitsLayer::new(&config.limits, metrics.clone()))
-        .layer(TimeoutLayer {
-            limit: config.limits.request_timeout,
-        })
-        .layer(AuthzLayer { authorizer })
+        .layer(AccessLog::layer(metrics.clone()))
+        .layer(Audit::layer(audit))
+        .layer(Rescue::layer(config.limits.request_timeout))
+        .layer(RequestInfoService::layer())
+        .layer(Authn::layer(authenticator))
+        .layer(AuditCapture::layer())
+        .layer(LimitsService::layer(&config.limits, metrics.clone()))
+        .layer(TimeoutService::layer(config.limits.request_timeout))
+        .layer(Authz::layer(authorizer))
         .service(Router::new(gateway.clone()));
 
     tracing::info!(

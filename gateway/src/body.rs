@@ -63,3 +63,69 @@ where
 {
     Body(body.map_err(Into::into).boxed_unsync())
 }
+
+/// `body`, boxed, holding `guard` until the body is finished or dropped: whatever the guard
+/// releases on drop (an in-flight slot, a pending audit event) lasts as long as the response
+/// streams, not just until its headers are sent.
+pub fn with_guard<B, G>(body: B, guard: G) -> Body
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    G: Send + 'static,
+{
+    boxed(Guarded { inner: body, guard })
+}
+
+pin_project_lite::pin_project! {
+    struct Guarded<B, G> {
+        #[pin]
+        inner: B,
+        guard: G,
+    }
+}
+
+impl<B: http_body::Body, G> http_body::Body for Guarded<B, G> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        self.project().inner.poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    use super::*;
+
+    struct Flag(Arc<AtomicBool>);
+
+    impl Drop for Flag {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    #[tokio::test]
+    async fn the_guard_lives_as_long_as_the_body() {
+        let dropped = Arc::new(AtomicBool::new(false));
+        let body = with_guard(full("abc"), Flag(dropped.clone()));
+        assert!(!dropped.load(Ordering::SeqCst));
+        let bytes = body.collect().await.unwrap().to_bytes();
+        assert_eq!(&bytes[..], b"abc");
+        assert!(dropped.load(Ordering::SeqCst));
+    }
+}

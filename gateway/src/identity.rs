@@ -4,6 +4,7 @@
 //! someone else through the gateway.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, LazyLock};
 
 use http::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION};
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
@@ -28,6 +29,14 @@ impl UserInfo {
             groups: vec![UNAUTHENTICATED.into()],
             ..Default::default()
         }
+    }
+
+    /// [`UserInfo::anonymous`], built once: anonymous requests share it instead of allocating
+    /// its strings each time.
+    pub fn shared_anonymous() -> &'static Arc<Self> {
+        static ANONYMOUS_USER: LazyLock<Arc<UserInfo>> =
+            LazyLock::new(|| Arc::new(UserInfo::anonymous()));
+        &ANONYMOUS_USER
     }
 
     /// An authenticated user gets `system:authenticated`, as kube-apiserver adds it.

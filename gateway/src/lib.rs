@@ -22,3 +22,21 @@ pub mod router;
 pub mod routing;
 pub mod stack;
 pub mod status;
+
+/// Helpers shared by the unit tests of several modules.
+#[cfg(test)]
+pub(crate) mod test_util {
+    use http::{HeaderMap, HeaderName, HeaderValue};
+
+    /// A header map from name/value pairs, in order, repeated names appended.
+    pub fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+}

@@ -216,17 +216,7 @@ pub async fn drained(drain: &mut watch::Receiver<bool>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.append(
-                HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                HeaderValue::from_str(v).unwrap(),
-            );
-        }
-        h
-    }
+    use crate::test_util::headers;
 
     #[test]
     fn hop_by_hop_and_connection_named_headers_are_removed() {

@@ -97,8 +97,7 @@ impl Service<Request> for Router {
                 Lookup::Group(_) | Lookup::None => None,
             };
             if let Some(route) = route {
-                let target = RoutedTo::ApiService(route.api_service.name.as_str().into());
-                let result = match &route.backend {
+                let result = match &route.backend.target {
                     Target::Local => gw.core.forward(req, client, long_running).await,
                     Target::Broken(why) => Err(GatewayError::BackendUnavailable {
                         api_service: route.api_service.name.clone(),
@@ -113,9 +112,9 @@ impl Service<Request> for Router {
                     Target::Remote(backend) => {
                         let user = req
                             .extensions()
-                            .get::<UserInfo>()
-                            .cloned()
-                            .unwrap_or_else(UserInfo::anonymous);
+                            .get::<Arc<UserInfo>>()
+                            .unwrap_or(UserInfo::shared_anonymous())
+                            .clone();
                         backend.forward(req, &user, client, long_running).await
                     }
                 };
@@ -123,7 +122,7 @@ impl Service<Request> for Router {
                     tracing::warn!(error = %e, "APIService request failed");
                     e.into_response()
                 });
-                return Ok(tagged(resp, target));
+                return Ok(tagged(resp, route.backend.routed_to.clone()));
             }
             if !gw.routing.is_synced() && may_be_unsynced_route(path) {
                 return Ok(tagged(

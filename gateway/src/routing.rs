@@ -20,6 +20,7 @@ use tokio::sync::{watch, Notify};
 use crate::backend::remote::RemoteBackend;
 use crate::health::Check;
 use crate::metrics::Metrics;
+use crate::stack::RoutedTo;
 
 /// What a route leads to.
 pub enum Target {
@@ -31,7 +32,14 @@ pub enum Target {
     Broken(Arc<str>),
 }
 
-pub type Routes = RouteTable<Target>;
+/// A route's target plus how responses from it are tagged (`apiservice/<name>`), both built
+/// once per route table so the request path only clones `Arc`s.
+pub struct RouteTarget {
+    pub target: Target,
+    pub routed_to: RoutedTo,
+}
+
+pub type Routes = RouteTable<RouteTarget>;
 pub type AvailabilityMap = Arc<HashMap<String, Availability>>;
 
 /// The current routes plus the signals around them.
@@ -202,8 +210,9 @@ impl RouteController {
                     .cloned()
                     .unwrap_or_else(|| Availability::of(api)),
             };
+            let routed_to = RoutedTo::api_service(&registered.name);
             specs.push(registered.clone());
-            builder.insert(registered, target, available);
+            builder.insert(registered, RouteTarget { target, routed_to }, available);
         }
         for gone in self.invalid.iter().filter(|n| !invalid.contains(n)) {
             let _ = self.metrics.invalid_apiservice.remove_label_values(&[gone]);
@@ -341,14 +350,14 @@ impl AvailabilityController {
 
 /// One availability decision: the Service and its endpoints first, then discovery.
 async fn check(
-    route: &apiservice::route::Route<Target>,
+    route: &apiservice::route::Route<RouteTarget>,
     resolver: &dyn ServiceResolver,
 ) -> Availability {
     let unavailable = |reason: &str, message: String| Availability::Unavailable {
         reason: reason.into(),
         message,
     };
-    match &route.backend {
+    match &route.backend.target {
         Target::Local => Availability::Available,
         Target::Broken(why) => unavailable("ServiceAccessError", why.to_string()),
         Target::Remote(backend) => {

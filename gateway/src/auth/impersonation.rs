@@ -157,67 +157,6 @@ pub fn impersonated_user(req: &Request) -> UserInfo {
     }
 }
 
-/// Go's `%q` for the plain strings in these messages.
-fn quote(s: &str) -> String {
-    format!("{s:?}")
-}
-
-/// kube-apiserver's 403 message for a refused impersonation (`responsewriters.Forbidden` →
-/// `apierrors.NewForbidden`), e.g. `users "admin" is forbidden: User "alice" cannot impersonate
-/// resource "users" in API group "" at the cluster scope`, with the reviewer's reason appended.
-/// Returns the message plus the Status details (name, group, kind).
-pub fn forbidden_message(
-    requestor: &str,
-    check: &Check,
-    reason: &str,
-) -> (String, crate::status::StatusDetails) {
-    let Action::Resource {
-        verb,
-        group,
-        resource,
-        subresource,
-        namespace,
-        name,
-        ..
-    } = check.action()
-    else {
-        unreachable!("impersonation checks are resource checks")
-    };
-    let full = if subresource.is_empty() {
-        resource.to_owned()
-    } else {
-        format!("{resource}/{subresource}")
-    };
-    let scope = if namespace.is_empty() {
-        "at the cluster scope".to_owned()
-    } else {
-        format!("in the namespace {}", quote(namespace))
-    };
-    let mut err = format!(
-        "User {} cannot {verb} resource {} in API group {} {scope}",
-        quote(requestor),
-        quote(&full),
-        quote(group)
-    );
-    if !reason.is_empty() {
-        err.push_str(": ");
-        err.push_str(reason);
-    }
-    let qualified = if group.is_empty() {
-        resource.to_owned()
-    } else {
-        format!("{resource}.{group}")
-    };
-    let message = format!("{qualified} {} is forbidden: {err}", quote(name));
-    let details = crate::status::StatusDetails {
-        name: Some(name.to_owned()),
-        group: (!group.is_empty()).then(|| group.to_owned()),
-        kind: Some(resource.to_owned()),
-        ..Default::default()
-    };
-    (message, details)
-}
-
 /// The `Impersonate-*` headers that make the core treat a request as `user`: used when the
 /// gateway speaks to the core with its own credentials (`--core-identity=impersonate`). The
 /// `system:authenticated`/`system:unauthenticated` groups are left out: the core adds them
@@ -256,17 +195,8 @@ pub fn set_headers(headers: &mut HeaderMap, user: &UserInfo) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.append(
-                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                v.parse().unwrap(),
-            );
-        }
-        h
-    }
+    use crate::auth::forbidden::forbidden;
+    use crate::test_util::headers;
 
     #[test]
     fn no_headers_no_impersonation() {
@@ -358,7 +288,7 @@ mod tests {
                 name: "default".into()
             }
         );
-        let (message, _) = forbidden_message("alice", check, "");
+        let (message, _) = forbidden("alice", &check.action(), "");
         assert_eq!(
             message,
             r#"serviceaccounts "default" is forbidden: User "alice" cannot impersonate resource "serviceaccounts" in API group "" in the namespace "kube-system""#
@@ -390,19 +320,20 @@ mod tests {
 
     #[test]
     fn forbidden_messages_read_like_kube() {
-        let (message, details) = forbidden_message("alice", &Check::User("admin".into()), "");
+        let (message, details) = forbidden("alice", &Check::User("admin".into()).action(), "");
         assert_eq!(
             message,
             r#"users "admin" is forbidden: User "alice" cannot impersonate resource "users" in API group "" at the cluster scope"#
         );
         assert_eq!(details.name.as_deref(), Some("admin"));
         assert_eq!(details.kind.as_deref(), Some("users"));
-        let (message, _) = forbidden_message(
+        let (message, _) = forbidden(
             "alice",
             &Check::Extra {
                 key: "scopes".into(),
                 value: "view".into(),
-            },
+            }
+            .action(),
             "no rule",
         );
         assert_eq!(

@@ -23,11 +23,12 @@
 //!
 //! Every authenticated user gets `system:authenticated` (unless it already has it or
 //! `system:unauthenticated`). After authentication the request carries an [`Authenticated`] and
-//! the effective `UserInfo` in its extensions; `Authorization`, `X-Remote-*` and `Impersonate-*`
+//! the effective user as an `Arc<UserInfo>` in its extensions (shared, not copied per layer); `Authorization`, `X-Remote-*` and `Impersonate-*`
 //! are gone from its headers, so no later layer, log or backend sees a credential or a claimed
 //! identity. The core path puts back what it needs (see `onward`).
 
 pub mod cache;
+pub mod forbidden;
 pub mod impersonation;
 pub mod onward;
 pub mod requestheader;
@@ -68,9 +69,9 @@ pub enum Method {
 pub struct Authenticated {
     pub method: Method,
     /// Who authenticated.
-    pub requestor: UserInfo,
+    pub requestor: Arc<UserInfo>,
     /// Whom the request impersonates, once every attribute was allowed.
-    pub impersonated: Option<UserInfo>,
+    pub impersonated: Option<Arc<UserInfo>>,
     /// The caller's `Authorization` header (marked sensitive), taken off the request. Only the
     /// core path in passthrough mode puts it back, for callers the core authenticates itself.
     pub authorization: Option<HeaderValue>,
@@ -81,7 +82,7 @@ pub struct Authenticated {
 
 impl Authenticated {
     /// The user the request acts as: the impersonated user if any, else the requestor.
-    pub fn user(&self) -> &UserInfo {
+    pub fn user(&self) -> &Arc<UserInfo> {
         self.impersonated.as_ref().unwrap_or(&self.requestor)
     }
 }
@@ -142,7 +143,7 @@ impl Authenticator {
     }
 
     /// Authenticates `req` and applies impersonation: on success the request's headers are
-    /// cleaned and [`Authenticated`] plus the effective `UserInfo` are in its extensions; on
+    /// cleaned and [`Authenticated`] plus the effective `Arc<UserInfo>` are in its extensions; on
     /// failure the answer to send (401, 400, 403 or 503 Status).
     pub async fn authenticate(&self, req: &mut Request) -> Result<(), Response> {
         let health = is_health_path(req.uri().path());
@@ -154,9 +155,11 @@ impl Authenticator {
         let found = self.identify(req.headers(), chain.as_deref()).await;
         let (method, requestor) = match found {
             Ok(Some(found)) => found,
-            Ok(None) if self.anonymous || health => (Method::Anonymous, UserInfo::anonymous()),
+            Ok(None) if self.anonymous || health => {
+                (Method::Anonymous, UserInfo::shared_anonymous().clone())
+            }
             Ok(None) => return Err(unauthorized("anonymous requests are not allowed")),
-            Err(_) if health => (Method::Anonymous, UserInfo::anonymous()),
+            Err(_) if health => (Method::Anonymous, UserInfo::shared_anonymous().clone()),
             Err(resp) => return Err(resp),
         };
 
@@ -181,7 +184,7 @@ impl Authenticator {
                 }
                 Ok(Some(request)) => {
                     self.allow_impersonation(&requestor, &request).await?;
-                    impersonated = Some(impersonation::impersonated_user(&request));
+                    impersonated = Some(Arc::new(impersonation::impersonated_user(&request)));
                 }
                 Ok(None) => impersonation_headers.clear(),
             }
@@ -205,7 +208,7 @@ impl Authenticator {
         &self,
         headers: &HeaderMap,
         chain: Option<&Vec<CertificateDer<'static>>>,
-    ) -> Result<Option<(Method, UserInfo)>, Response> {
+    ) -> Result<Option<(Method, Arc<UserInfo>)>, Response> {
         let mut failures: Vec<String> = Vec::new();
         if let (Some(chain), Some(certs)) = (chain, &self.certs) {
             let check = certs.check(chain);
@@ -214,7 +217,7 @@ impl Authenticator {
                     if let Some(user) = requestheader::user_from_headers(headers) {
                         return Ok(Some((
                             Method::RequestHeader,
-                            with_authenticated_group(user),
+                            Arc::new(with_authenticated_group(user)),
                         )));
                     }
                 }
@@ -223,7 +226,10 @@ impl Authenticator {
             }
             match check.user {
                 Some(Ok(Some(user))) => {
-                    return Ok(Some((Method::Certificate, with_authenticated_group(user))))
+                    return Ok(Some((
+                        Method::Certificate,
+                        Arc::new(with_authenticated_group(user)),
+                    )))
                 }
                 Some(Ok(None)) => {}
                 Some(Err(e)) => failures.push(e),
@@ -233,7 +239,10 @@ impl Authenticator {
         if let (Some(token), Some(reviewer)) = (token::bearer_token(headers), &self.tokens) {
             match reviewer.review(token).await {
                 Ok(Verdict::Authenticated(user)) => {
-                    return Ok(Some((Method::Token, with_authenticated_group(user))))
+                    return Ok(Some((
+                        Method::Token,
+                        Arc::new(with_authenticated_group(user)),
+                    )))
                 }
                 Ok(Verdict::Rejected(why)) if why.is_empty() => {
                     failures.push("invalid bearer token".to_owned())
@@ -273,7 +282,7 @@ impl Authenticator {
                 Ok((d, _)) if d.allowed => {}
                 Ok((d, _)) => {
                     let (message, details) =
-                        impersonation::forbidden_message(&requestor.name, check, &d.reason);
+                        forbidden::forbidden(&requestor.name, &check.action(), &d.reason);
                     tracing::debug!(user = %requestor.name, %message, "impersonation refused");
                     return Err(status_response(
                         StatusCode::FORBIDDEN,

@@ -45,14 +45,7 @@ pub fn prepare_core_request(
     headers.remove(AUTHORIZATION);
     match mode {
         CoreIdentity::Impersonate => {
-            let anonymous;
-            let user = match auth {
-                Some(a) => a.user(),
-                None => {
-                    anonymous = UserInfo::anonymous();
-                    &anonymous
-                }
-            };
+            let user = auth.map_or(UserInfo::shared_anonymous(), Authenticated::user);
             impersonation::set_headers(headers, user);
             CoreCredentials::Own
         }
@@ -81,6 +74,7 @@ mod tests {
     use crate::identity::AUTHENTICATED;
     use http::header::{HeaderName, HeaderValue};
     use std::collections::BTreeMap;
+    use std::sync::Arc;
 
     fn forged() -> HeaderMap {
         let mut h = HeaderMap::new();
@@ -95,12 +89,12 @@ mod tests {
     fn alice(method: Method) -> Authenticated {
         Authenticated {
             method,
-            requestor: UserInfo {
+            requestor: Arc::new(UserInfo {
                 name: "alice".into(),
                 groups: vec!["dev".into(), AUTHENTICATED.into()],
                 uid: String::new(),
                 extra: BTreeMap::new(),
-            },
+            }),
             impersonated: None,
             authorization: Some(HeaderValue::from_static("Bearer alice-token")),
             impersonation_headers: Vec::new(),
@@ -154,11 +148,11 @@ mod tests {
     #[test]
     fn impersonate_mode_speaks_for_the_effective_user() {
         let mut auth = alice(Method::Token);
-        auth.impersonated = Some(UserInfo {
+        auth.impersonated = Some(Arc::new(UserInfo {
             name: "bob".into(),
             groups: vec!["ops".into(), AUTHENTICATED.into()],
             ..Default::default()
-        });
+        }));
         let mut h = forged();
         let creds = prepare_core_request(&mut h, Some(&auth), CoreIdentity::Impersonate);
         assert_eq!(creds, CoreCredentials::Own);

@@ -87,17 +87,7 @@ pub(crate) fn strip_prefixed(headers: &mut HeaderMap, prefix: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.append(
-                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                v.parse().unwrap(),
-            );
-        }
-        h
-    }
+    use crate::test_util::headers;
 
     #[test]
     fn reads_user_groups_uid_and_decoded_extras() {

@@ -777,7 +777,7 @@ impl DiscoveryController {
             };
             let (apiservices, backend) = by_service.entry(svc.clone()).or_default();
             apiservices.push((route.api_service.clone(), route.available.clone()));
-            if let (None, Target::Remote(b)) = (&backend, &route.backend) {
+            if let (None, Target::Remote(b)) = (&backend, &route.backend.target) {
                 *backend = Some(b.clone());
             }
         }
@@ -873,7 +873,7 @@ impl DiscoveryController {
                 .routes()
                 .filter_map(|route| {
                     let svc = route.api_service.service()?;
-                    let owner = match &route.backend {
+                    let owner = match &route.backend.target {
                         Target::Remote(b) => OpenApiOwner::Remote(b.clone()),
                         // A claimed path without a usable backend: not listed, never the core's.
                         _ => OpenApiOwner::Core,

@@ -80,17 +80,12 @@ pub fn openapi_inputs<B: Clone>(
         own.paths.retain(|key, _| !claimed.contains(key.as_str()));
         inputs.push((core, own));
     }
-    remotes.sort_by(|a, b| {
+    remotes.sort_by_key(|r| {
         (
-            a.group_priority_minimum,
-            a.version_priority,
-            Reverse(a.name),
+            r.group_priority_minimum,
+            r.version_priority,
+            Reverse(r.name),
         )
-            .cmp(&(
-                b.group_priority_minimum,
-                b.version_priority,
-                Reverse(b.name),
-            ))
     });
     for remote in remotes {
         let Some(root) = remote.root else { continue };
@@ -106,20 +101,19 @@ pub fn openapi_inputs<B: Clone>(
 
 /// The headers sent to a remote backend for a client's `/openapi/v3/<path>` request.
 pub fn request_headers(client: &HeaderMap) -> HeaderMap {
-    let mut out = HeaderMap::new();
-    for name in REQUEST_HEADERS {
-        for value in client.get_all(&name) {
-            out.append(name.clone(), value.clone());
-        }
-    }
-    out
+    only(&REQUEST_HEADERS, client)
 }
 
 /// Keeps only the response headers that describe the document (see [`RESPONSE_HEADERS`]).
 pub fn response_headers(backend: &HeaderMap) -> HeaderMap {
+    only(&RESPONSE_HEADERS, backend)
+}
+
+/// Every value of the headers `names` in `from`, and nothing else.
+fn only(names: &[HeaderName], from: &HeaderMap) -> HeaderMap {
     let mut out = HeaderMap::new();
-    for name in RESPONSE_HEADERS {
-        for value in backend.get_all(&name) {
+    for name in names {
+        for value in from.get_all(name) {
             out.append(name.clone(), value.clone());
         }
     }
@@ -157,7 +151,8 @@ pub async fn pass_through(
 mod tests {
     use super::*;
     use apiservice::discovery::{merge_openapi_roots, OpenApiPath};
-    use http::HeaderValue;
+
+    use crate::test_util::headers;
 
     fn root(keys: &[(&str, &str)]) -> OpenApiRoot {
         let mut r = OpenApiRoot::default();
@@ -256,40 +251,27 @@ mod tests {
 
     #[test]
     fn only_document_headers_cross() {
-        let mut client = HeaderMap::new();
-        client.insert(header::ACCEPT, HeaderValue::from_static("application/json"));
-        client.insert(header::IF_NONE_MATCH, HeaderValue::from_static("\"H\""));
-        client.insert(
-            header::AUTHORIZATION,
-            HeaderValue::from_static("Bearer secret"),
-        );
-        client.insert(header::COOKIE, HeaderValue::from_static("a=b"));
+        let client = headers(&[
+            ("accept", "application/json"),
+            ("if-none-match", "\"H\""),
+            ("authorization", "Bearer secret"),
+            ("cookie", "a=b"),
+        ]);
         let sent = request_headers(&client);
         assert_eq!(sent.len(), 2);
         assert_eq!(sent[header::IF_NONE_MATCH], "\"H\"");
         assert!(sent.get(header::AUTHORIZATION).is_none());
 
-        let mut backend = HeaderMap::new();
-        backend.insert(header::ETAG, HeaderValue::from_static("\"H2\""));
-        backend.insert(
-            header::CACHE_CONTROL,
-            HeaderValue::from_static("public, immutable"),
-        );
-        backend.insert(
-            header::EXPIRES,
-            HeaderValue::from_static("Thu, 01 Jan 2099 00:00:00 GMT"),
-        );
-        backend.insert(header::VARY, HeaderValue::from_static("Accept"));
-        backend.insert(
-            header::LOCATION,
-            HeaderValue::from_static("/openapi/v3/apis/g/v1?hash=H2"),
-        );
-        backend.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        backend.insert(header::CONNECTION, HeaderValue::from_static("close"));
-        backend.insert(header::SET_COOKIE, HeaderValue::from_static("x=y"));
+        let backend = headers(&[
+            ("etag", "\"H2\""),
+            ("cache-control", "public, immutable"),
+            ("expires", "Thu, 01 Jan 2099 00:00:00 GMT"),
+            ("vary", "Accept"),
+            ("location", "/openapi/v3/apis/g/v1?hash=H2"),
+            ("content-type", "application/json"),
+            ("connection", "close"),
+            ("set-cookie", "x=y"),
+        ]);
         let kept = response_headers(&backend);
         assert_eq!(kept.len(), 6);
         assert!(kept.get(header::CONNECTION).is_none());

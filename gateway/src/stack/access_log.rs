@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
+use tower::layer::layer_fn;
 use tower::{Layer, Service};
 
 use super::{BoxFuture, RoutedTo};
@@ -13,24 +14,18 @@ use crate::body::{Request, Response};
 use crate::metrics::Metrics;
 
 #[derive(Clone)]
-pub struct AccessLogLayer {
-    pub metrics: Arc<Metrics>,
-}
-
-impl<S> Layer<S> for AccessLogLayer {
-    type Service = AccessLog<S>;
-    fn layer(&self, inner: S) -> AccessLog<S> {
-        AccessLog {
-            inner,
-            metrics: self.metrics.clone(),
-        }
-    }
-}
-
-#[derive(Clone)]
 pub struct AccessLog<S> {
     inner: S,
     metrics: Arc<Metrics>,
+}
+
+impl<S> AccessLog<S> {
+    pub fn layer(metrics: Arc<Metrics>) -> impl Layer<S, Service = Self> + Clone {
+        layer_fn(move |inner| Self {
+            inner,
+            metrics: metrics.clone(),
+        })
+    }
 }
 
 impl<S> Service<Request> for AccessLog<S>
@@ -62,16 +57,15 @@ where
             let target = resp
                 .extensions()
                 .get::<RoutedTo>()
-                .map(RoutedTo::label)
-                .unwrap_or(std::borrow::Cow::Borrowed("gateway"));
+                .map_or("gateway", RoutedTo::label);
             let code = resp.status().as_u16();
             metrics
                 .requests
-                .with_label_values(&[method.as_str(), &target, resp.status().as_str()])
+                .with_label_values(&[method.as_str(), target, resp.status().as_str()])
                 .inc();
             metrics
                 .duration
-                .with_label_values(&[method.as_str(), &target])
+                .with_label_values(&[method.as_str(), target])
                 .observe(elapsed.as_secs_f64());
             tracing::info!(
                 target: "access",

@@ -10,8 +10,8 @@
 //!   channel is full the event is dropped and counted (`apiserver_audit_error_total{plugin="log"}`):
 //!   auditing never blocks a request.
 //!
-//! Two layers: `AuditLayer` (outermost but for the access log, so it also sees 429/413/504 and
-//! every other answer the stack gives itself) and `AuditCaptureLayer` right after authentication,
+//! Two layers: `Audit` (outermost but for the access log, so it also sees 429/413/504 and
+//! every other answer the stack gives itself) and `AuditCapture` right after authentication,
 //! which hands the authenticated user and the parsed verb back to the outer layer.
 
 use std::collections::BTreeMap;
@@ -27,6 +27,7 @@ use k8s_openapi::jiff::Timestamp;
 use prometheus::IntCounter;
 use serde::Serialize;
 use tokio::sync::mpsc;
+use tower::layer::layer_fn;
 use tower::{Layer, Service};
 
 use super::authz::AuthzOutcome;
@@ -174,7 +175,7 @@ fn write_events(mut rx: mpsc::Receiver<Event>, out: Box<dyn Write + Send>, dropp
 /// impersonating, the impersonated user (kube's `user` and `impersonatedUser`).
 #[derive(Default)]
 struct Captured {
-    user: OnceLock<(UserInfo, Option<UserInfo>)>,
+    user: OnceLock<(Arc<UserInfo>, Option<Arc<UserInfo>>)>,
     verb: OnceLock<String>,
 }
 
@@ -225,25 +226,19 @@ fn source_ips(headers: &HeaderMap, peer: Option<IpAddr>) -> Vec<String> {
 }
 
 #[derive(Clone)]
-pub struct AuditLayer {
-    /// `None`: no audit log (only the Audit-ID header is handled).
-    pub sink: Option<Arc<AuditSink>>,
-}
-
-impl<S> Layer<S> for AuditLayer {
-    type Service = Audit<S>;
-    fn layer(&self, inner: S) -> Audit<S> {
-        Audit {
-            inner,
-            sink: self.sink.clone(),
-        }
-    }
-}
-
-#[derive(Clone)]
 pub struct Audit<S> {
     inner: S,
+    /// `None`: no audit log (only the Audit-ID header is handled).
     sink: Option<Arc<AuditSink>>,
+}
+
+impl<S> Audit<S> {
+    pub fn layer(sink: Option<Arc<AuditSink>>) -> impl Layer<S, Service = Self> + Clone {
+        layer_fn(move |inner| Self {
+            inner,
+            sink: sink.clone(),
+        })
+    }
 }
 
 /// An event waiting for its response to finish; sent when dropped.
@@ -264,35 +259,6 @@ impl Drop for Pending {
             format!("{:?}", self.started.elapsed()),
         );
         self.sink.send(event);
-    }
-}
-
-pin_project_lite::pin_project! {
-    /// The response body, carrying the pending event until it is finished or dropped.
-    struct Audited<B> {
-        #[pin]
-        inner: B,
-        pending: Pending,
-    }
-}
-
-impl<B: http_body::Body> http_body::Body for Audited<B> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        self.project().inner.poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
     }
 }
 
@@ -342,8 +308,8 @@ where
             resp.headers_mut().insert(AUDIT_ID, audit_id.clone());
             let (user, impersonated) = match captured.user.get() {
                 Some((requestor, impersonated)) => (
-                    EventUser::from(requestor),
-                    impersonated.as_ref().map(EventUser::from),
+                    EventUser::from(&**requestor),
+                    impersonated.as_deref().map(EventUser::from),
                 ),
                 None => (EventUser::from(&UserInfo::default()), None),
             };
@@ -357,7 +323,7 @@ where
                 annotations.insert("authorization.k8s.io/reason", outcome.reason.to_string());
             }
             if let Some(target) = resp.extensions().get::<RoutedTo>() {
-                annotations.insert("aggregation-gateway/routed-to", target.label().into_owned());
+                annotations.insert("aggregation-gateway/routed-to", target.label().to_owned());
             }
             let event = Event {
                 kind: "Event",
@@ -392,7 +358,7 @@ where
                 drop(pending);
                 return Ok(resp);
             }
-            Ok(resp.map(|inner| body::boxed(Audited { inner, pending })))
+            Ok(resp.map(|b| body::with_guard(b, pending)))
         })
     }
 }
@@ -401,20 +367,16 @@ where
 #[derive(Clone, Copy, Debug)]
 struct LongRunning;
 
-#[derive(Clone, Default)]
-pub struct AuditCaptureLayer;
-
-impl<S> Layer<S> for AuditCaptureLayer {
-    type Service = AuditCapture<S>;
-    fn layer(&self, inner: S) -> AuditCapture<S> {
-        AuditCapture { inner }
-    }
-}
-
-/// Sits after authentication: records who the caller is and the parsed verb for `AuditLayer`.
+/// Sits after authentication: records who the caller is and the parsed verb for `Audit`.
 #[derive(Clone)]
 pub struct AuditCapture<S> {
     inner: S,
+}
+
+impl<S> AuditCapture<S> {
+    pub fn layer() -> impl Layer<S, Service = Self> + Clone {
+        layer_fn(|inner| Self { inner })
+    }
 }
 
 impl<S> Service<Request> for AuditCapture<S>
@@ -438,7 +400,7 @@ where
                 let _ = slot
                     .user
                     .set((auth.requestor.clone(), auth.impersonated.clone()));
-            } else if let Some(user) = ext.get::<UserInfo>() {
+            } else if let Some(user) = ext.get::<Arc<UserInfo>>() {
                 let _ = slot.user.set((user.clone(), None));
             }
             if let Some(info) = ext.get::<RequestInfo>() {

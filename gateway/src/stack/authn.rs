@@ -1,6 +1,6 @@
 //! Authentication: decides who the caller is (and whom they impersonate) before anything is
 //! routed, using `crate::auth`. On success the request carries `auth::Authenticated` and the
-//! effective `UserInfo`, with every credential and claimed-identity header removed; on failure
+//! effective `Arc<UserInfo>`, with every credential and claimed-identity header removed; on failure
 //! the layer answers itself (401, 400, 403 or 503 Status) and nothing reaches a backend.
 //!
 //! It sits after request-info (nothing here needs it, but the access log wants both) and before
@@ -9,33 +9,28 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use tower::layer::layer_fn;
 use tower::{Layer, Service};
 
-use super::BoxFuture;
+use super::{take_inner, BoxFuture};
 use crate::auth::Authenticator;
 use crate::body::{BoxError, Request, Response};
 
 pub use crate::auth::x509::user_from_certificate;
 
 #[derive(Clone)]
-pub struct AuthnLayer {
-    pub authenticator: Arc<Authenticator>,
-}
-
-impl<S> Layer<S> for AuthnLayer {
-    type Service = Authn<S>;
-    fn layer(&self, inner: S) -> Authn<S> {
-        Authn {
-            inner,
-            authenticator: self.authenticator.clone(),
-        }
-    }
-}
-
-#[derive(Clone)]
 pub struct Authn<S> {
     inner: S,
     authenticator: Arc<Authenticator>,
+}
+
+impl<S> Authn<S> {
+    pub fn layer(authenticator: Arc<Authenticator>) -> impl Layer<S, Service = Self> + Clone {
+        layer_fn(move |inner| Self {
+            inner,
+            authenticator: authenticator.clone(),
+        })
+    }
 }
 
 impl<S> Service<Request> for Authn<S>
@@ -53,9 +48,7 @@ where
 
     fn call(&mut self, mut req: Request) -> Self::Future {
         let authenticator = self.authenticator.clone();
-        // The inner service is called later, from the future: take the ready one, leave a clone.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let mut inner = take_inner(&mut self.inner);
         Box::pin(async move {
             match authenticator.authenticate(&mut req).await {
                 Ok(()) => inner.call(req).await,

@@ -10,6 +10,7 @@ use std::task::{Context, Poll};
 use http::header::CONTENT_LENGTH;
 use http_body_util::Limited;
 use prometheus::IntGauge as Gauge;
+use tower::layer::layer_fn;
 use tower::{Layer, Service};
 
 use super::BoxFuture;
@@ -59,74 +60,43 @@ impl Drop for InflightGuard {
     }
 }
 
-pin_project_lite::pin_project! {
-    /// A body that carries a guard until it is dropped.
-    struct Guarded<B> {
-        #[pin]
-        inner: B,
-        guard: InflightGuard,
-    }
-}
-
-impl<B: http_body::Body> http_body::Body for Guarded<B> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        self.project().inner.poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
-    }
-}
-
+/// The limits and their counters, shared by every clone of the service.
 #[derive(Clone)]
-pub struct LimitsLayer {
+struct Shared {
     readonly: Arc<Slots>,
     mutating: Arc<Slots>,
     max_body: u64,
     metrics: Arc<Metrics>,
 }
 
-impl LimitsLayer {
-    pub fn new(limits: &gateway_config::Limits, metrics: Arc<Metrics>) -> Self {
-        Self {
-            readonly: Arc::new(Slots {
-                limit: limits.max_readonly_inflight,
-                used: AtomicU32::new(0),
-            }),
-            mutating: Arc::new(Slots {
-                limit: limits.max_mutating_inflight,
-                used: AtomicU32::new(0),
-            }),
-            max_body: limits.max_request_body_bytes,
-            metrics,
-        }
-    }
-}
-
-impl<S> Layer<S> for LimitsLayer {
-    type Service = LimitsService<S>;
-    fn layer(&self, inner: S) -> Self::Service {
-        LimitsService {
-            inner,
-            limits: self.clone(),
-        }
-    }
-}
-
 #[derive(Clone)]
 pub struct LimitsService<S> {
     inner: S,
-    limits: LimitsLayer,
+    limits: Shared,
+}
+
+impl<S> LimitsService<S> {
+    pub fn layer(
+        limits: &gateway_config::Limits,
+        metrics: Arc<Metrics>,
+    ) -> impl Layer<S, Service = Self> + Clone {
+        let slots = |limit| {
+            Arc::new(Slots {
+                limit,
+                used: AtomicU32::new(0),
+            })
+        };
+        let limits = Shared {
+            readonly: slots(limits.max_readonly_inflight),
+            mutating: slots(limits.max_mutating_inflight),
+            max_body: limits.max_request_body_bytes,
+            metrics,
+        };
+        layer_fn(move |inner| Self {
+            inner,
+            limits: limits.clone(),
+        })
+    }
 }
 
 impl<S> Service<Request> for LimitsService<S>
@@ -197,7 +167,7 @@ where
         let fut = self.inner.call(req);
         Box::pin(async move {
             let resp = fut.await?;
-            Ok(resp.map(|inner| body::boxed(Guarded { inner, guard })))
+            Ok(resp.map(|b| body::with_guard(b, guard)))
         })
     }
 }

@@ -3,7 +3,7 @@
 //! 1. `access_log`: one line and the request metrics per request. Outermost so that errors the
 //!    layers below answer themselves are logged and counted with their real code.
 //! 2. `audit`: the Audit-ID and one audit event per request (it sees every answer, as the access
-//!    log does); `audit::AuditCaptureLayer` after authentication tells it who the caller is.
+//!    log does); `audit::AuditCapture` after authentication tells it who the caller is.
 //! 3. `rescue`: any error (and any panic) becomes a `metav1.Status`.
 //! 4. `request_info`: parses verb/group/resource once; everything below decides on it.
 //! 5. `authn`, then the audit capture.
@@ -28,23 +28,38 @@ pub mod timeout;
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
-/// Where the router sent a request; set on the response for the access log and metrics.
+/// For a service that calls its inner service later, from its future: takes the inner service
+/// (the one that was polled ready) and leaves a clone in its place.
+pub(crate) fn take_inner<S: Clone>(inner: &mut S) -> S {
+    let clone = inner.clone();
+    std::mem::replace(inner, clone)
+}
+
+/// Where the router sent a request; set on the response for the access log, metrics and audit.
 #[derive(Clone, Debug)]
 pub enum RoutedTo {
     Gateway,
     Core,
-    ApiService(std::sync::Arc<str>),
+    /// An APIService's route, carrying its label `apiservice/<name>`. The label is built once
+    /// per route (see `routing::RouteTarget`), so tagging a response only clones an `Arc`.
+    ApiService(Arc<str>),
 }
 
 impl RoutedTo {
-    pub fn label(&self) -> std::borrow::Cow<'static, str> {
+    pub fn api_service(name: &str) -> Self {
+        Self::ApiService(format!("apiservice/{name}").into())
+    }
+
+    /// The `routed` field of the access log and the metrics label.
+    pub fn label(&self) -> &str {
         match self {
-            Self::Gateway => "gateway".into(),
-            Self::Core => "core".into(),
-            Self::ApiService(name) => format!("apiservice/{name}").into(),
+            Self::Gateway => "gateway",
+            Self::Core => "core",
+            Self::ApiService(label) => label,
         }
     }
 }
@@ -54,5 +69,20 @@ impl RoutedTo {
 pub struct ConnInfo {
     pub remote: std::net::SocketAddr,
     /// The verified client certificate chain, leaf first, when the client presented one.
-    pub peer_certs: Option<std::sync::Arc<Vec<rustls::pki_types::CertificateDer<'static>>>>,
+    pub peer_certs: Option<Arc<Vec<rustls::pki_types::CertificateDer<'static>>>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_name_the_route() {
+        assert_eq!(RoutedTo::Gateway.label(), "gateway");
+        assert_eq!(RoutedTo::Core.label(), "core");
+        assert_eq!(
+            RoutedTo::api_service("v1alpha1.wardle.example.com").label(),
+            "apiservice/v1alpha1.wardle.example.com"
+        );
+    }
 }

@@ -3,6 +3,7 @@
 
 use std::task::{Context, Poll};
 
+use tower::layer::layer_fn;
 use tower::{Layer, Service};
 
 use super::BoxFuture;
@@ -11,19 +12,15 @@ use crate::error::GatewayError;
 use crate::proxy::is_upgrade;
 use crate::request_info::parse;
 
-#[derive(Clone, Default)]
-pub struct RequestInfoLayer;
-
-impl<S> Layer<S> for RequestInfoLayer {
-    type Service = RequestInfoService<S>;
-    fn layer(&self, inner: S) -> Self::Service {
-        RequestInfoService { inner }
-    }
-}
-
 #[derive(Clone)]
 pub struct RequestInfoService<S> {
     inner: S,
+}
+
+impl<S> RequestInfoService<S> {
+    pub fn layer() -> impl Layer<S, Service = Self> + Clone {
+        layer_fn(|inner| Self { inner })
+    }
 }
 
 impl<S> Service<Request> for RequestInfoService<S>

@@ -6,6 +6,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::FutureExt;
+use tower::layer::layer_fn;
 use tower::{Layer, Service};
 
 use super::BoxFuture;
@@ -13,24 +14,19 @@ use crate::body::{BoxError, Request, Response};
 use crate::error::{rescue, GatewayError};
 
 #[derive(Clone)]
-pub struct RescueLayer {
-    pub request_timeout: Duration,
-}
-
-impl<S> Layer<S> for RescueLayer {
-    type Service = Rescue<S>;
-    fn layer(&self, inner: S) -> Rescue<S> {
-        Rescue {
-            inner,
-            request_timeout: self.request_timeout,
-        }
-    }
-}
-
-#[derive(Clone)]
 pub struct Rescue<S> {
     inner: S,
+    /// Named in the 504 a timeout becomes.
     request_timeout: Duration,
+}
+
+impl<S> Rescue<S> {
+    pub fn layer(request_timeout: Duration) -> impl Layer<S, Service = Self> + Clone {
+        layer_fn(move |inner| Self {
+            inner,
+            request_timeout,
+        })
+    }
 }
 
 impl<S> Service<Request> for Rescue<S>

@@ -5,6 +5,7 @@
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use tower::layer::layer_fn;
 use tower::{Layer, Service};
 
 use super::BoxFuture;
@@ -13,24 +14,15 @@ use crate::error::GatewayError;
 use crate::request_info::RequestInfo;
 
 #[derive(Clone)]
-pub struct TimeoutLayer {
-    pub limit: Duration,
-}
-
-impl<S> Layer<S> for TimeoutLayer {
-    type Service = TimeoutService<S>;
-    fn layer(&self, inner: S) -> Self::Service {
-        TimeoutService {
-            inner,
-            limit: self.limit,
-        }
-    }
-}
-
-#[derive(Clone)]
 pub struct TimeoutService<S> {
     inner: S,
     limit: Duration,
+}
+
+impl<S> TimeoutService<S> {
+    pub fn layer(limit: Duration) -> impl Layer<S, Service = Self> + Clone {
+        layer_fn(move |inner| Self { inner, limit })
+    }
 }
 
 /// `?timeout=` as a Go duration, when present and valid.
