@@ -23,6 +23,9 @@ use crate::error::GatewayError;
 use crate::identity::{set_identity_headers, UserInfo};
 use crate::proxy::{self, Upstream};
 
+/// HTTP/2 connections per backend (see `RemoteBackend::pooled`).
+const H2_CONNECTIONS: usize = 4;
+
 /// kube-aggregator's limit for `/apis/<group>/<version>` discovery through the proxy.
 const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -32,7 +35,11 @@ pub struct RemoteBackend {
     pub name: Arc<str>,
     spec: RemoteBackendSpec,
     resolver: Arc<dyn ServiceResolver>,
-    pooled: HttpsClient,
+    /// Several HTTP/2 connections, used in turn: one connection is driven by one task, so a
+    /// single one caps throughput at one core and puts every stream behind one flow-control
+    /// window (kube-aggregator's users hit this as kubernetes#60042).
+    pooled: Box<[HttpsClient]>,
+    next: std::sync::atomic::AtomicUsize,
     upgrades: HttpsClient,
     drain: watch::Receiver<bool>,
 }
@@ -113,13 +120,16 @@ impl RemoteBackend {
             ServerTrust::Roots(r) => ServerTrust::Roots(r.clone()),
             ServerTrust::InsecureSkipVerify => ServerTrust::InsecureSkipVerify,
         };
-        let pooled = client(tls_config(clone_trust(&trust))?, sni.clone(), true);
+        let pooled = (0..H2_CONNECTIONS)
+            .map(|_| Ok(client(tls_config(clone_trust(&trust))?, sni.clone(), true)))
+            .collect::<Result<Box<[_]>, RemoteSetupError>>()?;
         let upgrades = client(tls_config(trust)?, sni, false);
         Ok(Self {
             name: api.name.as_str().into(),
             spec: spec.clone(),
             resolver,
             pooled,
+            next: std::sync::atomic::AtomicUsize::new(0),
             upgrades,
             drain,
         })
@@ -172,7 +182,7 @@ impl RemoteBackend {
                 .await
                 .map_err(|e| self.transport_error(e));
         }
-        let send = self.pooled.request(req);
+        let send = self.pooled().request(req);
         let resp = if discovery {
             tokio::time::timeout(DISCOVERY_TIMEOUT, send)
                 .await
@@ -201,7 +211,7 @@ impl RemoteBackend {
             .header(http::header::ACCEPT, "application/json")
             .body(body::empty())
             .map_err(|e| e.to_string())?;
-        match tokio::time::timeout(DISCOVERY_TIMEOUT, self.pooled.request(req)).await {
+        match tokio::time::timeout(DISCOVERY_TIMEOUT, self.pooled().request(req)).await {
             Err(_) => Err(format!(
                 "failing or missing response from {}: timed out after 5s",
                 upstream.authority
@@ -235,7 +245,7 @@ impl RemoteBackend {
             .body(body::empty())
             .map_err(|e| GatewayError::Internal(e.to_string()))?;
         *req.headers_mut() = headers;
-        match tokio::time::timeout(timeout, self.pooled.request(req)).await {
+        match tokio::time::timeout(timeout, self.pooled().request(req)).await {
             Err(_) => Err(self.unavailable(format!(
                 "GET {path_and_query} did not answer within {}s",
                 timeout.as_secs()
@@ -248,6 +258,11 @@ impl RemoteBackend {
     /// The Service this backend reaches (discovery is fetched once per Service).
     pub fn service(&self) -> &apiservice::model::ServiceRef {
         &self.spec.service
+    }
+
+    fn pooled(&self) -> &HttpsClient {
+        let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        &self.pooled[i % self.pooled.len()]
     }
 
     fn transport_error(&self, e: hyper_util::client::legacy::Error) -> GatewayError {
