@@ -108,10 +108,11 @@ async fn a_watch_streams_events_created_after_it_started() {
     );
 }
 
-#[tokio::test]
-async fn raw_watch_events_arrive_without_buffering() {
-    let (core, gateway) = core_and_gateway(&[]).await;
-    let client = harness::http2_client(&gateway.ca_pem().unwrap(), None).unwrap();
+/// Starts a raw watch on configmaps through the gateway and returns its still-streaming body.
+async fn open_configmap_watch(
+    gateway: &Gateway,
+    client: &harness::HttpClient,
+) -> hyper::body::Incoming {
     let req = Request::get(format!(
         "{}/api/v1/namespaces/default/configmaps?watch=true",
         gateway.url()
@@ -123,9 +124,16 @@ async fn raw_watch_events_arrive_without_buffering() {
     )
     .body(Full::new(Bytes::new()))
     .unwrap();
-    let resp = harness::send_streaming(&client, req).await.unwrap();
+    let resp = harness::send_streaming(client, req).await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
-    let mut body = resp.into_body();
+    resp.into_body()
+}
+
+#[tokio::test]
+async fn raw_watch_events_arrive_without_buffering() {
+    let (core, gateway) = core_and_gateway(&[]).await;
+    let client = harness::http2_client(&gateway.ca_pem().unwrap(), None).unwrap();
+    let mut body = open_configmap_watch(&gateway, &client).await;
     // Create an object directly on the core; the event must come through the open stream.
     let direct = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
     let created = harness::send(
@@ -515,19 +523,7 @@ async fn open_watches_end_cleanly_at_shutdown() {
     ])
     .await;
     let client = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
-    let req = Request::get(format!(
-        "{}/api/v1/namespaces/default/configmaps?watch=true",
-        gateway.url()
-    ))
-    .header(
-        "authorization",
-        format!("Bearer {}", harness::DEFAULT_TOKEN),
-    )
-    .body(Full::new(Bytes::new()))
-    .unwrap();
-    let resp = harness::send_streaming(&client, req).await.unwrap();
-    assert_eq!(resp.status(), StatusCode::OK);
-    let mut body = resp.into_body();
+    let mut body = open_configmap_watch(&gateway, &client).await;
 
     gateway.process.signal("TERM").unwrap();
     let ended = tokio::time::timeout(Duration::from_secs(8), async {
