@@ -363,3 +363,51 @@ async fn services_and_endpointslices_on_the_core_resolve_the_backend() {
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["kind"], "FlunderList");
 }
+
+/// With `--apiservice-label-selector` one gateway serves only its own APIServices: an unlabeled
+/// one stays with the core until it gets the label.
+#[tokio::test]
+async fn a_label_selector_limits_the_apiservices_a_gateway_serves() {
+    let pki = Pki::new();
+    let core = FixtureCore::start(&[]).await.unwrap();
+    let backend = pki.start_backend(GROUP, "v1alpha1", &[]).await;
+    let config = pki.gateway_config(&[("wardle", &backend)], "");
+    let gateway = pki
+        .start_gateway(
+            &core,
+            &config,
+            &[
+                "--apiservice-label-selector",
+                "gateway.example.com/owner=edge",
+            ],
+        )
+        .await;
+    let alice = pki.user("alice", &[]);
+    let kubectl = scenario::kubectl_as(&gateway, KubectlVersion::V1_32, &alice);
+    let flunders = "/apis/wardle.example.com/v1alpha1/namespaces/default/flunders";
+
+    kubectl
+        .apply_yaml(&pki.apiservice(GROUP, "v1alpha1", "wardle").yaml())
+        .await;
+    // Not ours yet: the core answers (it does not serve the group).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        get_as(&gateway, &alice, flunders, &[]).await.0,
+        StatusCode::NOT_FOUND
+    );
+
+    kubectl
+        .run_ok(&[
+            "label",
+            "apiservice",
+            NAME,
+            "gateway.example.com/owner=edge",
+        ])
+        .await;
+    let served = harness::wait_until(Duration::from_secs(5), || async {
+        let (status, body) = get_as(&gateway, &alice, flunders, &[]).await;
+        status == StatusCode::OK && body["kind"] == "FlunderList"
+    })
+    .await;
+    assert!(served, "{}", gateway.process.logs());
+}
