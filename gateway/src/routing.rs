@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use apiservice::model::{Backend, RegisteredAPIService};
-use apiservice::resolve::ServiceResolver;
+use apiservice::resolve::{ResolveReason, ServiceResolver};
 use apiservice::route::{Availability, RouteTable};
 use apiservice::source::ApiServiceSet;
 use arc_swap::ArcSwap;
@@ -359,7 +359,8 @@ async fn check(
     };
     match &route.backend.target {
         Target::Local => Availability::Available,
-        Target::Broken(why) => unavailable("ServiceAccessError", why.to_string()),
+        // The transport could not be built (e.g. a bad caBundle): the check fails before it starts.
+        Target::Broken(why) => unavailable("FailedDiscoveryCheck", why.to_string()),
         Target::Remote(backend) => {
             let api = &route.api_service;
             if let Some(svc) = api.service() {
@@ -383,6 +384,18 @@ fn condition(a: &Availability, local: bool) -> APIServiceCondition {
             "Local APIServices are always available".to_owned(),
         ),
         Availability::Available => ("True", "Passed", "all checks passed".to_owned()),
+        // kube-aggregator says Unknown when it could not look (the Service or its endpoints
+        // could not be read) and False when it looked and found something wrong.
+        Availability::Unavailable { reason, message }
+            if [
+                ResolveReason::ServiceAccessError,
+                ResolveReason::EndpointsAccessError,
+            ]
+            .iter()
+            .any(|r| r.as_str() == reason) =>
+        {
+            ("Unknown", reason.as_str(), message.clone())
+        }
         Availability::Unavailable { reason, message } => {
             ("False", reason.as_str(), message.clone())
         }
@@ -394,5 +407,48 @@ fn condition(a: &Availability, local: bool) -> APIServiceCondition {
         reason: Some(reason.into()),
         message: Some(message),
         last_transition_time: Some(Time(k8s_openapi::jiff::Timestamp::now())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unavailable(reason: &str) -> Availability {
+        Availability::Unavailable {
+            reason: reason.into(),
+            message: "m".into(),
+        }
+    }
+
+    #[test]
+    fn conditions_use_kube_aggregators_statuses() {
+        let c = condition(&Availability::Available, true);
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_deref()),
+            ("True", Some("Local"))
+        );
+        let c = condition(&Availability::Available, false);
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_deref()),
+            ("True", Some("Passed"))
+        );
+        // Could not look: Unknown. Looked and found it wrong: False.
+        assert_eq!(
+            condition(&unavailable("ServiceAccessError"), false).status,
+            "Unknown"
+        );
+        assert_eq!(
+            condition(&unavailable("EndpointsAccessError"), false).status,
+            "Unknown"
+        );
+        assert_eq!(
+            condition(&unavailable("ServiceNotFound"), false).status,
+            "False"
+        );
+        assert_eq!(
+            condition(&unavailable("FailedDiscoveryCheck"), false).status,
+            "False"
+        );
     }
 }
