@@ -292,6 +292,7 @@ impl ServerTlsSettings {
 }
 
 /// How the gateway verifies a server it connects to.
+#[derive(Clone)]
 pub enum ServerTrust {
     /// Verify against these roots.
     Roots(RootCertStore),

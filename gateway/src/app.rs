@@ -107,13 +107,13 @@ pub async fn run(config: Config) -> Result<(), StartError> {
     let (stop_tx, stop_rx) = watch::channel(false);
 
     // The core gets the proxy client certificate too: certificate users reach it as X-Remote-*.
-    let core_proxy_identity = match &config.proxy_client {
-        Some(pair) => Some(Identity::load(pair).map_err(StartError::ProxyIdentity)?),
-        None => None,
-    };
+    // One reloading source feeds the core and every remote backend.
+    let (proxy_identity, _proxy_identity_reload) = proxy_identity(&config)?;
+    let first_identity = proxy_identity.borrow().clone();
     let core = Arc::new(
-        CoreBackend::new(&config.core, core_proxy_identity.as_ref(), drain_rx.clone()).await?,
+        CoreBackend::new(&config.core, first_identity.as_deref(), drain_rx.clone()).await?,
     );
+    tokio::spawn(follow_proxy_identity(core.clone(), proxy_identity.clone()));
     let (authenticator, _ca_watch) =
         crate::auth::start(&config, kube_client::client(core.clone()))?;
     let mut health = Health::new();
@@ -129,8 +129,9 @@ pub async fn run(config: Config) -> Result<(), StartError> {
     );
 
     let metrics = Arc::new(Metrics::new());
-    let _proxy_identity = start_apiservices(
+    start_apiservices(
         &config,
+        proxy_identity,
         core.clone(),
         routing.clone(),
         metrics.clone(),
@@ -276,11 +277,12 @@ fn proxy_identity(config: &Config) -> Result<(ProxyIdentity, ProxyIdentityReload
 /// writes to the core).
 fn start_apiservices(
     config: &Config,
+    proxy_identity: ProxyIdentity,
     core: Arc<CoreBackend>,
     routing: Arc<Routing>,
     metrics: Arc<Metrics>,
     drain: watch::Receiver<bool>,
-) -> Result<ProxyIdentityReload, StartError> {
+) -> Result<(), StartError> {
     let api = &config.apiservices;
     let kube = kube_client::client(core);
     let (set_tx, set_rx) = apiservice::source::channel();
@@ -316,7 +318,6 @@ fn start_apiservices(
         }
     }
 
-    let (proxy_identity, reload) = proxy_identity(config)?;
     let factory = BackendFactory {
         proxy_identity,
         resolver: resolver.clone(),
@@ -343,7 +344,15 @@ fn start_apiservices(
         }
         .run(),
     );
-    Ok(reload)
+    Ok(())
+}
+
+/// Rebuilds the core's proxy-certificate clients whenever the certificate is rotated.
+async fn follow_proxy_identity(core: Arc<CoreBackend>, mut identity: ProxyIdentity) {
+    while identity.changed().await.is_ok() {
+        let current = identity.borrow_and_update().clone();
+        core.set_proxy_identity(current.as_deref());
+    }
 }
 
 /// Keeps the `core-server` readiness check current. Any HTTP answer below 500 from the core's

@@ -345,6 +345,107 @@ async fn a_rotated_proxy_client_certificate_is_presented_to_backends() {
     assert_eq!(s.get(&dave, FLUNDERS).await.0, StatusCode::OK);
 }
 
+/// Certificate users reach the core as `X-Remote-*` on our proxy certificate; a rotated proxy
+/// certificate is presented to the core too, without a restart.
+#[tokio::test]
+async fn a_rotated_proxy_client_certificate_is_presented_to_the_core() {
+    let dir = tempfile::tempdir().unwrap();
+    let core_ca = TestCa::new("core-ca");
+    let core_ca_file = core_ca.write(dir.path(), "core-ca").unwrap();
+    let (core_cert, core_key) = core_ca
+        .issue_server(&["127.0.0.1"])
+        .write(dir.path(), "core")
+        .unwrap();
+    let proxy_ca = TestCa::new("front-proxy-ca");
+    let proxy_ca_file = proxy_ca.write(dir.path(), "front-proxy-ca").unwrap();
+    let (proxy_cert, proxy_key) = proxy_ca
+        .issue_client("aggregator", &[])
+        .write(dir.path(), "proxy-client")
+        .unwrap();
+    let users_ca = TestCa::new("users-ca");
+    let users_ca_file = users_ca.write(dir.path(), "users-ca").unwrap();
+    let core = FixtureCore::start(&[
+        "--tls-cert-file",
+        &path_arg(&core_cert),
+        "--tls-private-key-file",
+        &path_arg(&core_key),
+        "--client-ca-file",
+        &path_arg(&proxy_ca_file),
+    ])
+    .await
+    .unwrap();
+    let gateway = Gateway::start(GatewayOptions::new(format!("https://{}", core.addr)).args([
+        "--apiservice-source".to_owned(),
+        "none".to_owned(),
+        "--core-ca-file".to_owned(),
+        path_arg(&core_ca_file),
+        "--proxy-client-cert-file".to_owned(),
+        path_arg(&proxy_cert),
+        "--proxy-client-key-file".to_owned(),
+        path_arg(&proxy_key),
+        "--client-ca-file".to_owned(),
+        path_arg(&users_ca_file),
+    ]))
+    .await
+    .unwrap();
+    let erin = harness::http1_client(
+        &gateway.ca_pem().unwrap(),
+        Some(&users_ca.issue_client("erin", &[])),
+    )
+    .unwrap();
+    let core_client = harness::http1_client(core_ca.cert_pem(), None).unwrap();
+    // The client CN and X-Remote-User the core saw on the last GET of `path`.
+    let seen_by_core = |path: &'static str| {
+        let (erin, core_client, gateway_url, core_url) =
+            (&erin, &core_client, gateway.url(), core.url());
+        async move {
+            let (status, _, _) = harness::get(erin, &format!("{gateway_url}{path}"))
+                .await
+                .unwrap();
+            assert_eq!(status, StatusCode::OK);
+            let (_, _, log) = harness::get(core_client, &format!("{core_url}/fixture/requests"))
+                .await
+                .unwrap();
+            let log: Vec<Value> = serde_json::from_slice(&log).unwrap();
+            let last = log
+                .iter()
+                .rev()
+                .find(|r| r["path"] == path)
+                .cloned()
+                .unwrap_or(Value::Null);
+            let user = last["headers"]
+                .as_array()
+                .and_then(|h| {
+                    h.iter().find(|p| {
+                        p[0].as_str()
+                            .is_some_and(|n| n.eq_ignore_ascii_case("x-remote-user"))
+                    })
+                })
+                .map(|p| p[1].clone())
+                .unwrap_or(Value::Null);
+            (last["clientCN"].clone(), user)
+        }
+    };
+    assert_eq!(
+        seen_by_core("/api/v1/namespaces").await,
+        (json!("aggregator"), json!("erin"))
+    );
+
+    let next = proxy_ca.issue_client("aggregator-2", &[]);
+    let (c, k) = next.write(dir.path(), "proxy-client-next").unwrap();
+    std::fs::rename(k, &proxy_key).unwrap();
+    std::fs::rename(c, &proxy_cert).unwrap();
+    let rotated = harness::wait_until(Duration::from_secs(10), || async {
+        seen_by_core("/api/v1/namespaces/default").await.0 == json!("aggregator-2")
+    })
+    .await;
+    assert!(
+        rotated,
+        "the core never saw the new proxy certificate:\n{}",
+        gateway.process.logs()
+    );
+}
+
 // ---- limits -------------------------------------------------------------------------------------
 
 async fn core_gateway(args: &[&str]) -> (FixtureCore, Gateway) {

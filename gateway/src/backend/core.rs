@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwapOption;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use gateway_config::tls::{self, Identity, ServerTrust};
 use gateway_config::{CoreConfig, CoreEndpoint, CoreIdentity};
 use http::header::{self, HeaderValue};
@@ -82,6 +82,22 @@ struct Clients {
     upgrades: HttpClient,
 }
 
+/// How the core is verified, and the clients to fall back to without a proxy certificate.
+struct ProxyRebuild {
+    trust: Option<ServerTrust>,
+    caller: Clients,
+}
+
+fn tcp_clients(
+    trust: Option<&ServerTrust>,
+    identity: Option<&Identity>,
+) -> Result<Clients, CoreSetupError> {
+    Ok(Clients {
+        pooled: HttpClient::Tcp(tcp_client(trust, identity, true)?),
+        upgrades: HttpClient::Tcp(tcp_client(trust, identity, false)?),
+    })
+}
+
 pub struct CoreBackend {
     upstream: Upstream,
     url: String,
@@ -90,7 +106,10 @@ pub struct CoreBackend {
     /// No client certificate: callers the core authenticates itself.
     caller: Clients,
     /// Our proxy client certificate: certificate users as `X-Remote-*` (passthrough mode).
-    proxy: Clients,
+    /// Swapped whole when the certificate is rotated (see `set_proxy_identity`).
+    proxy: ArcSwap<Clients>,
+    /// What the proxy clients are rebuilt from; `None` on a Unix socket (no TLS there).
+    rebuild: Option<ProxyRebuild>,
     identity: CoreIdentity,
     credentials: Credentials,
     drain: watch::Receiver<bool>,
@@ -224,7 +243,7 @@ impl CoreBackend {
         drain: watch::Receiver<bool>,
     ) -> Result<Self, CoreSetupError> {
         let resolved = resolve(cfg).await?;
-        let (upstream, url, own, caller, proxy) = match &resolved.endpoint {
+        let (upstream, url, own, caller, proxy, rebuild) = match &resolved.endpoint {
             CoreEndpoint::Unix(path) => {
                 let connector = UnixConnector(Arc::new(path.clone()));
                 let client = HttpClient::Unix(super::client_builder().build(connector));
@@ -243,6 +262,7 @@ impl CoreBackend {
                     clients.clone(),
                     clients.clone(),
                     clients,
+                    None,
                 )
             }
             CoreEndpoint::Url(url) => {
@@ -253,12 +273,7 @@ impl CoreBackend {
                     return Err(CoreSetupError::Url(url.clone()));
                 };
                 let trust = resolved.trust.as_ref();
-                let clients = |identity: Option<&Identity>| -> Result<Clients, CoreSetupError> {
-                    Ok(Clients {
-                        pooled: HttpClient::Tcp(tcp_client(trust, identity, true)?),
-                        upgrades: HttpClient::Tcp(tcp_client(trust, identity, false)?),
-                    })
-                };
+                let clients = |identity: Option<&Identity>| tcp_clients(trust, identity);
                 let own = clients(resolved.identity.as_ref())?;
                 // Without a certificate of our own, the caller clients would be the same.
                 let caller = match resolved.identity {
@@ -269,12 +284,17 @@ impl CoreBackend {
                     Some(id) => clients(Some(id))?,
                     None => caller.clone(),
                 };
+                let rebuild = ProxyRebuild {
+                    trust: resolved.trust.clone(),
+                    caller: caller.clone(),
+                };
                 (
                     Upstream { scheme, authority },
                     url.clone(),
                     own,
                     caller,
                     proxy,
+                    Some(rebuild),
                 )
             }
         };
@@ -299,11 +319,29 @@ impl CoreBackend {
             url,
             own,
             caller,
-            proxy,
+            proxy: ArcSwap::from_pointee(proxy),
+            rebuild,
             identity: cfg.identity,
             credentials,
             drain,
         })
+    }
+
+    /// Presents a rotated proxy client certificate on new connections to the core; requests
+    /// already in flight finish on their connections. A build failure keeps the previous clients.
+    pub fn set_proxy_identity(&self, identity: Option<&Identity>) {
+        let Some(rebuild) = &self.rebuild else { return };
+        let clients = match identity {
+            Some(id) => match tcp_clients(rebuild.trust.as_ref(), Some(id)) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::error!(error = %e, "keeping the previous proxy client certificate for the core");
+                    return;
+                }
+            },
+            None => rebuild.caller.clone(),
+        };
+        self.proxy.store(Arc::new(clients));
     }
 
     /// The core's URL as the user configured it (for messages).
@@ -326,9 +364,13 @@ impl CoreBackend {
             parts.extensions.get::<Authenticated>(),
             self.identity,
         );
+        let proxy_clients;
         let clients = match credentials {
             CoreCredentials::Caller => &self.caller,
-            CoreCredentials::Proxy => &self.proxy,
+            CoreCredentials::Proxy => {
+                proxy_clients = self.proxy.load();
+                &**proxy_clients
+            }
             CoreCredentials::Own => {
                 if let Some(auth) = self.authorization() {
                     parts.headers.insert(header::AUTHORIZATION, auth);

@@ -116,12 +116,8 @@ impl RemoteBackend {
                 source: Box::new(source),
             })
         };
-        let clone_trust = |t: &ServerTrust| match t {
-            ServerTrust::Roots(r) => ServerTrust::Roots(r.clone()),
-            ServerTrust::InsecureSkipVerify => ServerTrust::InsecureSkipVerify,
-        };
         let pooled = (0..H2_CONNECTIONS)
-            .map(|_| Ok(client(tls_config(clone_trust(&trust))?, sni.clone(), true)))
+            .map(|_| Ok(client(tls_config(trust.clone())?, sni.clone(), true)))
             .collect::<Result<Box<[_]>, RemoteSetupError>>()?;
         let upgrades = client(tls_config(trust)?, sni, false);
         Ok(Self {
