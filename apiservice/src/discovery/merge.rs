@@ -15,7 +15,7 @@
 //!   ([`core_priority`]: the built-in table, else 1000/100 like CRDs);
 //! * groups are ordered `apiregistration.k8s.io` first, then by the highest groupPriorityMinimum
 //!   among their versions (descending), ties by group name; versions by versionPriority
-//!   (descending), ties by [`compare_versions`]. (Legacy kube-aggregator breaks group ties by
+//!   (descending), ties by [`compare_versions`](crate::version::compare_versions). (Legacy kube-aggregator breaks group ties by
 //!   APIService name; one order for both documents is kept here, by group name as aggregated
 //!   discovery does.)
 //! * two APIServices for the same group-version (impossible in a real cluster, where the name is
@@ -37,8 +37,8 @@ use super::negotiate::Negotiated;
 use super::render::{items_bytes, list_bytes, GroupOut, LegacyGroup, LegacyGroupList, VersionOut};
 use super::{etag_for, DiscoveryError, FRESHNESS_CURRENT, FRESHNESS_STALE};
 use crate::model::RegisteredAPIService;
+use crate::order::{sort_groups, sort_versions};
 use crate::priority::{core_priority, APIREGISTRATION_GROUP};
-use crate::version::compare_versions;
 
 /// `apiVersion` of the aggregated discovery list, current version.
 pub const APIDISCOVERY_V2: &str = "apidiscovery.k8s.io/v2";
@@ -326,11 +326,7 @@ pub fn merge(
         .filter(|(_, slots)| !slots.versions.is_empty())
         .map(|(name, slots)| {
             let mut versions: Vec<(&str, Slot<'_>)> = slots.versions.into_iter().collect();
-            versions.sort_by(|(va, a), (vb, b)| {
-                b.version_priority
-                    .cmp(&a.version_priority)
-                    .then_with(|| compare_versions(va, vb))
-            });
+            sort_versions(&mut versions, |(v, slot)| (slot.version_priority, v));
             let priority = versions
                 .iter()
                 .map(|(_, s)| s.group_priority_minimum)
@@ -344,12 +340,9 @@ pub fn merge(
             }
         })
         .collect();
-    sorted.sort_by(|a, b| {
-        (a.name != APIREGISTRATION_GROUP)
-            .cmp(&(b.name != APIREGISTRATION_GROUP))
-            .then(b.priority.cmp(&a.priority))
-            .then(a.name.cmp(b.name))
-    });
+    sort_groups(&mut sorted, |g| (g.priority, g.name));
+    // The aggregator's own group leads whatever its priority (a stable sort keeps the rest).
+    sorted.sort_by_key(|g| g.name != APIREGISTRATION_GROUP);
 
     // 4. Render.
     let ser = |document: &str| {
