@@ -210,9 +210,25 @@ impl Pki {
             "1s".to_owned(),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
-        Gateway::start(GatewayOptions::new(core.url()).args(args))
+        let gateway = Gateway::start(GatewayOptions::new(core.url()).args(args))
             .await
-            .expect("gateway starts")
+            .expect("gateway starts");
+        // A session starts once the gateway is ready: before its APIService source has synced,
+        // unclaimed `/apis/<group>` paths answer 503 (by design) rather than the core's 404.
+        let client = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
+        let readyz = format!("{}/readyz", gateway.url());
+        let ready = harness::wait_until(std::time::Duration::from_secs(10), || async {
+            harness::get(&client, &readyz)
+                .await
+                .is_ok_and(|(status, _, _)| status == http::StatusCode::OK)
+        })
+        .await;
+        assert!(
+            ready,
+            "gateway never became ready:\n{}",
+            gateway.process.logs()
+        );
+        gateway
     }
 
     /// [`Pki::start_gateway`] reading APIServices from the manifests in `manifests`
