@@ -77,8 +77,17 @@ pub fn request_info(data: &[u8]) {
                 "empty verb for {method} {path}?{query}"
             );
         }
+        // A collection verb carries a name only when a `metadata.name` field selector picks
+        // one object (kube does the same, so authorization can decide per object).
+        if !info.name.is_empty() && matches!(info.verb.as_str(), "list" | "watch") {
+            let from_selector = request_info::field_selector_name(query);
+            let in_path = path.split('/').any(|segment| segment == info.name);
+            assert!(
+                from_selector.as_deref() == Some(info.name.as_str()) || in_path,
+                "{info:?}"
+            );
+        }
         if !info.name.is_empty() {
-            assert_ne!(info.verb, "list", "{info:?}");
             assert_ne!(info.verb, "deletecollection", "{info:?}");
         }
     } else {
@@ -269,6 +278,27 @@ mod tests {
             let mut input = vec![(rng.next() as u8 % 10) | (rng.next() as u8 & 0x80)];
             input.extend(assemble(&mut rng, TOKENS, 14));
             super::request_info(&input);
+        }
+    }
+
+    /// Inputs libFuzzer found in CI, kept so each finding stays fixed.
+    #[test]
+    fn request_info_target_holds_on_past_findings() {
+        // A list whose field selector names one object: kube sets the name and keeps the verb.
+        let mut list_by_field_selector = vec![0u8];
+        list_by_field_selector.extend_from_slice(
+            b"/apis/wardle.example.com/v1alpha1/flunders?fieldSelector=metadata.name%3Dmy-flunder",
+        );
+        let crash_e3cbdcf1: &[u8] = &[
+            255, 97, 112, 105, 115, 47, 47, 47, 8, 203, 63, 61, 61, 232, 61, 61, 63, 61, 61, 255,
+            253, 255, 255, 255, 255, 255, 6, 63, 0, 7, 38, 102, 105, 101, 108, 100, 83, 101, 108,
+            101, 99, 116, 111, 114, 61, 109, 101, 116, 97, 100, 97, 116, 97, 46, 110, 97, 109, 101,
+            61, 6, 63, 0, 7, 38, 102, 105, 101, 108, 100, 83, 101, 108, 101, 99, 116, 111, 114, 61,
+            109, 101, 116, 97, 100, 97, 116, 97, 46, 110, 97, 109, 101, 61, 216, 189, 216, 189, 97,
+            112, 47, 1, 17, 0, 0, 47, 48, 0, 0, 239, 191, 189, 97, 64, 0, 0, 0, 47, 64, 0,
+        ];
+        for input in [&list_by_field_selector[..], crash_e3cbdcf1] {
+            super::request_info(input);
         }
     }
 

@@ -46,7 +46,7 @@ fn query_param<'a>(query: &'a str, key: &str) -> Option<&'a str> {
 }
 
 /// `metadata.name=foo` (or `metadata.name==foo`) as the only term of a field selector.
-fn field_selector_name(query: &str) -> Option<String> {
+pub(crate) fn field_selector_name(query: &str) -> Option<String> {
     let raw = query_param(query, "fieldSelector")?;
     let decoded = percent_encoding::percent_decode_str(raw)
         .decode_utf8()
