@@ -12,8 +12,8 @@ set -euo pipefail
 cd "$(dirname "$0")"
 RUNS_PER_TARGET="${1:-300000}"
 SEED="${2:-1}"
-# The sanitizer build of the gateway takes minutes on a small machine: keep it outside the
-# checkout so later runs on the same machine (CI clones afresh) only rebuild what changed.
+# Keep the sanitizer build outside the checkout so later runs on the same machine (CI clones
+# afresh) only rebuild what changed.
 TARGET_DIR="${FUZZ_TARGET_DIR:-$HOME/.cache/aggregation-gateway/fuzz-target}"
 
 if ! cargo fuzz --version >/dev/null 2>&1; then
