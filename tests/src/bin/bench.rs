@@ -90,6 +90,10 @@ struct Cli {
     /// Measuring window per side of a throughput scenario, seconds [default: 5, short: 1].
     #[arg(long)]
     duration: Option<f64>,
+    /// Run only the scenarios whose name contains this text (e.g. "small GET"), for profiling
+    /// one of them; the table then has just those rows.
+    #[arg(long, conflicts_with = "write_benchmarks_md")]
+    only: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -902,6 +906,15 @@ struct Settings {
     duration: Duration,
     watch_streams: usize,
     repeats: usize,
+    only: Option<String>,
+}
+
+impl Settings {
+    fn wants(&self, scenario: &str) -> bool {
+        self.only
+            .as_deref()
+            .is_none_or(|only| scenario.contains(only))
+    }
 }
 
 struct Setup {
@@ -939,6 +952,7 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
             .watch_streams
             .unwrap_or(if short { 200 } else { 10_000 }),
         repeats: if short { 3 } else { 15 },
+        only: cli.only.clone(),
     };
     let (nofile, nofile_max) = raise_nofile_limit();
     eprintln!("bench: open-file limit {nofile} (hard {nofile_max})");
@@ -952,8 +966,10 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
     let mut raw = serde_json::Map::new();
 
     // In-process first, while nothing else competes for the CPU.
-    eprintln!("bench: route table and discovery rebuilds (in process)");
-    rebuild_benchmarks(&settings, &mut rows, &mut raw);
+    if settings.wants("route-table rebuild") || settings.wants("discovery rebuild") {
+        eprintln!("bench: route table and discovery rebuilds (in process)");
+        rebuild_benchmarks(&settings, &mut rows, &mut raw);
+    }
 
     let setup = start_everything(&gateway_binary).await?;
     let gateway_pid = setup.gateway.process.id();
@@ -982,8 +998,12 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
             .note("peak over all throughput scenarios (sampled every 50 ms)"),
     );
 
-    watch_scenario(&settings, &setup, idle_gateway, &mut rows, &mut raw).await?;
-    ready_scenario(&settings, &setup, &mut rows, &mut raw).await?;
+    if settings.wants("watch streams held open") {
+        watch_scenario(&settings, &setup, idle_gateway, &mut rows, &mut raw).await?;
+    }
+    if settings.wants("start to ready") {
+        ready_scenario(&settings, &setup, &mut rows, &mut raw).await?;
+    }
     drop(setup);
 
     let table = markdown_table(&rows);
@@ -1311,8 +1331,10 @@ async fn throughput_scenarios(
     let core_path = "/api/v1/namespaces/default/configmaps/bench";
 
     let name = "small GET, HTTP/1.1 keep-alive, 32 connections";
-    let (d, v) = pair(setup, name, core_path, core_path, &base, raw).await?;
-    latency_rows(rows, name, &d, &v, true);
+    if settings.wants(name) {
+        let (d, v) = pair(setup, name, core_path, core_path, &base, raw).await?;
+        latency_rows(rows, name, &d, &v, true);
+    }
 
     let h2 = LoadSpec {
         proto: Proto::H2,
@@ -1321,31 +1343,40 @@ async fn throughput_scenarios(
         ..base.clone()
     };
     let name = "small GET, HTTP/2, 32 streams on 4 connections";
-    let (d, v) = pair(setup, name, core_path, core_path, &h2, raw).await?;
-    latency_rows(rows, name, &d, &v, true);
+    if settings.wants(name) {
+        let (d, v) = pair(setup, name, core_path, core_path, &h2, raw).await?;
+        latency_rows(rows, name, &d, &v, true);
+    }
 
     let remote_path = format!("/apis/{BENCH_GROUP}/v1/namespaces/default/things/bench");
     let name = "TLS termination + TLS to backend (remote APIService, h2 upstream), HTTP/1.1, 32 connections";
-    let (d, v) = pair(setup, name, &remote_path, &remote_path, &base, raw).await?;
-    latency_rows(rows, name, &d, &v, false);
+    if settings.wants(name) {
+        let (d, v) = pair(setup, name, &remote_path, &remote_path, &base, raw).await?;
+        latency_rows(rows, name, &d, &v, false);
+    }
 
     let big = LoadSpec {
         connections: 8,
         ..base.clone()
     };
     let name = "1 MiB response, HTTP/1.1, 8 connections";
-    let (d, v) = pair(setup, name, "/bench/1mib", "/bench/1mib", &big, raw).await?;
-    rows.push(
-        Row::new(name, "throughput", "MiB/s").values(Some(d.mib_per_s()), Some(v.mib_per_s())),
-    );
-    rows.push(Row::new(name, "p99 latency", "ms").values(Some(d.p99_ms), Some(v.p99_ms)));
-    cpu_row(rows, name, &d, &v);
+    if settings.wants(name) {
+        let (d, v) = pair(setup, name, "/bench/1mib", "/bench/1mib", &big, raw).await?;
+        rows.push(
+            Row::new(name, "throughput", "MiB/s").values(Some(d.mib_per_s()), Some(v.mib_per_s())),
+        );
+        rows.push(Row::new(name, "p99 latency", "ms").values(Some(d.p99_ms), Some(v.p99_ms)));
+        cpu_row(rows, name, &d, &v);
+    }
 
     let apis = LoadSpec {
         accept: Some(AGGREGATED_V2),
         ..base.clone()
     };
     let name = "aggregated discovery /apis (gateway: from cache), HTTP/1.1, 32 connections";
+    if !settings.wants(name) {
+        return Ok(());
+    }
     let (d, v) = pair(setup, name, "/apis", "/apis", &apis, raw).await?;
     let ratio = v.rps() / d.rps();
     let d_size = d.bytes as f64 / d.requests.max(1) as f64;
