@@ -24,9 +24,9 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
  && install -D -m 0755 target/release/aggregation-gateway /out/aggregation-gateway
 
 FROM gcr.io/distroless/cc-debian12:nonroot AS runtime
-LABEL org.opencontainers.image.title="aggregation-gateway"
-      org.opencontainers.image.description="A front proxy that aggregates Kubernetes-style API servers the way kube-aggregator does."
-      org.opencontainers.image.source="https://github.com/aggregation-gateway/aggregation-gateway"
+LABEL org.opencontainers.image.title="aggregation-gateway" \
+      org.opencontainers.image.description="A front proxy that aggregates Kubernetes-style API servers the way kube-aggregator does." \
+      org.opencontainers.image.source="https://github.com/aggregation-gateway/aggregation-gateway" \
       org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=builder /out/aggregation-gateway /usr/local/bin/aggregation-gateway
 USER 65532:65532
