@@ -58,14 +58,35 @@ impl UserInfo {
     }
 }
 
-/// Every header through which a client could claim an identity.
+/// Whether `name` is, or could be read by some backend as, an identity header: `X-Remote-*` or
+/// `Impersonate-*`, compared case-insensitively and with `_` taken for `-`. Go never reads
+/// `X_Remote_User` as `X-Remote-User`, but WSGI, Rack and nginx (CGI-style `HTTP_X_REMOTE_USER`)
+/// do, so a backend behind us could believe a forged underscore form.
+pub fn is_identity_header_name(name: &str) -> bool {
+    ["x-remote-", "impersonate-"]
+        .iter()
+        .any(|prefix| starts_with_loosely(name, prefix))
+}
+
+/// `name` starts with `prefix` (lower-case, dashes), ignoring case and reading `_` as `-`.
+fn starts_with_loosely(name: &str, prefix: &str) -> bool {
+    name.len() >= prefix.len()
+        && name.bytes().zip(prefix.bytes()).all(|(n, p)| {
+            let n = if n == b'_' {
+                b'-'
+            } else {
+                n.to_ascii_lowercase()
+            };
+            n == p
+        })
+}
+
+/// Every header through which a client could claim an identity (see [`is_identity_header_name`]),
+/// and `Authorization`.
 pub fn strip_identity_headers(headers: &mut HeaderMap) {
     let claimed: Vec<HeaderName> = headers
         .keys()
-        .filter(|k| {
-            let k = k.as_str();
-            k.starts_with("x-remote-") || k.starts_with("impersonate-")
-        })
+        .filter(|k| is_identity_header_name(k.as_str()))
         .cloned()
         .collect();
     for name in claimed {
@@ -73,6 +94,27 @@ pub fn strip_identity_headers(headers: &mut HeaderMap) {
     }
     headers.remove(AUTHORIZATION);
 }
+
+/// A user whose identity cannot be written into headers: passing it on with that part left out
+/// would make the backend act for someone else (fewer groups, or no user and so the proxy
+/// certificate's own identity), so the request must be refused instead.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnencodableIdentity {
+    user: String,
+    part: String,
+}
+
+impl std::fmt::Display for UnencodableIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Internal error occurred: the identity of user {:?} cannot be passed on: its {} is not a valid HTTP header value",
+            self.user, self.part
+        )
+    }
+}
+
+impl std::error::Error for UnencodableIdentity {}
 
 /// Characters kube's `headerKeyEscape` leaves alone in `X-Remote-Extra-<key>`: the RFC 7230
 /// token characters except `%` (the escape itself).
@@ -98,36 +140,75 @@ pub fn encode_extra_key(key: &str) -> String {
     utf8_percent_encode(&key.to_ascii_lowercase(), EXTRA_KEY).to_string()
 }
 
-/// Sets `X-Remote-User`, one `X-Remote-Group` per group, `X-Remote-Uid` when known, and
-/// `X-Remote-Extra-<percent-encoded key>` per extra value. Values that cannot be header values
-/// are skipped (and logged) rather than failing the request.
-pub fn set_identity_headers(headers: &mut HeaderMap, user: &UserInfo) {
-    strip_identity_headers(headers);
-    let mut put = |name: HeaderName, value: &str| match HeaderValue::from_str(value) {
-        Ok(v) => {
-            headers.append(name, v);
-        }
-        Err(_) => {
-            tracing::warn!(header = %name, "identity value is not a valid header value; skipped")
-        }
-    };
-    put(HeaderName::from_static("x-remote-user"), &user.name);
+/// `value` as a header value, or which `part` of `user` it is when it cannot be one.
+fn header_value(
+    value: &str,
+    user: &UserInfo,
+    part: impl FnOnce() -> String,
+) -> Result<HeaderValue, UnencodableIdentity> {
+    HeaderValue::from_str(value).map_err(|_| UnencodableIdentity {
+        user: user.name.clone(),
+        part: part(),
+    })
+}
+
+/// Every `X-Remote-*` header that carries `user`, in order, or the part of the user that cannot be
+/// a header value.
+fn identity_headers(
+    user: &UserInfo,
+) -> Result<Vec<(HeaderName, HeaderValue)>, UnencodableIdentity> {
+    let mut out = Vec::with_capacity(2 + user.groups.len() + user.extra.len());
+    out.push((
+        HeaderName::from_static("x-remote-user"),
+        header_value(&user.name, user, || "username".into())?,
+    ));
     if !user.uid.is_empty() {
-        put(HeaderName::from_static("x-remote-uid"), &user.uid);
+        out.push((
+            HeaderName::from_static("x-remote-uid"),
+            header_value(&user.uid, user, || "UID".into())?,
+        ));
     }
     for group in &user.groups {
-        put(HeaderName::from_static("x-remote-group"), group);
+        out.push((
+            HeaderName::from_static("x-remote-group"),
+            header_value(group, user, || format!("group {group:?}"))?,
+        ));
     }
     for (key, values) in &user.extra {
-        let encoded = encode_extra_key(key);
-        let Ok(name) = HeaderName::from_bytes(format!("x-remote-extra-{encoded}").as_bytes())
-        else {
-            continue;
-        };
+        let name = format!("x-remote-extra-{}", encode_extra_key(key));
+        let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| UnencodableIdentity {
+            user: user.name.clone(),
+            part: format!("extra key {key:?}"),
+        })?;
         for v in values {
-            put(name.clone(), v);
+            out.push((
+                name.clone(),
+                header_value(v, user, || format!("extra {key:?} value"))?,
+            ));
         }
     }
+    Ok(out)
+}
+
+/// Checks that every part of `user` can travel in identity headers (`X-Remote-*` or
+/// `Impersonate-*`: the same values), for callers that set them some other way.
+pub fn check_encodable(user: &UserInfo) -> Result<(), UnencodableIdentity> {
+    identity_headers(user).map(drop)
+}
+
+/// Sets `X-Remote-User`, one `X-Remote-Group` per group, `X-Remote-Uid` when known, and
+/// `X-Remote-Extra-<percent-encoded key>` per extra value, after removing every identity header
+/// the client sent. When any part of the user cannot be a header value, nothing is set (the
+/// client's headers are still gone) and the request must not be sent.
+pub fn set_identity_headers(
+    headers: &mut HeaderMap,
+    user: &UserInfo,
+) -> Result<(), UnencodableIdentity> {
+    strip_identity_headers(headers);
+    for (name, value) in identity_headers(user)? {
+        headers.append(name, value);
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -150,7 +231,7 @@ mod tests {
             vec!["dev".into()],
             BTreeMap::new(),
         );
-        set_identity_headers(&mut h, &alice);
+        set_identity_headers(&mut h, &alice).unwrap();
         assert_eq!(h["x-remote-user"], "alice");
         let groups: Vec<_> = h
             .get_all("x-remote-group")
@@ -181,13 +262,119 @@ mod tests {
         set_identity_headers(
             &mut h,
             &UserInfo::authenticated("bob".into(), "42".into(), vec![], extra),
-        );
+        )
+        .unwrap();
         assert_eq!(
             h["x-remote-extra-authentication.kubernetes.io%2fcredential-id"],
             "X509SHA256=ab"
         );
         assert_eq!(h.get_all("x-remote-extra-scopes").iter().count(), 2);
         assert_eq!(h["x-remote-uid"], "42");
+    }
+
+    #[test]
+    fn underscore_and_case_variants_are_identity_headers_too() {
+        for name in [
+            "x_remote_user",
+            "X_Remote_Group",
+            "x-remote_uid",
+            "X_REMOTE-EXTRA-scopes",
+            "x_remote_extra_foo",
+            "impersonate_user",
+            "Impersonate_Extra_foo",
+            "IMPERSONATE-GROUP",
+        ] {
+            assert!(is_identity_header_name(name), "{name}");
+        }
+        for name in [
+            "x-remote",
+            "x_remotely",
+            "x-forwarded-user",
+            "remote-user",
+            "impersonate",
+            "impersonation-user",
+            "accept",
+        ] {
+            assert!(!is_identity_header_name(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn forged_underscore_variants_never_survive() {
+        let mut h = HeaderMap::new();
+        for (name, value) in [
+            ("x_remote_user", "admin"),
+            ("X_Remote_Group", "system:masters"),
+            ("x_remote_extra_foo", "all"),
+            ("x-remote_uid", "0"),
+            ("impersonate_user", "admin"),
+            ("Impersonate_Group", "system:masters"),
+            ("x_requested_with", "kept"),
+        ] {
+            h.append(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                value.parse().unwrap(),
+            );
+        }
+        let alice = UserInfo::authenticated("alice".into(), String::new(), vec![], BTreeMap::new());
+        set_identity_headers(&mut h, &alice).unwrap();
+        let mut names: Vec<_> = h.keys().map(|k| k.as_str()).collect();
+        names.sort();
+        assert_eq!(
+            names,
+            ["x-remote-group", "x-remote-user", "x_requested_with"]
+        );
+        assert_eq!(h["x-remote-user"], "alice");
+        assert_eq!(h["x-remote-group"], AUTHENTICATED);
+    }
+
+    #[test]
+    fn an_identity_that_cannot_be_a_header_refuses_the_request() {
+        let forged = || {
+            let mut h = HeaderMap::new();
+            h.insert("x-remote-user", "admin".parse().unwrap());
+            h.insert("x_remote_group", "system:masters".parse().unwrap());
+            h.insert("accept", "*/*".parse().unwrap());
+            h
+        };
+        let user = |name: &str, groups: &[&str], extra: &[(&str, &str)]| UserInfo {
+            name: name.into(),
+            uid: String::new(),
+            groups: groups.iter().map(|g| g.to_string()).collect(),
+            extra: extra
+                .iter()
+                .map(|(k, v)| (k.to_string(), vec![v.to_string()]))
+                .collect(),
+        };
+        for (bad, part) in [
+            (user("eve\nadmin", &["dev"], &[]), "username"),
+            (
+                user(
+                    "eve",
+                    &["dev", "ops\r\nX-Remote-Group: system:masters"],
+                    &[],
+                ),
+                "group",
+            ),
+            (
+                user("eve", &["dev"], &[("scopes", "a\u{7f}")]),
+                "extra \"scopes\"",
+            ),
+        ] {
+            let mut h = forged();
+            let err = set_identity_headers(&mut h, &bad).unwrap_err();
+            assert!(err.to_string().contains(part), "{err}");
+            assert!(
+                err.to_string().starts_with("Internal error occurred: "),
+                "{err}"
+            );
+            // Nothing of the user is set (no partial identity) and nothing forged is left.
+            assert_eq!(h.len(), 1, "{h:?}");
+            assert_eq!(h["accept"], "*/*");
+            assert_eq!(check_encodable(&bad), Err(err));
+        }
+        // Non-ASCII text is a valid header value (kube sends it as raw bytes too).
+        assert!(check_encodable(&user("élodie", &["dév"], &[("k", "ü")])).is_ok());
     }
 
     #[test]

@@ -5,10 +5,12 @@
 
 use std::time::Duration;
 
+use bytes::Bytes;
 use e2e::certs::{CertifiedPair, TestCa};
 use e2e::harness;
 use e2e::scenario::{self, json_or_null, path_arg, Pki, WardleScenario};
 use http::StatusCode;
+use http_body_util::Full;
 use serde_json::{json, Value};
 
 const IDENTITY: &str = "/apis/wardle.example.com/v1alpha1/identity";
@@ -19,7 +21,8 @@ fn policy() -> Value {
     json!({
         "tokens": {
             "alice-token": {"username": "alice", "uid": "a-1", "groups": ["dev"], "extra": {"scopes": ["read"]}},
-            "bob-token": {"username": "bob", "groups": ["ops"]}
+            "bob-token": {"username": "bob", "groups": ["ops"]},
+            "eve-token": {"username": "eve\nadmin", "groups": ["dev"]}
         },
         "rules": [
             {"group": "system:authenticated", "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
@@ -88,6 +91,27 @@ impl Scenario {
         self.try_get(cert, path, headers)
             .await
             .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+    }
+
+    /// GET through the gateway over HTTP/1.1: the only version whose requests can carry
+    /// `Connection`, which names headers a proxy must drop.
+    async fn get_http1(
+        &self,
+        cert: Option<&CertifiedPair>,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> (StatusCode, Value) {
+        let gateway = &self.setup.gateway;
+        let client = harness::http1_client(&gateway.ca_pem().unwrap(), cert).unwrap();
+        let mut req = http::Request::get(format!("{}{path}", gateway.url()));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let req = req.body(Full::new(Bytes::new())).unwrap();
+        let (status, _, body) = harness::send(&client, req)
+            .await
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+        (status, json_or_null(&body))
     }
 
     async fn try_get(
@@ -367,6 +391,145 @@ async fn certificates_count_only_for_the_ca_they_belong_to() {
     assert!(refused.is_err(), "{refused:?}");
 }
 
+/// Header names of a recorded request that a non-Go server (WSGI, Rack, nginx) would read as
+/// identity headers although they are spelled with `_`.
+fn underscore_identity_headers(request: &Value) -> Vec<String> {
+    request["headers"]
+        .as_array()
+        .unwrap_or(&Vec::new())
+        .iter()
+        .filter_map(|pair| pair[0].as_str())
+        .filter(|n| n.contains('_'))
+        .filter(|n| {
+            let n = n.to_ascii_lowercase().replace('_', "-");
+            n.starts_with("x-remote-") || n.starts_with("impersonate-")
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The request the core recorded for `path`.
+fn recorded<'a>(requests: &'a [Value], path: &str) -> &'a Value {
+    requests
+        .iter()
+        .find(|r| r["path"] == path)
+        .unwrap_or_else(|| panic!("the core never saw {path}: {requests:?}"))
+}
+
+#[tokio::test]
+async fn identity_headers_named_in_connection_still_reach_backends() {
+    let s = Scenario::start(&[]).await;
+    let dave = s.setup.pki.user("dave", &["dev"]);
+    // HTTP/1.1 `Connection` names headers that stop at this hop; the identity the gateway sets
+    // for the next hop is not among them. With our proxy certificate and no `X-Remote-User`, the
+    // core would fall back to the certificate's own identity.
+    let hostile = [
+        (
+            "connection",
+            "x-remote-user, x-remote-group, X-Remote-Uid, impersonate-user",
+        ),
+        ("x_remote_user", "admin"),
+        ("X_Remote_Group", "system:masters"),
+        ("x_remote_extra_scopes", "all"),
+        ("impersonate_user", "admin"),
+    ];
+
+    s.clear_core_requests().await;
+    let (status, body) = s
+        .get_http1(Some(&dave), "/api/v1/namespaces", &hostile)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let requests = s.core_requests().await;
+    let list = recorded(&requests, "/api/v1/namespaces");
+    assert_eq!(header(list, "x-remote-user"), ["dave"], "{list}");
+    assert_eq!(
+        header(list, "x-remote-group"),
+        ["dev", "system:authenticated"],
+        "{list}"
+    );
+    assert!(
+        underscore_identity_headers(list).is_empty(),
+        "underscore spellings reached the core: {list}"
+    );
+    let raw = list["headers"].to_string();
+    assert!(
+        !raw.contains("admin") && !raw.contains("system:masters"),
+        "{raw}"
+    );
+
+    // The remote gets dave exactly, and none of the underscore spellings.
+    let (status, identity) = s.get_http1(Some(&dave), IDENTITY, &hostile).await;
+    assert_eq!(status, StatusCode::OK, "{identity}");
+    assert_eq!(identity["user"], "dave", "{identity}");
+    assert_eq!(groups(&identity), ["dev", "system:authenticated"]);
+    let raw = identity["headers"].to_string();
+    assert!(
+        !raw.contains("admin") && !raw.contains("system:masters"),
+        "{raw}"
+    );
+}
+
+#[tokio::test]
+async fn in_impersonate_mode_the_core_sees_the_caller_not_the_gateway() {
+    let token_file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(token_file.path(), "gateway-token\n").unwrap();
+    let token_path = scenario::path_arg(token_file.path());
+    let s = Scenario::start(&[
+        "--core-identity",
+        "impersonate",
+        "--core-token-file",
+        &token_path,
+    ])
+    .await;
+    let alice = [
+        ("authorization", "Bearer alice-token"),
+        (
+            "connection",
+            "impersonate-user, impersonate-group, impersonate-uid, impersonate-extra-scopes",
+        ),
+        ("impersonate_user", "admin"),
+        ("Impersonate_Group", "system:masters"),
+        ("x_remote_user", "admin"),
+    ];
+
+    s.clear_core_requests().await;
+    let (status, body) = s.get_http1(None, "/api/v1/namespaces", &alice).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let requests = s.core_requests().await;
+    let list = recorded(&requests, "/api/v1/namespaces");
+    // The gateway's own token, so the core must be told whom it acts for.
+    assert_eq!(header(list, "authorization"), ["Bearer gateway-token"]);
+    assert_eq!(header(list, "impersonate-user"), ["alice"], "{list}");
+    assert_eq!(header(list, "impersonate-group"), ["dev"], "{list}");
+    assert_eq!(header(list, "impersonate-uid"), ["a-1"], "{list}");
+    assert_eq!(header(list, "impersonate-extra-scopes"), ["read"], "{list}");
+    assert!(
+        underscore_identity_headers(list).is_empty(),
+        "underscore spellings reached the core: {list}"
+    );
+
+    // A user the gateway cannot name in a header is refused, not sent on with its name left
+    // out (which, on our credentials, would be the gateway itself).
+    s.clear_core_requests().await;
+    let (status, body) = s
+        .get_http1(
+            None,
+            "/api/v1/namespaces",
+            &[("authorization", "Bearer eve-token")],
+        )
+        .await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
+    assert_eq!(body["kind"], "Status", "{body}");
+    assert_eq!(body["reason"], "InternalError", "{body}");
+    let message = body["message"].as_str().unwrap_or_default();
+    assert!(message.contains("username"), "{message}");
+    let requests = s.core_requests().await;
+    assert!(
+        requests.iter().all(|r| r["path"] != "/api/v1/namespaces"),
+        "the refused request reached the core: {requests:?}"
+    );
+}
+
 #[tokio::test]
 async fn without_anonymous_auth_only_health_answers_strangers() {
     let s = Scenario::start(&["--anonymous-auth=false"]).await;
@@ -382,6 +545,30 @@ async fn without_anonymous_auth_only_health_answers_strangers() {
         let (status, _) = s.get(None, probe, &[]).await;
         assert_eq!(status, StatusCode::OK, "{probe}");
     }
+    // Only reading a probe is exempt: anything else there would go on to the core.
+    s.clear_core_requests().await;
+    let client = harness::http2_client(&s.setup.gateway.ca_pem().unwrap(), None).unwrap();
+    let refused = [
+        ("POST", "/healthz"),
+        ("DELETE", "/readyz/ping"),
+        ("PUT", "/livez/x"),
+    ];
+    for (method, path) in refused {
+        let req = http::Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", s.setup.gateway.url()))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let (status, _, _) = harness::send(&client, req).await.unwrap();
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{method} {path}");
+    }
+    let requests = s.core_requests().await;
+    assert!(
+        requests.iter().all(|r| !refused
+            .iter()
+            .any(|(m, p)| r["method"] == *m && r["path"] == *p)),
+        "an unauthenticated request reached the core: {requests:?}"
+    );
     // Credentials still work.
     let (status, _) = s
         .get(

@@ -11,8 +11,10 @@
 //! 4. **Anonymous** (`system:anonymous` / `system:unauthenticated`) when nothing above produced
 //!    a user *and nothing failed*: a certificate that authenticates nobody, or a rejected token,
 //!    is a 401 (kube's `FailOnError` around the anonymous authenticator), not anonymity.
-//!    With `--anonymous-auth=false` the request is a 401 too, except on `/livez`, `/readyz` and
-//!    `/healthz` (and below), which always answer: probes carry no credentials.
+//!    With `--anonymous-auth=false` the request is a 401 too, except a GET or HEAD of `/livez`,
+//!    `/readyz`, `/healthz` or one of their checks (`/readyz/<check>`), which always answer:
+//!    probes carry no credentials. The gateway answers those itself; any other method or path
+//!    would go on to a backend and is authenticated like everything else.
 //!
 //! Decisions that differ from kube-apiserver, and why:
 //! - A `TokenReview` that cannot be made (core unreachable, timeout, 5xx) answers **503**
@@ -23,9 +25,11 @@
 //!
 //! Every authenticated user gets `system:authenticated` (unless it already has it or
 //! `system:unauthenticated`). After authentication the request carries an [`Authenticated`] and
-//! the effective user as an `Arc<UserInfo>` in its extensions (shared, not copied per layer); `Authorization`, `X-Remote-*` and `Impersonate-*`
-//! are gone from its headers, so no later layer, log or backend sees a credential or a claimed
-//! identity. The core path puts back what it needs (see `onward`).
+//! the effective user as an `Arc<UserInfo>` in its extensions (shared, not copied per layer);
+//! `Authorization`, `X-Remote-*` and `Impersonate-*` (in any case, and spelled with `_` as well:
+//! see `identity::is_identity_header_name`) are gone from its headers, so no later layer, log or
+//! backend sees a credential or a claimed identity. The core path puts back what it needs (see
+//! `onward`).
 
 pub mod cache;
 pub mod forbidden;
@@ -44,7 +48,9 @@ use http::{HeaderMap, StatusCode};
 use rustls::pki_types::CertificateDer;
 
 use crate::body::{Request, Response};
-use crate::identity::{UserInfo, ANONYMOUS, AUTHENTICATED, UNAUTHENTICATED};
+use crate::identity::{
+    strip_identity_headers, UserInfo, ANONYMOUS, AUTHENTICATED, UNAUTHENTICATED,
+};
 use crate::stack::ConnInfo;
 use crate::status::{status_response, StatusDetails};
 
@@ -100,12 +106,19 @@ pub fn with_authenticated_group(mut user: UserInfo) -> UserInfo {
     user
 }
 
-/// `/livez`, `/readyz`, `/healthz` and their sub-paths.
-pub fn is_health_path(path: &str) -> bool {
-    ["/livez", "/readyz", "/healthz"].iter().any(|p| {
-        path.strip_prefix(p)
-            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
-    })
+/// A health probe: GET or HEAD of `/livez`, `/readyz`, `/healthz` or `/<endpoint>/<check>`.
+/// The router answers every such request itself (see `health::Endpoint::from_path`), so letting
+/// it through without credentials exposes nothing beyond the gateway's own health.
+pub fn is_health_probe(method: &http::Method, path: &str) -> bool {
+    (method == http::Method::GET || method == http::Method::HEAD)
+        && ["/livez", "/readyz", "/healthz"].iter().any(|p| {
+            path.strip_prefix(p).is_some_and(|rest| {
+                rest.is_empty()
+                    || rest
+                        .strip_prefix('/')
+                        .is_some_and(|check| !check.is_empty())
+            })
+        })
 }
 
 pub struct AuthnSettings {
@@ -146,7 +159,7 @@ impl Authenticator {
     /// cleaned and [`Authenticated`] plus the effective `Arc<UserInfo>` are in its extensions; on
     /// failure the answer to send (401, 400, 403 or 503 Status).
     pub async fn authenticate(&self, req: &mut Request) -> Result<(), Response> {
-        let health = is_health_path(req.uri().path());
+        let health = is_health_probe(req.method(), req.uri().path());
         // Only Sync parts are held across the reviews (the body is not Sync).
         let chain = req
             .extensions()
@@ -189,6 +202,9 @@ impl Authenticator {
                 Ok(None) => impersonation_headers.clear(),
             }
         }
+        // What is left that some backend could still read as an identity (`X_Remote_User`,
+        // `impersonate_group`): kube never reads those spellings, so they are dropped unread.
+        strip_identity_headers(headers);
 
         let auth = Authenticated {
             method,
@@ -402,19 +418,59 @@ mod tests {
     use super::*;
 
     #[test]
-    fn health_paths() {
+    fn only_reads_of_health_endpoints_are_probes() {
+        use http::Method;
         for p in [
             "/livez",
             "/readyz",
             "/healthz",
             "/readyz/ping",
             "/livez/etcd",
+            "/readyz/shutdown",
         ] {
-            assert!(is_health_path(p), "{p}");
+            assert!(is_health_probe(&Method::GET, p), "{p}");
+            assert!(is_health_probe(&Method::HEAD, p), "{p}");
+            // Whatever is exempt, the gateway answers itself: nothing unauthenticated reaches
+            // a backend.
+            assert!(crate::health::Endpoint::from_path(p).is_some(), "{p}");
         }
-        for p in ["/readyzz", "/api", "/", "/apis/readyz"] {
-            assert!(!is_health_path(p), "{p}");
+        for method in [
+            Method::POST,
+            Method::PUT,
+            Method::PATCH,
+            Method::DELETE,
+            Method::OPTIONS,
+        ] {
+            for p in ["/healthz", "/readyz/ping", "/livez/etcd"] {
+                assert!(!is_health_probe(&method, p), "{method} {p}");
+            }
         }
+        for p in [
+            "/readyzz",
+            "/api",
+            "/",
+            "/apis/readyz",
+            "/readyz/",
+            "//healthz",
+            "/healthz%2Fping",
+        ] {
+            assert!(!is_health_probe(&Method::GET, p), "{p}");
+        }
+    }
+
+    #[test]
+    fn underscore_identity_headers_are_dropped_unread() {
+        let mut h = HeaderMap::new();
+        h.insert("x_remote_user", "admin".parse().unwrap());
+        h.insert("x_remote_group", "system:masters".parse().unwrap());
+        h.insert("impersonate_user", "admin".parse().unwrap());
+        h.insert("x_remote_extra_foo", "bar".parse().unwrap());
+        // Not an impersonation request: kube reads only the dash spelling.
+        assert!(!impersonation::requested(&h));
+        assert!(impersonation::parse(&h).unwrap().is_none());
+        assert!(requestheader::user_from_headers(&h).is_none());
+        strip_identity_headers(&mut h);
+        assert!(h.is_empty(), "{h:?}");
     }
 
     #[test]
