@@ -15,15 +15,15 @@ const METHODS: [&str; 8] = [
 ];
 
 /// `request_info::parse` on an arbitrary method, path and query never panics, and what it
-/// returns is consistent.
+/// returns is consistent with kube-apiserver's reading of the same URL.
 ///
-/// Input: byte 0 picks the method (or, past the table, the next line is a method token) and
-/// bit 7 the upgrade flag; the rest, lossily UTF-8, is `path` and `query` split at the first `?`.
+/// Input: byte 0 picks the method (or, past the table, the next line is a method token; bit 7
+/// is ignored, it once was an upgrade flag and corpora still set it); the rest, lossily UTF-8,
+/// is `path` and `query` split at the first `?`.
 pub fn request_info(data: &[u8]) {
     let Some((&first, rest)) = data.split_first() else {
         return;
     };
-    let upgrade = first & 0x80 != 0;
     let text = String::from_utf8_lossy(rest);
     let (method, target) = match METHODS.get((first & 0x7f) as usize) {
         Some(m) => (
@@ -39,10 +39,28 @@ pub fn request_info(data: &[u8]) {
         }
     };
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
-    let Ok(info) = request_info::parse(&method, path, query, upgrade) else {
-        return;
+    let decoded = oracle::decode_path(path);
+    let info = match request_info::parse(&method, path, query) {
+        Ok(info) => info,
+        Err(_) => {
+            // Refused only for what kube's Go server would read differently or not at all.
+            let bare_watch = decoded.as_deref().is_some_and(|p| {
+                let parts: Vec<&str> = p.trim_matches('/').split('/').collect();
+                matches!(
+                    parts.as_slice(),
+                    ["api", _, "watch" | "proxy"] | ["apis", _, _, "watch" | "proxy"]
+                )
+            });
+            let too_many = query.split('&').count() > request_info::MAX_QUERY_PARAMS;
+            assert!(
+                decoded.is_none() || bare_watch || too_many,
+                "refused {method} {path:?}?{query:?}"
+            );
+            return;
+        }
     };
-    assert_eq!(info.path, path);
+    let decoded = decoded.unwrap_or_else(|| panic!("accepted a path Go refuses: {path:?}"));
+    assert_eq!(info.path, decoded);
     for (what, value) in [
         ("namespace", &info.namespace),
         ("name", &info.name),
@@ -61,6 +79,15 @@ pub fn request_info(data: &[u8]) {
             info.api_prefix == "api" || info.api_prefix == "apis",
             "{info:?}"
         );
+        // Every attribute taken from the path is one of its decoded segments, never raw text.
+        let segments: Vec<&str> = info.path.split('/').collect();
+        for value in [&info.namespace, &info.resource, &info.subresource] {
+            assert!(
+                value.is_empty() || segments.contains(&value.as_str()),
+                "{value:?} is not a segment of {:?}",
+                info.path
+            );
+        }
         // kube leaves the verb empty only for methods it has no verb for (OPTIONS, ...).
         let standard = matches!(
             method,
@@ -81,7 +108,7 @@ pub fn request_info(data: &[u8]) {
         // one object (kube does the same, so authorization can decide per object).
         if !info.name.is_empty() && matches!(info.verb.as_str(), "list" | "watch") {
             let from_selector = request_info::field_selector_name(query);
-            let in_path = path.split('/').any(|segment| segment == info.name);
+            let in_path = segments.contains(&info.name.as_str());
             assert!(
                 from_selector.as_deref() == Some(info.name.as_str()) || in_path,
                 "{info:?}"
@@ -90,6 +117,30 @@ pub fn request_info(data: &[u8]) {
         if !info.name.is_empty() {
             assert_ne!(info.verb, "deletecollection", "{info:?}");
         }
+        // Without a `watch`/`proxy` path segment, a GET names an object or is a list or watch
+        // as kube's ListOptions decoding of the `watch` parameter says.
+        let special = matches!(
+            segments
+                .iter()
+                .skip_while(|s| s.is_empty())
+                .nth(if info.api_prefix == "api" { 2 } else { 3 }),
+            Some(&"watch" | &"proxy")
+        );
+        if matches!(method, Method::GET | Method::HEAD) && !special {
+            if info.verb == "get" {
+                assert!(!info.name.is_empty(), "{info:?}");
+            } else {
+                let expected = if oracle::watch(query) {
+                    "watch"
+                } else {
+                    "list"
+                };
+                assert_eq!(info.verb, expected, "{method} {path}?{query}");
+            }
+        }
+        if info.verb == "list" {
+            assert!(!oracle::watch(query), "{method} {path}?{query} {info:?}");
+        }
     } else {
         assert!(
             info.resource.is_empty() && info.namespace.is_empty(),
@@ -97,22 +148,88 @@ pub fn request_info(data: &[u8]) {
         );
         assert_eq!(info.verb, method.as_str().to_ascii_lowercase());
     }
-    if info.long_running {
-        assert!(
-            upgrade
-                || matches!(info.verb.as_str(), "watch" | "proxy")
-                || matches!(
-                    info.subresource.as_str(),
-                    "attach" | "exec" | "proxy" | "log" | "portforward"
-                ),
-            "{info:?}"
-        );
+    // Long-running (no timeout, no in-flight slot) exactly for kube's long-running verbs and
+    // subresources, and never for a non-resource request whatever its method.
+    let long_running = info.is_resource_request
+        && (matches!(info.verb.as_str(), "watch" | "proxy")
+            || matches!(
+                info.subresource.as_str(),
+                "attach" | "exec" | "proxy" | "log" | "portforward"
+            ));
+    assert_eq!(info.long_running, long_running, "{info:?}");
+}
+
+/// Second, deliberately plain readings of Go's URL rules, to check `request_info` against.
+mod oracle {
+    /// Go's `URL.Path` for a raw path: `None` when an escape is malformed or the result is not
+    /// UTF-8.
+    pub fn decode_path(raw: &str) -> Option<String> {
+        let bytes = unescape(raw.as_bytes(), false)?;
+        String::from_utf8(bytes).ok()
+    }
+
+    fn hex(b: u8) -> Option<u8> {
+        (b as char).to_digit(16).map(|d| d as u8)
+    }
+
+    fn unescape(s: &[u8], plus_is_space: bool) -> Option<Vec<u8>> {
+        let mut out = Vec::with_capacity(s.len());
+        let mut i = 0;
+        while i < s.len() {
+            match s[i] {
+                b'%' => {
+                    let hi = hex(*s.get(i + 1)?)?;
+                    let lo = hex(*s.get(i + 2)?)?;
+                    out.push(hi * 16 + lo);
+                    i += 3;
+                }
+                b'+' if plus_is_space => {
+                    out.push(b' ');
+                    i += 1;
+                }
+                b => {
+                    out.push(b);
+                    i += 1;
+                }
+            }
+        }
+        Some(out)
+    }
+
+    /// `ListOptions.Watch` from a raw query: Go's `url.ParseQuery`, then the first `watch`
+    /// value is true unless it is `0` or `false` in any case.
+    pub fn watch(query: &str) -> bool {
+        let mut first = None;
+        for pair in query.split('&') {
+            if pair.is_empty() || pair.contains(';') {
+                continue;
+            }
+            let (k, v) = match pair.find('=') {
+                Some(at) => (&pair[..at], &pair[at + 1..]),
+                None => (pair, ""),
+            };
+            let (Some(k), Some(v)) = (unescape(k.as_bytes(), true), unescape(v.as_bytes(), true))
+            else {
+                continue;
+            };
+            if k == b"watch" {
+                first = Some(v);
+                break;
+            }
+        }
+        match first {
+            None => false,
+            Some(v) => {
+                let lower = v.to_ascii_lowercase();
+                lower != b"false" && lower != b"0"
+            }
+        }
     }
 }
 
 /// Prefixes the decoder puts in front of header names, so the fuzzer reaches the identity
 /// headers without having to guess them.
-const NAME_PREFIXES: [&str; 8] = [
+const NAME_PREFIXES: [&str; 10] = [
     "",
     "x-remote-",
     "X-Remote-Extra-",
@@ -121,6 +238,8 @@ const NAME_PREFIXES: [&str; 8] = [
     "authorization",
     "x-remote-user",
     "x-remote-group",
+    "X_Remote_",
+    "impersonate_",
 ];
 
 /// The other headers, by name, each with its values in order (the order between different
@@ -135,8 +254,9 @@ fn non_identity(h: &HeaderMap) -> BTreeMap<String, Vec<Vec<u8>>> {
         .collect()
 }
 
+/// Identity headers as any backend might read them: CGI-style servers take `_` for `-`.
 fn is_identity_header(name: &HeaderName) -> bool {
-    let n = name.as_str();
+    let n = name.as_str().replace('_', "-");
     n.starts_with("x-remote-") || n.starts_with("impersonate-") || n == "authorization"
 }
 
@@ -181,8 +301,9 @@ pub fn identity_headers(data: &[u8]) {
     let others = non_identity(&headers);
 
     let mut expected = HeaderMap::new();
-    set_identity_headers(&mut expected, &user);
-    set_identity_headers(&mut headers, &user);
+    // A user that cannot be encoded is refused: then no identity header at all may remain.
+    let encodable = set_identity_headers(&mut expected, &user).is_ok();
+    assert_eq!(set_identity_headers(&mut headers, &user).is_ok(), encodable);
 
     let identity = |h: &HeaderMap| -> Vec<(String, Vec<u8>)> {
         let mut v: Vec<(String, Vec<u8>)> = h
@@ -264,6 +385,25 @@ mod tests {
             b"=",
             b"watch=true",
             b"watch=1",
+            b"watch",
+            b"watch=",
+            b"watch=false",
+            b"watch=FALSE",
+            b"watch=0",
+            b"%77atch",
+            b"%74rue",
+            b"%66alse",
+            b";",
+            b"+",
+            b"%6B",
+            b"%2f",
+            b"%zz",
+            b"%",
+            b"%FF",
+            b"exec",
+            b"attach",
+            b"portforward",
+            b"configmaps",
             b"fieldSelector=metadata.name%3Dfoo",
             b"fieldSelector=metadata.name%3D%3D",
             b"%2F",
@@ -273,10 +413,49 @@ mod tests {
             b"\xff",
             b"\xc3\xa9",
         ];
+        // Whole API paths are too rare to assemble token by token, so half the inputs start
+        // from one and add a few path segments and query parameters.
+        const PREFIXES: &[&[u8]] = &[
+            b"/api/v1/",
+            b"/api/v1/namespaces/",
+            b"/apis/apps/v1/",
+            b"/apis/apps/v1/namespaces/default/",
+            b"/%61pi/v1/",
+        ];
+        const PARAMS: &[&[u8]] = &[
+            b"watch",
+            b"watch=",
+            b"watch=true",
+            b"watch=TRUE",
+            b"watch=yes",
+            b"watch=1",
+            b"watch=0",
+            b"watch=false",
+            b"watch=FaLsE",
+            b"watch=%74rue",
+            b"watch=%66alse",
+            b"watch=%zz",
+            b"watch=0;x",
+            b"%77atch=0",
+            b"watch=+",
+            b"fieldSelector=metadata.name%3Dfoo",
+            b"limit=5",
+            b"",
+        ];
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-        for _ in 0..5000 {
+        for round in 0..10_000 {
             let mut input = vec![(rng.next() as u8 % 10) | (rng.next() as u8 & 0x80)];
-            input.extend(assemble(&mut rng, TOKENS, 14));
+            if round % 2 == 0 {
+                input.extend(assemble(&mut rng, TOKENS, 14));
+            } else {
+                input.extend_from_slice(PREFIXES[rng.below(PREFIXES.len())]);
+                input.extend(assemble(&mut rng, TOKENS, 4));
+                input.push(b'?');
+                for _ in 0..rng.below(4) {
+                    input.extend_from_slice(PARAMS[rng.below(PARAMS.len())]);
+                    input.push(b'&');
+                }
+            }
             super::request_info(&input);
         }
     }

@@ -2,12 +2,21 @@
 //! API group and version, resource, subresource, namespace, name, and whether the request is
 //! long-running. Timeouts, in-flight limits and authorization all decide on these, so they are
 //! parsed once, early, and carried in the request's extensions.
+//!
+//! The gateway must read a URL exactly as the Go server behind it will: any difference is a
+//! request authorized (or limited) as one thing and served as another. So the path is
+//! percent-decoded before it is split (Go's `URL.Path`), and query parameters are read as Go's
+//! `url.Values` reads them.
+
+use std::borrow::Cow;
 
 use http::Method;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RequestInfo {
     pub is_resource_request: bool,
+    /// The percent-decoded URL path, as kube's `RequestInfo.Path` (Go's `URL.Path`); the raw
+    /// form stays in the request's URI.
     pub path: String,
     /// Lowercase: get, list, watch, create, update, patch, delete, deletecollection, proxy; for
     /// non-resource requests the lowercase HTTP method.
@@ -19,7 +28,8 @@ pub struct RequestInfo {
     pub resource: String,
     pub subresource: String,
     pub name: String,
-    /// Exempt from the request timeout and the in-flight limits.
+    /// Exempt from the request timeout and the in-flight limits. Decided by verb and
+    /// subresource alone: a header such as `Connection: Upgrade` costs a client nothing to send.
     pub long_running: bool,
 }
 
@@ -37,44 +47,91 @@ const NAMESPACE_SUBRESOURCES: [&str; 2] = ["status", "finalize"];
 const LONG_RUNNING_VERBS: [&str; 2] = ["watch", "proxy"];
 const LONG_RUNNING_SUBRESOURCES: [&str; 5] = ["attach", "exec", "proxy", "log", "portforward"];
 
-fn query_param<'a>(query: &'a str, key: &str) -> Option<&'a str> {
-    query
-        .split('&')
-        .filter_map(|kv| kv.split_once('=').or(Some((kv, ""))))
-        .find(|(k, _)| *k == key)
-        .map(|(_, v)| v)
+/// Go's `url.ParseQuery` gives up on a query with more parameters than this and returns none
+/// (recent Go releases; older ones parse them all).
+pub(crate) const MAX_QUERY_PARAMS: usize = 10_000;
+
+/// Percent-decodes `s` as Go's `url.PathUnescape` (`plus_is_space` false) or
+/// `url.QueryUnescape` (true) do: `None` when a `%` is not followed by two hex digits, where Go
+/// fails too. The bytes need not be UTF-8.
+pub(crate) fn go_unescape(s: &str, plus_is_space: bool) -> Option<Cow<'_, [u8]>> {
+    let bytes = s.as_bytes();
+    for (i, b) in bytes.iter().enumerate() {
+        if *b == b'%'
+            && !(bytes.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
+                && bytes.get(i + 2).is_some_and(u8::is_ascii_hexdigit))
+        {
+            return None;
+        }
+    }
+    if plus_is_space && s.contains('+') {
+        let spaced = s.replace('+', " ");
+        return Some(Cow::Owned(
+            percent_encoding::percent_decode_str(&spaced).collect(),
+        ));
+    }
+    Some(percent_encoding::percent_decode_str(s).into())
 }
 
-/// `metadata.name=foo` (or `metadata.name==foo`) as the only term of a field selector.
+/// The first value of `key` in a raw query string, as Go's `url.Values.Get` sees it: keys and
+/// values are decoded (`+` is a space), and a pair that Go drops (one containing `;`, or with a
+/// malformed escape in its key or value) is skipped rather than taken as the first value.
+pub(crate) fn query_value<'a>(query: &'a str, key: &str) -> Option<Cow<'a, [u8]>> {
+    query
+        .split('&')
+        .filter(|pair| !pair.is_empty() && !pair.contains(';'))
+        .find_map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let k = go_unescape(k, true)?;
+            if *k != *key.as_bytes() {
+                return None;
+            }
+            go_unescape(v, true)
+        })
+}
+
+/// `ListOptions.Watch` as kube decodes it (apimachinery's `Convert_Slice_string_To_bool`): a
+/// present `watch` parameter is true unless its first value is `0` or, in any case, `false`;
+/// `?watch` and `?watch=` are watches.
+pub(crate) fn watch_requested(query: &str) -> bool {
+    query_value(query, "watch").is_some_and(|v| !(v.eq_ignore_ascii_case(b"false") || *v == *b"0"))
+}
+
+/// `metadata.name=foo` (or `metadata.name==foo`) as the only term of a field selector. Where
+/// kube's reading could differ from this one (escapes, several terms, names kube would refuse)
+/// there is no name: authorization then covers the whole collection, which is the stricter
+/// check.
 pub(crate) fn field_selector_name(query: &str) -> Option<String> {
-    let raw = query_param(query, "fieldSelector")?;
-    let decoded = percent_encoding::percent_decode_str(raw)
-        .decode_utf8()
-        .ok()?
-        .replace('+', " ");
-    if decoded.contains(',') {
-        return None;
-    }
+    let raw = query_value(query, "fieldSelector")?;
+    let decoded = std::str::from_utf8(&raw).ok()?;
     let value = decoded
         .strip_prefix("metadata.name==")
         .or_else(|| decoded.strip_prefix("metadata.name="))?;
-    let valid = !value.is_empty() && value != "." && value != ".." && !value.contains(['/', '%']);
+    let valid = !value.is_empty()
+        && value != "."
+        && value != ".."
+        && !value.contains(['/', '%', ',', '=', '\\']);
     valid.then(|| value.to_owned())
 }
 
-/// Parses the attributes of a request. Never fails: a URL that cannot be a resource request is a
-/// non-resource request, as in kube-apiserver (the one malformed resource form, `/api/v1/watch`
-/// with nothing after it, is reported as `Err` so it gets a 400).
-pub fn parse(
-    method: &Method,
-    path: &str,
-    query: &str,
-    upgrade: bool,
-) -> Result<RequestInfo, String> {
+/// Parses the attributes of a request from its method and its raw (still percent-encoded) path
+/// and query. A URL that cannot be a resource request is a non-resource request, as in
+/// kube-apiserver. `Err` (answered 400) for what the Go server behind would not parse the same
+/// way: a malformed escape or non-UTF-8 bytes in the path, the one malformed resource form
+/// (`/api/v1/watch` with nothing after it), and a list whose query has more parameters than
+/// Go reads.
+pub fn parse(method: &Method, raw_path: &str, query: &str) -> Result<RequestInfo, String> {
+    let path = match go_unescape(raw_path, false) {
+        Some(Cow::Borrowed(_)) => Cow::Borrowed(raw_path),
+        Some(Cow::Owned(bytes)) => Cow::Owned(
+            String::from_utf8(bytes)
+                .map_err(|_| format!("invalid UTF-8 in URL path {raw_path:?}"))?,
+        ),
+        None => return Err(format!("invalid URL escape in path {raw_path:?}")),
+    };
     let mut info = RequestInfo {
-        path: path.to_owned(),
+        path: path.clone().into_owned(),
         verb: method.as_str().to_ascii_lowercase(),
-        long_running: upgrade,
         ..Default::default()
     };
     let mut parts: Vec<&str> = path.trim_matches('/').split('/').collect();
@@ -100,7 +157,7 @@ pub fn parse(
     if SPECIAL_VERBS.contains(&rest[0]) {
         if rest.len() < 2 {
             return Err(format!(
-                "unable to determine kind and namespace from url {path}"
+                "unable to determine kind and namespace from url {raw_path}"
             ));
         }
         info.verb = rest[0].to_owned();
@@ -135,8 +192,19 @@ pub fn parse(
     }
 
     if info.name.is_empty() && info.verb == "get" {
-        let watch = matches!(query_param(query, "watch"), Some("true" | "1"));
-        info.verb = if watch { "watch" } else { "list" }.to_owned();
+        // Past Go's limit the backend sees no parameters at all (no watch, no selector) while
+        // older Go releases see them all: refuse rather than guess which one serves this.
+        if query.split('&').count() > MAX_QUERY_PARAMS {
+            return Err(format!(
+                "number of URL query parameters exceeded limit of {MAX_QUERY_PARAMS}"
+            ));
+        }
+        info.verb = if watch_requested(query) {
+            "watch"
+        } else {
+            "list"
+        }
+        .to_owned();
         if let Some(name) = field_selector_name(query) {
             info.name = name;
         }
@@ -144,9 +212,17 @@ pub fn parse(
     if info.name.is_empty() && info.verb == "delete" {
         info.verb = "deletecollection".to_owned();
     }
-    info.long_running |= LONG_RUNNING_VERBS.contains(&info.verb.as_str())
-        || LONG_RUNNING_SUBRESOURCES.contains(&info.subresource.as_str());
+    info.long_running = is_long_running(&info);
     Ok(info)
+}
+
+/// kube-apiserver's `BasicLongRunningRequestCheck` over its default verbs and subresources,
+/// except that a non-resource request is never long-running: its verb is just the HTTP method,
+/// and a made-up `WATCH` method must not buy an exemption from the limits.
+fn is_long_running(info: &RequestInfo) -> bool {
+    info.is_resource_request
+        && (LONG_RUNNING_VERBS.contains(&info.verb.as_str())
+            || LONG_RUNNING_SUBRESOURCES.contains(&info.subresource.as_str()))
 }
 
 #[cfg(test)]
@@ -155,7 +231,11 @@ mod tests {
 
     fn p(method: Method, target: &str) -> RequestInfo {
         let (path, query) = target.split_once('?').unwrap_or((target, ""));
-        parse(&method, path, query, false).unwrap()
+        parse(&method, path, query).unwrap()
+    }
+
+    fn verb(target: &str) -> String {
+        p(Method::GET, target).verb
     }
 
     #[test]
@@ -181,6 +261,7 @@ mod tests {
             (i.verb.as_str(), i.api_group.as_str(), i.resource.as_str()),
             ("list", "wardle.example.com", "flunders")
         );
+        assert!(!i.long_running);
         let i = p(Method::GET, "/apis/apps/v1/deployments?watch=true");
         assert_eq!(i.verb, "watch");
         assert!(i.long_running);
@@ -209,6 +290,113 @@ mod tests {
     }
 
     #[test]
+    fn watch_parameter_is_read_as_kube_decodes_list_options() {
+        for target in [
+            "/api/v1/pods?watch",
+            "/api/v1/pods?watch=",
+            "/api/v1/pods?watch=true",
+            "/api/v1/pods?watch=TRUE",
+            "/api/v1/pods?watch=1",
+            "/api/v1/pods?watch=yes",
+            "/api/v1/pods?watch=%74rue",
+            "/api/v1/pods?watch=+",
+            "/api/v1/pods?watch=0+",
+            "/api/v1/pods?watch=false+",
+            "/api/v1/pods?%77atch=1",
+            "/api/v1/pods?limit=5&&watch&resourceVersion=0",
+            "/api/v1/pods?watch=true&watch=false",
+            // Go drops a pair with a malformed escape or a `;`; the next one is the first value.
+            "/api/v1/pods?watch=%zz&watch=1",
+            "/api/v1/pods?watch=0;x=1&watch=1",
+        ] {
+            let i = p(Method::GET, target);
+            assert_eq!(i.verb, "watch", "{target}");
+            assert!(i.long_running, "{target}");
+        }
+        for target in [
+            "/api/v1/pods",
+            "/api/v1/pods?watch=false",
+            "/api/v1/pods?watch=FaLsE",
+            "/api/v1/pods?watch=0",
+            "/api/v1/pods?watch=%66alse",
+            "/api/v1/pods?watch=%30",
+            "/api/v1/pods?watch=false&watch=true",
+            "/api/v1/pods?watch=%zz&watch=false",
+            "/api/v1/pods?watch=1;x=1&watch=0",
+            "/api/v1/pods?watchx=1&xwatch=1",
+            "/api/v1/pods?%77atch%3D1",
+        ] {
+            let i = p(Method::GET, target);
+            assert_eq!(i.verb, "list", "{target}");
+            assert!(!i.long_running, "{target}");
+        }
+        // HEAD reads like GET; a named object is a get whatever `watch` says.
+        assert_eq!(p(Method::HEAD, "/api/v1/pods?watch=yes").verb, "watch");
+        assert_eq!(verb("/api/v1/namespaces/x/pods/p?watch=1"), "get");
+    }
+
+    #[test]
+    fn a_query_past_gos_parameter_limit_is_refused_for_lists() {
+        let many = "a=1&".repeat(MAX_QUERY_PARAMS) + "watch=1";
+        assert!(parse(&Method::GET, "/api/v1/pods", &many).is_err());
+        let at_limit = "a=1&".repeat(MAX_QUERY_PARAMS - 1) + "watch=1";
+        assert_eq!(
+            parse(&Method::GET, "/api/v1/pods", &at_limit).unwrap().verb,
+            "watch"
+        );
+        // Only the list/watch decision reads the query.
+        assert!(parse(&Method::GET, "/api/v1/namespaces/x/pods/p", &many).is_ok());
+        assert!(parse(&Method::GET, "/healthz", &many).is_ok());
+    }
+
+    #[test]
+    fn the_path_is_decoded_before_it_is_split() {
+        let i = p(Method::GET, "/api/v1/namespaces/%6Bube-system/pods");
+        assert_eq!(
+            (i.namespace.as_str(), i.resource.as_str(), i.verb.as_str()),
+            ("kube-system", "pods", "list")
+        );
+        assert_eq!(i.path, "/api/v1/namespaces/kube-system/pods");
+        // An encoded slash is a separator in Go's `URL.Path`, so in kube's parts too.
+        let i = p(Method::GET, "/api/v1/namespaces/a%2Fb/pods");
+        assert_eq!(
+            (i.namespace.as_str(), i.resource.as_str(), i.name.as_str()),
+            ("a", "b", "pods")
+        );
+        assert_eq!(i.path, "/api/v1/namespaces/a/b/pods");
+        let i = p(Method::GET, "/%61pis/apps/v1/%77atch/deployments");
+        assert_eq!(
+            (i.api_prefix.as_str(), i.verb.as_str(), i.resource.as_str()),
+            ("apis", "watch", "deployments")
+        );
+        assert!(i.long_running);
+        let i = p(Method::POST, "/api/v1/namespaces/x/pods/p/%65xec");
+        assert_eq!(i.subresource, "exec");
+        assert!(i.long_running);
+        // `+` is only a space in queries; `%2B` is a plus, `%C3%A9` UTF-8.
+        let i = p(Method::GET, "/api/v1/namespaces/x/configmaps/a+b%2Bc%C3%A9");
+        assert_eq!(i.name, "a+b+cé");
+        let i = p(Method::GET, "/heal%74hz");
+        assert!(!i.is_resource_request);
+        assert_eq!(i.path, "/healthz");
+        assert_eq!(p(Method::GET, "/api/v1/pods").path, "/api/v1/pods");
+    }
+
+    #[test]
+    fn paths_go_would_not_parse_are_refused() {
+        for path in [
+            "/api/v1/namespaces/%zz/pods",
+            "/api/v1/pods/%4",
+            "/api/v1/pods/%",
+            "/healthz%",
+            "/api/v1/namespaces/%FF/pods",
+            "/api/v1/namespaces/%C3/pods",
+        ] {
+            assert!(parse(&Method::GET, path, "").is_err(), "{path}");
+        }
+    }
+
+    #[test]
     fn namespaces_themselves() {
         let i = p(Method::GET, "/api/v1/namespaces/default");
         assert_eq!(
@@ -229,6 +417,40 @@ mod tests {
     }
 
     #[test]
+    fn field_selector_is_the_value_kube_reads() {
+        // kube takes the first `fieldSelector` after decoding keys: naming the second one
+        // would authorize a different object than the one served.
+        assert_eq!(
+            field_selector_name(
+                "%66ieldSelector=metadata.name%3Dsecret&fieldSelector=metadata.name%3Dallowed"
+            )
+            .as_deref(),
+            Some("secret")
+        );
+        assert_eq!(
+            field_selector_name("fieldSelector=metadata.name%3Da%2Bb").as_deref(),
+            Some("a+b")
+        );
+        assert_eq!(
+            field_selector_name(
+                "fieldSelector=metadata.name%3Dallowed;x&fieldSelector=metadata.name==other"
+            )
+            .as_deref(),
+            Some("other")
+        );
+        for query in [
+            "fieldSelector=metadata.name%3Da%2Cmetadata.namespace%3Dx",
+            "fieldSelector=metadata.name%3Da%3Db",
+            "fieldSelector=metadata.name%3Da%5C%5Cb",
+            "fieldSelector=metadata.name%3D%FF",
+            "fieldSelector=metadata.name!%3Da",
+            "fieldSelector=metadata.name%3D..",
+        ] {
+            assert_eq!(field_selector_name(query), None, "{query}");
+        }
+    }
+
+    #[test]
     fn non_resource_requests() {
         for path in [
             "/",
@@ -243,6 +465,32 @@ mod tests {
             let i = p(Method::GET, path);
             assert!(!i.is_resource_request, "{path}");
             assert_eq!(i.verb, "get");
+        }
+    }
+
+    #[test]
+    fn long_running_comes_from_verb_and_subresource_only() {
+        for (method, target) in [
+            ("GET", "/api/v1/namespaces/x/configmaps/c"),
+            ("POST", "/api/v1/namespaces/x/configmaps"),
+            ("GET", "/api/v1/namespaces/x/pods/p/status"),
+            ("GET", "/fixture/anything"),
+            // A method named like a long-running verb is not one.
+            ("WATCH", "/fixture/anything"),
+            ("PROXY", "/healthz"),
+            ("WATCH", "/api/v1/namespaces/x/configmaps"),
+        ] {
+            let m = Method::from_bytes(method.as_bytes()).unwrap();
+            assert!(!p(m, target).long_running, "{method} {target}");
+        }
+        for (method, target) in [
+            ("GET", "/api/v1/namespaces/x/pods/p/log"),
+            ("POST", "/api/v1/namespaces/x/pods/p/attach"),
+            ("POST", "/api/v1/namespaces/x/pods/p/portforward"),
+            ("GET", "/api/v1/namespaces/x/services/s/proxy/metrics"),
+        ] {
+            let m = Method::from_bytes(method.as_bytes()).unwrap();
+            assert!(p(m, target).long_running, "{method} {target}");
         }
     }
 
@@ -266,15 +514,6 @@ mod tests {
 
     #[test]
     fn bare_watch_prefix_is_an_error() {
-        assert!(parse(&Method::GET, "/api/v1/watch", "", false).is_err());
-    }
-
-    #[test]
-    fn upgrades_are_long_running() {
-        assert!(
-            parse(&Method::GET, "/fixture/anything", "", true)
-                .unwrap()
-                .long_running
-        );
+        assert!(parse(&Method::GET, "/api/v1/watch", "").is_err());
     }
 }

@@ -171,3 +171,179 @@ where
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use http::header::{CONNECTION, UPGRADE};
+    use http::StatusCode;
+    use hyper_util::rt::TokioIo;
+    use hyper_util::service::TowerToHyperService;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tower::ServiceExt;
+
+    use super::*;
+    use crate::stack::request_info::RequestInfoService;
+
+    fn limits(readonly: u32, max_body: u64) -> gateway_config::Limits {
+        gateway_config::Limits {
+            max_readonly_inflight: readonly,
+            max_mutating_inflight: 1,
+            request_timeout: Duration::from_secs(60),
+            max_request_body_bytes: max_body,
+            header_read_timeout: Duration::from_secs(10),
+            max_header_bytes: 1 << 20,
+        }
+    }
+
+    /// A body that never ends, as a watch or a large list would keep its slot.
+    fn endless() -> body::Body {
+        body::boxed(http_body_util::StreamBody::new(futures::stream::pending::<
+            Result<http_body::Frame<bytes::Bytes>, BoxError>,
+        >()))
+    }
+
+    /// The answer as the client gets it (errors become a Status through `rescue`).
+    fn status(result: &Result<Response, BoxError>) -> StatusCode {
+        match result {
+            Ok(resp) => resp.status(),
+            Err(e) => match e.downcast_ref::<GatewayError>() {
+                Some(e) => e.code(),
+                None => StatusCode::INTERNAL_SERVER_ERROR,
+            },
+        }
+    }
+
+    fn request(method: &str, uri: &str, upgrade: bool) -> Request {
+        let mut b = http::Request::builder().method(method).uri(uri);
+        if upgrade {
+            b = b.header(CONNECTION, "Upgrade").header(UPGRADE, "SPDY/3.1");
+        }
+        b.body(body::empty()).unwrap()
+    }
+
+    /// request_info then limits over `inner`, as in the real stack.
+    fn stack<S>(limits: &gateway_config::Limits, inner: S) -> RequestInfoService<LimitsService<S>> {
+        let limits = LimitsService::layer(limits, Arc::new(Metrics::new())).layer(inner);
+        RequestInfoService::layer().layer(limits)
+    }
+
+    #[tokio::test]
+    async fn an_upgrade_to_an_ordinary_resource_is_counted_and_body_limited() {
+        let inner = tower::service_fn(|_req: Request| async {
+            Ok::<_, BoxError>(Response::new(endless()))
+        });
+        let svc = stack(&limits(1, 10), inner);
+        let configmaps = "/api/v1/namespaces/x/configmaps";
+
+        let held = svc.clone().oneshot(request("GET", configmaps, true)).await;
+        assert_eq!(status(&held), StatusCode::OK);
+        for upgrade in [true, false] {
+            let refused = svc
+                .clone()
+                .oneshot(request("GET", configmaps, upgrade))
+                .await;
+            assert_eq!(status(&refused), StatusCode::TOO_MANY_REQUESTS, "{upgrade}");
+        }
+        // exec is long-running by its subresource, upgrade or not: never counted.
+        let exec = svc
+            .clone()
+            .oneshot(request("POST", "/api/v1/namespaces/x/pods/p/exec", true))
+            .await;
+        assert_eq!(status(&exec), StatusCode::OK);
+
+        drop(held);
+        let after = svc.clone().oneshot(request("GET", configmaps, true)).await;
+        assert_eq!(status(&after), StatusCode::OK);
+        drop(after);
+
+        let mut big = request("POST", configmaps, true);
+        big.headers_mut()
+            .insert(CONTENT_LENGTH, http::HeaderValue::from_static("11"));
+        let big = svc.clone().oneshot(big).await;
+        assert_eq!(status(&big), StatusCode::PAYLOAD_TOO_LARGE);
+    }
+
+    /// Reads an HTTP/1.1 response head from `io`.
+    async fn read_head(io: &mut tokio::io::DuplexStream) -> String {
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            let mut byte = [0u8; 1];
+            assert_eq!(io.read(&mut byte).await.unwrap(), 1, "connection closed");
+            head.push(byte[0]);
+        }
+        String::from_utf8(head).unwrap()
+    }
+
+    async fn echo(io: &mut tokio::io::DuplexStream, text: &[u8]) {
+        io.write_all(text).await.unwrap();
+        let mut back = vec![0u8; text.len()];
+        io.read_exact(&mut back).await.unwrap();
+        assert_eq!(back, text);
+    }
+
+    #[tokio::test]
+    async fn a_switched_connection_gives_its_slot_back_once_the_101_is_sent() {
+        // Answers an upgrade with 101 and echoes the tunnel, as exec endpoints do; the 101
+        // carries an endless body, so only hyper dropping it (it cannot send a body after a
+        // 101) frees the slot.
+        let inner = tower::service_fn(|mut req: Request| async move {
+            let on_upgrade = hyper::upgrade::on(&mut req);
+            tokio::spawn(async move {
+                if let Ok(upgraded) = on_upgrade.await {
+                    let (mut r, mut w) = tokio::io::split(TokioIo::new(upgraded));
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                }
+            });
+            let mut resp = Response::new(endless());
+            if crate::proxy::is_upgrade(req.headers()) {
+                *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+                resp.headers_mut()
+                    .insert(CONNECTION, http::HeaderValue::from_static("Upgrade"));
+                resp.headers_mut()
+                    .insert(UPGRADE, http::HeaderValue::from_static("SPDY/3.1"));
+            }
+            Ok::<_, BoxError>(resp)
+        });
+        let svc = stack(&limits(1, 1 << 20), inner);
+        let per_conn = {
+            let svc = svc.clone();
+            tower::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                svc.clone().oneshot(req.map(body::boxed))
+            })
+        };
+        let (mut client, server) = tokio::io::duplex(4096);
+        tokio::spawn(
+            hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(server), TowerToHyperService::new(per_conn))
+                .with_upgrades(),
+        );
+
+        client
+            .write_all(
+                b"GET /api/v1/namespaces/x/configmaps HTTP/1.1\r\nHost: gw\r\n\
+                  Connection: Upgrade\r\nUpgrade: SPDY/3.1\r\n\r\n",
+            )
+            .await
+            .unwrap();
+        let head = read_head(&mut client).await;
+        assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+        echo(&mut client, b"ping").await;
+
+        // The tunnel is open, and the only read-only slot is free again.
+        let next = svc
+            .clone()
+            .oneshot(request("GET", "/api/v1/namespaces/x/configmaps", false))
+            .await;
+        assert_eq!(status(&next), StatusCode::OK);
+        // A request still streaming its body keeps the slot, as before.
+        let refused = svc
+            .clone()
+            .oneshot(request("GET", "/api/v1/namespaces/x/configmaps", true))
+            .await;
+        assert_eq!(status(&refused), StatusCode::TOO_MANY_REQUESTS);
+        drop(next);
+        echo(&mut client, b"still open").await;
+    }
+}

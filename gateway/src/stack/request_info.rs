@@ -9,7 +9,6 @@ use tower::{Layer, Service};
 use super::BoxFuture;
 use crate::body::{BoxError, Request, Response};
 use crate::error::GatewayError;
-use crate::proxy::is_upgrade;
 use crate::request_info::parse;
 
 #[derive(Clone)]
@@ -37,11 +36,12 @@ where
     }
 
     fn call(&mut self, mut req: Request) -> Self::Future {
+        // Headers play no part: kube decides long-running from verb and subresource, and a
+        // `Connection: Upgrade` anyone can send must not exempt a request from the limits.
         let info = parse(
             req.method(),
             req.uri().path(),
             req.uri().query().unwrap_or(""),
-            is_upgrade(req.headers()),
         );
         match info {
             Ok(info) => {
@@ -50,5 +50,78 @@ where
             }
             Err(message) => Box::pin(async move { Err(GatewayError::BadRequest(message).into()) }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http::header::{CONNECTION, UPGRADE};
+    use tower::ServiceExt;
+
+    use super::*;
+    use crate::body;
+
+    /// The `RequestInfo` the layers below see for `req` (`None` when it was refused).
+    async fn seen(req: Request) -> Option<crate::request_info::RequestInfo> {
+        let inner = tower::service_fn(|req: Request| async move {
+            let info = req
+                .extensions()
+                .get::<crate::request_info::RequestInfo>()
+                .cloned();
+            let mut resp = Response::new(body::empty());
+            resp.extensions_mut().insert(info);
+            Ok::<_, BoxError>(resp)
+        });
+        let resp = RequestInfoService::layer().layer(inner).oneshot(req).await;
+        resp.ok()?
+            .extensions()
+            .get::<Option<crate::request_info::RequestInfo>>()
+            .cloned()
+            .flatten()
+    }
+
+    fn upgrade(method: &str, uri: &str) -> Request {
+        http::Request::builder()
+            .method(method)
+            .uri(uri)
+            .header(CONNECTION, "Upgrade")
+            .header(UPGRADE, "SPDY/3.1")
+            .body(body::empty())
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn an_upgrade_header_does_not_make_a_request_long_running() {
+        let info = seen(upgrade("GET", "/api/v1/namespaces/x/configmaps"))
+            .await
+            .unwrap();
+        assert_eq!(info.verb, "list");
+        assert!(!info.long_running);
+        let info = seen(upgrade("GET", "/fixture/anything")).await.unwrap();
+        assert!(!info.long_running);
+        let info = seen(upgrade(
+            "POST",
+            "/api/v1/namespaces/x/pods/p/exec?command=sh",
+        ))
+        .await
+        .unwrap();
+        assert!(info.long_running);
+    }
+
+    #[tokio::test]
+    async fn the_decoded_path_is_what_the_layers_below_see() {
+        let req = http::Request::get("/api/v1/namespaces/%6Bube-system/pods?watch=")
+            .body(body::empty())
+            .unwrap();
+        let info = seen(req).await.unwrap();
+        assert_eq!(
+            (info.namespace.as_str(), info.verb.as_str()),
+            ("kube-system", "watch")
+        );
+        assert!(info.long_running);
+        let bad = http::Request::get("/api/v1/namespaces/%zz/pods")
+            .body(body::empty())
+            .unwrap();
+        assert_eq!(seen(bad).await, None);
     }
 }

@@ -1,6 +1,7 @@
 //! The request timeout (kube-apiserver's --request-timeout, 60 s): an ordinary request that has
 //! no response headers by then gets 504. A client's own `?timeout=` shortens it, never extends
-//! it. Long-running requests (watch, exec, attach, portforward, log, proxy) are exempt.
+//! it. Long-running requests (watch, exec, attach, portforward, log, proxy) are exempt. The
+//! deadline covers the response headers only: a 101's tunnel, like any body, runs past it.
 
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -25,12 +26,14 @@ impl<S> TimeoutService<S> {
     }
 }
 
-/// `?timeout=` as a Go duration, when present and valid.
+/// `?timeout=` as a Go duration, when present and valid; read (decoded, first value) as the
+/// backend's `URL.Query().Get("timeout")` reads it.
 fn client_timeout(query: &str) -> Option<Duration> {
-    query
-        .split('&')
-        .find_map(|kv| kv.strip_prefix("timeout="))
-        .and_then(|v| v.parse::<gateway_config::GoDuration>().ok())
+    let raw = crate::request_info::query_value(query, "timeout")?;
+    std::str::from_utf8(&raw)
+        .ok()?
+        .parse::<gateway_config::GoDuration>()
+        .ok()
         .map(|d| d.0)
         .filter(|d| !d.is_zero())
 }
@@ -70,7 +73,13 @@ where
 
 #[cfg(test)]
 mod tests {
+    use http::header::{CONNECTION, UPGRADE};
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
     use super::*;
+    use crate::body;
+    use crate::stack::request_info::RequestInfoService;
 
     #[test]
     fn client_timeout_is_parsed() {
@@ -81,5 +90,67 @@ mod tests {
         );
         assert_eq!(client_timeout("timeoutSeconds=5"), None);
         assert_eq!(client_timeout("timeout=bogus"), None);
+        assert_eq!(
+            client_timeout("%74imeout=%33s"),
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(
+            client_timeout("timeout=2s&timeout=1s"),
+            Some(Duration::from_secs(2))
+        );
+    }
+
+    fn request(method: &str, uri: &str) -> Request {
+        http::Request::builder()
+            .method(method)
+            .uri(uri)
+            .header(CONNECTION, "Upgrade")
+            .header(UPGRADE, "SPDY/3.1")
+            .body(body::empty())
+            .unwrap()
+    }
+
+    /// request_info then the timeout over `inner`, as in the real stack.
+    fn stack<S>(inner: S) -> RequestInfoService<TimeoutService<S>> {
+        RequestInfoService::layer().layer(TimeoutService::layer(LIMIT).layer(inner))
+    }
+
+    const LIMIT: Duration = Duration::from_secs(60);
+
+    #[tokio::test(start_paused = true)]
+    async fn an_upgrade_to_an_ordinary_resource_is_timed_out() {
+        let hung = tower::service_fn(|_req: Request| std::future::pending());
+        let Err(err) = stack(hung)
+            .oneshot(request("GET", "/api/v1/namespaces/x/configmaps"))
+            .await
+        else {
+            panic!("a hung ordinary request got an answer");
+        };
+        let err = err.downcast_ref::<GatewayError>().unwrap();
+        assert_eq!(err.code(), http::StatusCode::GATEWAY_TIMEOUT);
+
+        // exec is long-running by its subresource: never cut.
+        let hung = tower::service_fn(|_req: Request| std::future::pending());
+        let exec = stack(hung).oneshot(request("POST", "/api/v1/namespaces/x/pods/p/exec"));
+        assert!(tokio::time::timeout(LIMIT * 10, exec).await.is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_101_is_not_cut_once_its_headers_are_in() {
+        let switching = tower::service_fn(|_req: Request| async {
+            let stream =
+                futures::stream::pending::<Result<http_body::Frame<bytes::Bytes>, BoxError>>();
+            let mut resp = Response::new(body::boxed(http_body_util::StreamBody::new(stream)));
+            *resp.status_mut() = http::StatusCode::SWITCHING_PROTOCOLS;
+            Ok::<_, BoxError>(resp)
+        });
+        let resp = stack(switching)
+            .oneshot(request("GET", "/api/v1/namespaces/x/configmaps"))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), http::StatusCode::SWITCHING_PROTOCOLS);
+        let mut body = resp.into_body();
+        let still_open = tokio::time::timeout(LIMIT * 10, body.frame()).await;
+        assert!(still_open.is_err(), "the deadline reached past the 101");
     }
 }
