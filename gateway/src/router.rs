@@ -1,6 +1,7 @@
 //! Picks the target for a request from one load of the routing snapshot: a handler of the
 //! gateway's own (health, metrics), a remote APIService's backend, or the core server, which
-//! receives everything no APIService claims.
+//! receives everything no APIService claims. When the authorization layer pinned the snapshot
+//! it decided on ([`PinnedRoutes`]), that one is used, never a newer one.
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -17,7 +18,7 @@ use crate::health::Health;
 use crate::identity::UserInfo;
 use crate::metrics::Metrics;
 use crate::request_info::RequestInfo;
-use crate::routing::{Routing, Target};
+use crate::routing::{Routes, Routing, Target};
 use crate::stack::{BoxFuture, ConnInfo, RoutedTo};
 
 /// What the router reads on every request; built once at start.
@@ -38,6 +39,18 @@ pub struct Router {
 impl Router {
     pub fn new(gateway: Arc<Gateway>) -> Self {
         Self { gateway }
+    }
+}
+
+/// The routing snapshot authorization decided a request on, carried in its extensions.
+#[derive(Clone)]
+pub struct PinnedRoutes(pub Arc<Routes>);
+
+/// The table to route `req` with: the pinned one, else the current one.
+fn routes_for(req: &Request, routing: &Routing) -> Arc<Routes> {
+    match req.extensions().get::<PinnedRoutes>() {
+        Some(pinned) => pinned.0.clone(),
+        None => routing.load_full(),
     }
 }
 
@@ -91,8 +104,14 @@ impl Service<Request> for Router {
                 .get::<RequestInfo>()
                 .is_some_and(|i| i.long_running);
 
-            let table = gw.routing.load_full();
-            let route = match table.lookup(path) {
+            // Routes are matched on the decoded path, as kube-aggregator's mux matches
+            // `URL.Path`; the request itself goes on with the path the client wrote.
+            let decoded = req
+                .extensions()
+                .get::<RequestInfo>()
+                .map(|i| i.path.clone());
+            let table = routes_for(&req, &gw.routing);
+            let route = match table.lookup(decoded.as_deref().unwrap_or(path)) {
                 Lookup::GroupVersion(route) | Lookup::LegacyCore(route) => Some(route),
                 Lookup::Group(_) | Lookup::None => None,
             };
@@ -155,6 +174,53 @@ fn unavailable_reason(a: &apiservice::route::Availability) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use apiservice::model::{Backend, RegisteredAPIService};
+    use apiservice::route::RouteTable;
+
+    use crate::routing::RouteTarget;
+
+    fn table(target: Target) -> Arc<Routes> {
+        let api = RegisteredAPIService {
+            name: "v1alpha1.wardle.example.com".into(),
+            group: "wardle.example.com".into(),
+            version: "v1alpha1".into(),
+            group_priority_minimum: 1000,
+            version_priority: 15,
+            backend: Backend::Local,
+        };
+        let target = RouteTarget {
+            target,
+            routed_to: RoutedTo::api_service(&api.name),
+        };
+        Arc::new(RouteTable::from_routes([(api, target)]).0)
+    }
+
+    #[test]
+    fn a_pinned_table_wins_over_the_current_one() {
+        let routing = Routing::new();
+        let req = || {
+            http::Request::get("/apis/wardle.example.com/v1alpha1/flunders")
+                .body(crate::body::empty())
+                .unwrap()
+        };
+        // Nothing pinned: the current (empty) table.
+        let current = routes_for(&req(), &routing);
+        assert!(matches!(
+            current.lookup("/apis/wardle.example.com/v1alpha1/flunders"),
+            Lookup::None
+        ));
+        // Pinned while the APIService was local: still local, whatever was published since.
+        let pinned = table(Target::Local);
+        let mut r = req();
+        r.extensions_mut().insert(PinnedRoutes(pinned.clone()));
+        let used = routes_for(&r, &routing);
+        assert!(Arc::ptr_eq(&used, &pinned));
+        let Lookup::GroupVersion(route) = used.lookup("/apis/wardle.example.com/v1alpha1/flunders")
+        else {
+            panic!("the pinned table routes the group-version");
+        };
+        assert!(matches!(route.backend.target, Target::Local));
+    }
 
     #[test]
     fn unsynced_paths() {

@@ -30,6 +30,11 @@ use base64::Engine;
 use bytes::Bytes;
 use http::{HeaderMap, Request, StatusCode};
 use http_body_util::Full;
+use hyper_rustls::FixedServerNameResolver;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use rustls::pki_types::ServerName;
 use serde_json::Value;
 
 use crate::certs::{CertifiedPair, TestCa};
@@ -81,15 +86,16 @@ impl Pki {
         Pki::for_services(&["wardle"])
     }
 
-    /// Backends serve as Service `api` in each of `namespaces` (`api.<namespace>.svc`).
+    /// Backends serve as Service `api` in each of `namespaces`. Their certificate names only
+    /// `api.<namespace>.svc`, the server name kube-aggregator verifies, and no address: a gateway
+    /// that verified the address it dialled (always 127.0.0.1 here) would fail.
     pub fn for_services(namespaces: &[&str]) -> Pki {
         let dir = tempfile::tempdir().unwrap();
         let backend_ca = TestCa::new("backend-ca");
-        let mut sans: Vec<String> = namespaces
+        let sans: Vec<String> = namespaces
             .iter()
             .map(|ns| format!("api.{ns}.svc"))
             .collect();
-        sans.extend(["localhost".to_owned(), "127.0.0.1".to_owned()]);
         let sans: Vec<&str> = sans.iter().map(String::as_str).collect();
         let backend_cert = backend_ca
             .issue_server(&sans)
@@ -173,13 +179,26 @@ impl Pki {
         services: &[(&str, &FixtureAggregated)],
         extra_yaml: &str,
     ) -> PathBuf {
+        let services: Vec<(&str, &str, &FixtureAggregated)> = services
+            .iter()
+            .map(|(namespace, backend)| (*namespace, "api", *backend))
+            .collect();
+        self.gateway_config_with_services(&services, extra_yaml)
+    }
+
+    /// [`Pki::gateway_config`] with Service names of its own: `(namespace, name, backend)`.
+    pub fn gateway_config_with_services(
+        &self,
+        services: &[(&str, &str, &FixtureAggregated)],
+        extra_yaml: &str,
+    ) -> PathBuf {
         let mut yaml = String::new();
         if !services.is_empty() {
             yaml.push_str("services:\n");
         }
-        for (namespace, backend) in services {
+        for (namespace, name, backend) in services {
             yaml.push_str(&format!(
-                "- namespace: {namespace}\n  name: api\n  port: 443\n  urls: [\"https://{}\"]\n",
+                "- namespace: {namespace}\n  name: {name}\n  port: 443\n  urls: [\"https://{}\"]\n",
                 backend.addr
             ));
         }
@@ -246,6 +265,53 @@ impl Pki {
             .await
     }
 
+    /// A client for `backend` directly (its `/fixture/...` endpoints), verifying its certificate
+    /// as the gateway does: against the backend CA, for the name `api.<namespace>.svc`.
+    pub fn backend_client(&self, namespace: &str) -> HttpClient {
+        let config = harness::tls_client_config(self.backend_ca.cert_pem(), None, &[]).unwrap();
+        let name = ServerName::try_from(format!("api.{namespace}.svc")).unwrap();
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(config)
+            .https_only()
+            .with_server_name_resolver(FixedServerNameResolver::new(name))
+            .enable_http1()
+            .wrap_connector(http);
+        Client::builder(TokioExecutor::new()).build(connector)
+    }
+
+    /// The requests `backend` (Service `<namespace>/api`) recorded, oldest first.
+    pub async fn backend_requests(
+        &self,
+        backend: &FixtureAggregated,
+        namespace: &str,
+    ) -> Vec<Value> {
+        let url = format!("{}/fixture/requests", backend.url());
+        let (status, _, body) = harness::get(&self.backend_client(namespace), &url)
+            .await
+            .unwrap();
+        assert_eq!(status, StatusCode::OK, "{url}");
+        serde_json::from_slice(&body).unwrap()
+    }
+
+    /// Replaces the policy `backend` (Service `<namespace>/api`) authorizes discovery with.
+    pub async fn set_backend_policy(
+        &self,
+        backend: &FixtureAggregated,
+        namespace: &str,
+        policy: &Value,
+    ) {
+        let req = Request::put(format!("{}/fixture/policy", backend.url()))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(policy.to_string())))
+            .unwrap();
+        let (status, _, body) = harness::send(&self.backend_client(namespace), req)
+            .await
+            .unwrap();
+        assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    }
+
     /// An APIService for `version.group` backed by Service `namespace/api` on port 443, trusting
     /// the backend CA.
     pub fn apiservice(&self, group: &str, version: &str, namespace: &str) -> ApiService {
@@ -258,6 +324,7 @@ impl Pki {
             group_priority_minimum: 1000,
             version_priority: 15,
             ca_bundle: self.backend_ca.cert_pem().to_owned(),
+            insecure_skip_tls_verify: false,
         }
     }
 }
@@ -276,6 +343,8 @@ pub struct ApiService {
     pub version_priority: u32,
     /// PEM; base64-encoded into `caBundle`.
     pub ca_bundle: String,
+    /// `insecureSkipTLSVerify: true`, and no `caBundle` (validation allows only one of them).
+    pub insecure_skip_tls_verify: bool,
 }
 
 impl ApiService {
@@ -295,6 +364,18 @@ impl ApiService {
         self
     }
 
+    /// Trusting `pem` instead of the backend CA.
+    pub fn ca_bundle(mut self, pem: &str) -> ApiService {
+        self.ca_bundle = pem.to_owned();
+        self
+    }
+
+    /// Not verifying the backend's certificate at all.
+    pub fn insecure_skip_tls_verify(mut self) -> ApiService {
+        self.insecure_skip_tls_verify = true;
+        self
+    }
+
     pub fn group_priority_minimum(mut self, priority: u32) -> ApiService {
         self.group_priority_minimum = priority;
         self
@@ -307,11 +388,16 @@ impl ApiService {
 
     /// The manifest, for `kubectl apply` or a `--apiservice-dir` file.
     pub fn yaml(&self) -> String {
-        let ca = base64::engine::general_purpose::STANDARD.encode(&self.ca_bundle);
+        let trust = if self.insecure_skip_tls_verify {
+            "insecureSkipTLSVerify: true".to_owned()
+        } else {
+            let ca = base64::engine::general_purpose::STANDARD.encode(&self.ca_bundle);
+            format!("caBundle: {ca}")
+        };
         format!(
             "apiVersion: apiregistration.k8s.io/v1\nkind: APIService\nmetadata:\n  name: {name}\nspec:\n  \
              group: {group}\n  version: {version}\n  groupPriorityMinimum: {gpm}\n  versionPriority: {vp}\n  \
-             caBundle: {ca}\n  service:\n    namespace: {namespace}\n    name: {service}\n    port: {port}\n",
+             {trust}\n  service:\n    namespace: {namespace}\n    name: {service}\n    port: {port}\n",
             name = self.name(),
             group = self.group,
             version = self.version,

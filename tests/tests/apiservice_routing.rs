@@ -1,19 +1,58 @@
 //! A user registers an aggregated API server through the gateway and uses it: requests under its
 //! group/version reach the remote server with the caller's identity (never a forged one), the
 //! APIService's availability shows in `kubectl get apiservices`, a stopped backend gives a clear
-//! 503, and deleting the APIService sends the group back to the core.
+//! 503, and deleting the APIService sends the group back to the core. The gateway's own probes
+//! and discovery fetches carry kube-aggregator's identity, a backend is trusted only under its
+//! Service name and `caBundle`, and the discovery documents the gateway serves need the
+//! discovery permission.
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use e2e::harness::{self, FixtureCore, Gateway, GatewayOptions, Kubectl, KubectlVersion};
-use e2e::scenario::{self, create_on_core, get_as, Pki};
+use e2e::scenario::{self, create_on_core, get_as, json_or_null, Pki};
 use http::{Request, StatusCode};
 use http_body_util::Full;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 const GROUP: &str = "wardle.example.com";
 const NAME: &str = "v1alpha1.wardle.example.com";
+const AGGREGATED: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
+
+/// kube's `system:discovery` role, bound to `system:authenticated`: anonymous callers get none
+/// of the discovery documents.
+fn discovery_for_authenticated() -> Value {
+    json!({"group": "system:authenticated", "verbs": ["get"],
+           "nonResourceURLs": ["/api", "/api/*", "/apis", "/apis/*", "/openapi", "/openapi/*"]})
+}
+
+/// Every value of header `name` in a request the fixture recorded (`[[name, value], ...]`).
+fn header_values(request: &Value, name: &str) -> Vec<String> {
+    request["headers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|pair| {
+            pair[0]
+                .as_str()
+                .is_some_and(|n| n.eq_ignore_ascii_case(name))
+        })
+        .filter_map(|pair| pair[1].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// The resource names of `group` in an aggregated discovery document.
+fn resources_of(doc: &Value, group: &str) -> Vec<String> {
+    doc["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|g| g["metadata"]["name"] == group)
+        .flat_map(|g| g["versions"].as_array().cloned().unwrap_or_default())
+        .flat_map(|v| v["resources"].as_array().cloned().unwrap_or_default())
+        .filter_map(|r| r["resource"].as_str().map(str::to_owned))
+        .collect()
+}
 
 /// Polls `kubectl get apiservices` until the row for NAME contains `wanted`.
 async fn wait_for_row(kubectl: &Kubectl, wanted: &str, timeout: Duration) -> String {
@@ -410,4 +449,190 @@ async fn a_label_selector_limits_the_apiservices_a_gateway_serves() {
     })
     .await;
     assert!(served, "{}", gateway.process.logs());
+}
+
+/// A backend that authorizes discovery like a kube API server (anonymous callers are refused)
+/// still becomes Available and appears in discovery: the gateway's probe and discovery fetches
+/// come as kube-aggregator's own user, on the proxy certificate.
+#[tokio::test]
+async fn probes_and_discovery_reach_an_authorizing_backend_as_the_aggregator() {
+    let pki = Pki::new();
+    let core = FixtureCore::start(&[]).await.unwrap();
+    let backend = pki.start_backend(GROUP, "v1alpha1", &[]).await;
+    pki.set_backend_policy(
+        &backend,
+        "wardle",
+        &json!({"rules": [discovery_for_authenticated()]}),
+    )
+    .await;
+    let config = pki.gateway_config(&[("wardle", &backend)], "");
+    let gateway = pki.start_gateway(&core, &config, &[]).await;
+    let alice = pki.user("alice", &["dev"]);
+    let kubectl = scenario::kubectl_as(&gateway, KubectlVersion::V1_32, &alice);
+    kubectl
+        .apply_yaml(&pki.apiservice(GROUP, "v1alpha1", "wardle").yaml())
+        .await;
+
+    wait_for_row(&kubectl, "True", Duration::from_secs(10)).await;
+    // The merged discovery has the backend's resources: its /apis was readable too.
+    let listed = harness::wait_until(Duration::from_secs(10), || async {
+        let (status, doc) = get_as(&gateway, &alice, "/apis", &[("accept", AGGREGATED)]).await;
+        status == StatusCode::OK && resources_of(&doc, GROUP).contains(&"flunders".to_owned())
+    })
+    .await;
+    assert!(listed, "{}", gateway.process.logs());
+
+    let requests = pki.backend_requests(&backend, "wardle").await;
+    let identity = |r: &Value| {
+        (
+            header_values(r, "x-remote-user"),
+            header_values(r, "x-remote-group"),
+            r["clientCN"].clone(),
+        )
+    };
+    let aggregator = (
+        vec!["system:kube-aggregator".to_owned()],
+        vec!["system:masters".to_owned()],
+        json!("aggregator"),
+    );
+    for path in ["/apis/wardle.example.com/v1alpha1", "/apis"] {
+        let seen: Vec<&Value> = requests.iter().filter(|r| r["path"] == path).collect();
+        assert!(
+            !seen.is_empty(),
+            "the backend never saw {path}: {requests:?}"
+        );
+        for r in seen {
+            assert_eq!(identity(r), aggregator, "{path}: {r}");
+        }
+    }
+}
+
+/// The backend's certificate names only `api.wardle.svc`. The gateway routes to it under that
+/// name with its caBundle, and with `insecureSkipTLSVerify`; it does not under another CA or
+/// another Service name (same address), and says why.
+#[tokio::test]
+async fn backends_are_trusted_only_under_their_service_name_and_ca_bundle() {
+    let pki = Pki::new();
+    let core = FixtureCore::start(&[]).await.unwrap();
+    let backend = pki
+        .start_backend(GROUP, "v1alpha1,v1beta1,v1,v2", &[])
+        .await;
+    let config = pki.gateway_config_with_services(
+        &[
+            ("wardle", "api", &backend),
+            ("wardle", "impostor", &backend),
+        ],
+        "",
+    );
+    let gateway = pki.start_gateway(&core, &config, &[]).await;
+    let alice = pki.user("alice", &[]);
+    let kubectl = scenario::kubectl_as(&gateway, KubectlVersion::V1_32, &alice);
+    let other_ca = e2e::certs::TestCa::new("other-ca");
+    let apiservice = |version: &str| pki.apiservice(GROUP, version, "wardle");
+    for manifest in [
+        apiservice("v1alpha1"),
+        apiservice("v1beta1").ca_bundle(other_ca.cert_pem()),
+        apiservice("v1").insecure_skip_tls_verify(),
+        apiservice("v2").service("impostor"),
+    ] {
+        kubectl.apply_yaml(&manifest.yaml()).await;
+    }
+    let flunders = |version: &str| format!("/apis/{GROUP}/{version}/namespaces/default/flunders");
+
+    for (version, row) in [
+        ("v1alpha1", "True"),
+        ("v1", "True"),
+        ("v1beta1", "False (FailedDiscoveryCheck)"),
+        ("v2", "False (FailedDiscoveryCheck)"),
+    ] {
+        let name = format!("{version}.{GROUP}");
+        scenario::wait_for_apiservice_row(&kubectl, &name, row, Duration::from_secs(15)).await;
+    }
+    for version in ["v1alpha1", "v1"] {
+        let (status, body) = get_as(&gateway, &alice, &flunders(version), &[]).await;
+        assert_eq!(status, StatusCode::OK, "{version}: {body}");
+        assert_eq!(body["kind"], "FlunderList", "{version}: {body}");
+    }
+    for (version, why) in [("v1beta1", "UnknownIssuer"), ("v2", "impostor.wardle.svc")] {
+        let (status, body) = get_as(&gateway, &alice, &flunders(version), &[]).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{version}: {body}");
+        assert_eq!(body["kind"], "Status", "{body}");
+        let message = body["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains(&format!("{version}.{GROUP}")) && message.contains(why),
+            "{version}: the message should name the APIService and say why: {message}"
+        );
+    }
+}
+
+/// With authorization on, the discovery and OpenAPI documents the gateway serves from its cache
+/// need the discovery permission, as on kube-apiserver: anonymous callers get 403, an
+/// authenticated user gets the merged documents and kubectl works.
+#[tokio::test]
+async fn discovery_documents_need_the_discovery_permission() {
+    let pki = Pki::new();
+    let policy = json!({"rules": [
+        discovery_for_authenticated(),
+        {"group": "system:authenticated", "verbs": ["get", "list"], "apiGroups": ["*"], "resources": ["*"]},
+    ]});
+    let core = scenario::start_core_with_policy(&pki, &policy).await;
+    let backend = pki.start_backend(GROUP, "v1alpha1", &[]).await;
+    let config = pki.gateway_config(&[("wardle", &backend)], "");
+    let manifests = pki.dir().join("apiservices");
+    std::fs::create_dir(&manifests).unwrap();
+    pki.apiservice(GROUP, "v1alpha1", "wardle")
+        .write_to(&manifests, "wardle.yaml");
+    let gateway = pki
+        .start_gateway_with_file_source(&core, &config, &manifests, &[])
+        .await;
+    let alice = pki.user("alice", &["dev"]);
+    let openapi = "/openapi/v3/apis/wardle.example.com/v1alpha1";
+    let served = harness::wait_until(Duration::from_secs(10), || async {
+        let (status, doc) = get_as(&gateway, &alice, "/apis", &[("accept", AGGREGATED)]).await;
+        status == StatusCode::OK
+            && resources_of(&doc, GROUP).contains(&"flunders".to_owned())
+            && get_as(&gateway, &alice, openapi, &[]).await.0 == StatusCode::OK
+    })
+    .await;
+    assert!(
+        served,
+        "alice never got the merged /apis:\n{}",
+        gateway.process.logs()
+    );
+
+    for (path, accept) in [
+        ("/apis", AGGREGATED),
+        ("/apis", "application/json"),
+        ("/api", AGGREGATED),
+        ("/apis/wardle.example.com", "application/json"),
+        ("/openapi/v3", "application/json"),
+        (openapi, "application/json"),
+    ] {
+        let (status, _, body) = scenario::try_get(&gateway, None, path, &[("accept", accept)])
+            .await
+            .unwrap();
+        let body = json_or_null(&body);
+        assert_eq!(status, StatusCode::FORBIDDEN, "anonymous {path}: {body}");
+        assert_eq!(body["reason"], "Forbidden", "{body}");
+        assert!(
+            body["message"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with(&format!(
+                    "forbidden: User \"system:anonymous\" cannot get path \"{path}\""
+                )),
+            "{body}"
+        );
+        let (status, body) = get_as(&gateway, &alice, path, &[("accept", accept)]).await;
+        assert_eq!(status, StatusCode::OK, "alice {path}: {body}");
+    }
+
+    let kubectl = scenario::kubectl_as(&gateway, KubectlVersion::V1_32, &alice);
+    let resources = kubectl.run_ok(&["api-resources"]).await.stdout;
+    assert!(
+        resources
+            .lines()
+            .any(|l| l.starts_with("flunders") && l.contains("wardle.example.com/v1alpha1")),
+        "{resources}"
+    );
 }

@@ -2,9 +2,16 @@
 //! `<service>.<namespace>.svc` (never the dialled address), our proxy client certificate
 //! presented, HTTP/2 pooled with liveness pings, a separate HTTP/1.1 path for upgrades, and the
 //! caller's identity in `X-Remote-*` headers.
+//!
+//! Requests the gateway makes on its own behalf carry kube-aggregator's identities, because a
+//! backend that authorizes (delegating to the core, as the sample-apiserver does) would refuse an
+//! unnamed caller and every APIService would turn `FailedDiscoveryCheck`:
+//! - the availability probe and discovery: `system:kube-aggregator` in `system:masters`
+//!   (`remote_available_controller.go` and `handler_discovery.go`);
+//! - OpenAPI: `system:aggregator` without groups (the OpenAPI aggregation controllers).
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use apiservice::model::{RegisteredAPIService, RemoteBackendSpec};
@@ -28,6 +35,32 @@ const H2_CONNECTIONS: usize = 4;
 
 /// kube-aggregator's limit for `/apis/<group>/<version>` discovery through the proxy.
 const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Who the availability probe and discovery fetches are (see the module docs).
+static DISCOVERY_USER: LazyLock<UserInfo> = LazyLock::new(|| UserInfo {
+    name: "system:kube-aggregator".into(),
+    groups: vec!["system:masters".into()],
+    ..Default::default()
+});
+
+/// Who OpenAPI fetches are (see the module docs).
+static OPENAPI_USER: LazyLock<UserInfo> = LazyLock::new(|| UserInfo {
+    name: "system:aggregator".into(),
+    ..Default::default()
+});
+
+/// The identity for a GET the gateway makes for itself: OpenAPI documents as kube's OpenAPI
+/// controllers, everything else (discovery) as its discovery manager.
+fn own_identity(path_and_query: &str) -> &'static UserInfo {
+    let path = path_and_query
+        .split_once('?')
+        .map_or(path_and_query, |(p, _)| p);
+    if path == "/openapi" || path.starts_with("/openapi/") {
+        &OPENAPI_USER
+    } else {
+        &DISCOVERY_USER
+    }
+}
 
 type HttpsClient = Client<HttpsConnector<HttpConnector>, Body>;
 
@@ -172,7 +205,12 @@ impl RemoteBackend {
         let upgrade = proxy::is_upgrade(req.headers());
         let discovery = is_group_version_discovery(req.method(), req.uri().path());
         proxy::prepare_request(&mut req, &upstream, client);
-        set_identity_headers(req.headers_mut(), user);
+        // Sending the request without the caller's identity would have the backend act for the
+        // gateway instead: refuse it.
+        set_identity_headers(req.headers_mut(), user).map_err(|e| {
+            tracing::warn!(error = %e, "request refused");
+            GatewayError::Internal(e.to_string())
+        })?;
         if upgrade {
             return proxy::forward_upgrade(req, |r| self.upgrades.request(r), self.drain.clone())
                 .await
@@ -196,17 +234,22 @@ impl RemoteBackend {
         Ok(proxy::client_response(resp, long_running, &self.drain))
     }
 
-    /// The availability probe: `GET /apis/<group>/<version>` through the same transport, 5 s,
-    /// any 2xx passes. No caller identity: the backend sees only our proxy certificate.
+    /// The availability probe: `GET /apis/<group>/<version>` (`/api/<version>` for the legacy
+    /// core group) through the same transport, 5 s, any 2xx passes, as [`DISCOVERY_USER`].
     pub async fn probe(&self, group: &str, version: &str) -> Result<(), String> {
         let upstream = self.upstream().map_err(|e| e.to_string())?;
-        let uri = format!("https://{}/apis/{group}/{version}", upstream.authority);
-        let req = http::Request::builder()
+        let uri = if group.is_empty() {
+            format!("https://{}/api/{version}", upstream.authority)
+        } else {
+            format!("https://{}/apis/{group}/{version}", upstream.authority)
+        };
+        let mut req = http::Request::builder()
             .method(Method::GET)
             .uri(uri)
             .header(http::header::ACCEPT, "application/json")
             .body(body::empty())
             .map_err(|e| e.to_string())?;
+        set_identity_headers(req.headers_mut(), &DISCOVERY_USER).map_err(|e| e.to_string())?;
         match tokio::time::timeout(DISCOVERY_TIMEOUT, self.pooled().request(req)).await {
             Err(_) => Err(format!(
                 "failing or missing response from {}: timed out after 5s",
@@ -226,8 +269,9 @@ impl RemoteBackend {
         }
     }
 
-    /// A GET the gateway makes on its own behalf (discovery, OpenAPI): no caller identity, only
-    /// our proxy certificate, bounded by `timeout`.
+    /// A GET the gateway makes on its own behalf (discovery, OpenAPI), bounded by `timeout`: as
+    /// kube-aggregator's own identity for that document (see [`own_identity`]), never a caller's,
+    /// whatever identity headers `headers` carried.
     pub async fn get(
         &self,
         path_and_query: &str,
@@ -241,6 +285,8 @@ impl RemoteBackend {
             .body(body::empty())
             .map_err(|e| GatewayError::Internal(e.to_string()))?;
         *req.headers_mut() = headers;
+        set_identity_headers(req.headers_mut(), own_identity(path_and_query))
+            .map_err(|e| GatewayError::Internal(e.to_string()))?;
         match tokio::time::timeout(timeout, self.pooled().request(req)).await {
             Err(_) => Err(self.unavailable(format!(
                 "GET {path_and_query} did not answer within {}s",
@@ -283,6 +329,30 @@ fn is_group_version_discovery(method: &Method, path: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn own_requests_use_kube_aggregators_identities() {
+        for path in [
+            "/apis",
+            "/api",
+            "/apis/wardle.example.com/v1alpha1",
+            "/api/v1",
+        ] {
+            let user = own_identity(path);
+            assert_eq!(user.name, "system:kube-aggregator", "{path}");
+            assert_eq!(user.groups, ["system:masters"], "{path}");
+        }
+        for path in [
+            "/openapi/v3",
+            "/openapi/v3/apis/wardle.example.com/v1alpha1?hash=AB",
+            "/openapi/v2",
+        ] {
+            let user = own_identity(path);
+            assert_eq!(user.name, "system:aggregator", "{path}");
+            assert!(user.groups.is_empty(), "{path}");
+        }
+        assert_eq!(own_identity("/openapix").name, "system:kube-aggregator");
+    }
 
     #[test]
     fn discovery_paths() {

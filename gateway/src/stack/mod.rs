@@ -10,8 +10,10 @@
 //! 6. `limits`: in-flight limits (429) and request body size (413); long-running requests are
 //!    not counted, so a thousand watches never starve ordinary requests.
 //! 7. `timeout`: 504 for ordinary requests; watch/exec/attach/portforward/log/proxy are exempt.
-//! 8. `authz`: SubjectAccessReview for requests to remote APIServices and `/metrics`; last, so
-//!    only admitted requests cost a review and a hung review is bounded by the timeout.
+//! 8. `authz`: SubjectAccessReview for requests to remote APIServices, the discovery and
+//!    OpenAPI documents the gateway serves, and `/metrics`; it pins the routing snapshot it
+//!    decided on for the router. Last, so only admitted requests cost a review and a hung
+//!    review is bounded by the timeout.
 //! 9. the router (`crate::router`).
 //!
 //! Every service here is always ready: back-pressure is an answer (429), not a stalled
