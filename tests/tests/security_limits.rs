@@ -13,6 +13,7 @@ use e2e::harness::{self, FixtureAggregated, FixtureCore, Gateway, GatewayOptions
 use e2e::scenario::{self, path_arg, Pki, WardleScenario};
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -712,6 +713,120 @@ async fn slow_header_clients_are_cut_off_and_huge_headers_refused() {
         .await
         .unwrap();
     assert_eq!(status, StatusCode::OK);
+}
+
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// An empty SETTINGS frame: what a client sends right after the preface.
+const H2_EMPTY_SETTINGS: &[u8] = &[0, 0, 0, 4, 0, 0, 0, 0, 0];
+
+/// Reads whatever the gateway sends until it closes the connection; false if it is still open at
+/// `deadline`. A close without TLS close_notify shows up as an error, which counts as closed.
+async fn closed_by<S: tokio::io::AsyncRead + Unpin>(stream: &mut S, deadline: Instant) -> bool {
+    let mut buf = [0u8; 4096];
+    loop {
+        let read = tokio::time::timeout_at(deadline.into(), stream.read(&mut buf)).await;
+        match read {
+            Err(_) => return false,
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+#[tokio::test]
+async fn clients_that_stall_before_their_first_request_are_cut_off_on_http2_and_http1() {
+    let (_core, gateway) = core_gateway(&["--header-read-timeout=1s"]).await;
+    let ca = gateway.ca_pem().unwrap();
+    let h2_tls = harness::tls_client_config(&ca, None, &[b"h2"]).unwrap();
+    let started = Instant::now();
+
+    // Each completes the TLS handshake and then stops short of a request.
+    let mut stalled = Vec::new();
+    let silent_h2 = harness::tls_connect_with(gateway.addr, h2_tls.clone())
+        .await
+        .unwrap();
+    assert_eq!(silent_h2.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    stalled.push(("h2, nothing sent", silent_h2));
+    let mut half_preface = harness::tls_connect_with(gateway.addr, h2_tls.clone())
+        .await
+        .unwrap();
+    half_preface.write_all(&H2_PREFACE[..12]).await.unwrap();
+    half_preface.flush().await.unwrap();
+    stalled.push(("h2, half the preface", half_preface));
+    // Past the preface hyper's keep-alive pings would only notice after 40s, and never if the
+    // client answers them.
+    let mut preface_only = harness::tls_connect_with(gateway.addr, h2_tls.clone())
+        .await
+        .unwrap();
+    preface_only.write_all(H2_PREFACE).await.unwrap();
+    preface_only.write_all(H2_EMPTY_SETTINGS).await.unwrap();
+    preface_only.flush().await.unwrap();
+    stalled.push(("h2, preface and SETTINGS but no request", preface_only));
+    stalled.push((
+        "http/1.1, nothing sent",
+        harness::tls_connect(gateway.addr, &ca).await.unwrap(),
+    ));
+    let no_alpn = harness::tls_client_config(&ca, None, &[]).unwrap();
+    stalled.push((
+        "no ALPN, nothing sent",
+        harness::tls_connect_with(gateway.addr, no_alpn)
+            .await
+            .unwrap(),
+    ));
+
+    // Everyone else is served meanwhile, on both protocols.
+    let h1 = harness::http1_client(&ca, None).unwrap();
+    let h2 = harness::http2_client(&ca, None).unwrap();
+    for client in [&h1, &h2] {
+        let (status, _, _) = harness::get(client, &format!("{}/version", gateway.url()))
+            .await
+            .unwrap();
+        assert_eq!(status, StatusCode::OK);
+    }
+
+    // An HTTP/2 connection that has made a request may then idle past the timeout.
+    let tls = harness::tls_connect_with(gateway.addr, h2_tls)
+        .await
+        .unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let version = || {
+        Request::get(format!("{}/version", gateway.url()))
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
+    let first = sender.send_request(version()).await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    first.into_body().collect().await.unwrap();
+    let idle_since = Instant::now();
+
+    let deadline = started + Duration::from_secs(5);
+    let mut still_open = Vec::new();
+    for (what, mut stream) in stalled {
+        if !closed_by(&mut stream, deadline).await {
+            still_open.push(what);
+        }
+    }
+    assert!(
+        still_open.is_empty(),
+        "not cut off within 5s: {still_open:?}"
+    );
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(900),
+        "cut off early: {took:?}"
+    );
+
+    // Idling is the point here: the second request goes out well past the timeout.
+    tokio::time::sleep_until((idle_since + Duration::from_millis(1500)).into()).await;
+    let second = tokio::time::timeout(Duration::from_secs(5), sender.send_request(version()))
+        .await
+        .expect("no answer on the idle HTTP/2 connection")
+        .expect("the HTTP/2 connection that had made a request was closed");
+    assert_eq!(second.status(), StatusCode::OK);
 }
 
 #[tokio::test]
