@@ -11,7 +11,10 @@
 //! - Static services from the config file: fixed URLs for backends outside any cluster.
 //!
 //! Resolution sits on the request path, so it is synchronous and reads in-memory state only: the
-//! kube resolver's caches are kept current by watchers running beside it.
+//! kube resolver's caches are kept current by watchers running beside it. Whoever must react to
+//! that state changing (the availability controller re-checks APIServices when their Service or
+//! endpoints change, and waits for the caches before its first check) subscribes with
+//! [`ServiceResolver::changes`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -27,6 +30,7 @@ use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, ResourceExt};
+use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::model::{ConditionStatus, ServiceRef};
@@ -186,6 +190,62 @@ pub trait ServiceResolver: Send + Sync + 'static {
     /// `ServiceAccessError` rather than a misleading `ServiceNotFound`.
     fn synced(&self) -> bool {
         true
+    }
+
+    /// Fires after the state this resolver reads changed (including becoming synced). A
+    /// resolver whose state never changes returns [`Changes::none`].
+    fn changes(&self) -> Changes {
+        Changes::none()
+    }
+}
+
+/// A subscription to one or more resolvers' state changes. Changes are coalesced: one wake-up
+/// after several changes, never a queue to work through.
+#[derive(Debug, Default)]
+pub struct Changes(Vec<watch::Receiver<()>>);
+
+/// A subscription to a resolver that bumps `watch::Sender<()>` after each change.
+impl From<watch::Receiver<()>> for Changes {
+    fn from(rx: watch::Receiver<()>) -> Self {
+        Self(vec![rx])
+    }
+}
+
+impl Changes {
+    /// Never fires.
+    pub fn none() -> Self {
+        Self(Vec::new())
+    }
+
+    /// Both subscriptions in one.
+    pub fn merge(mut self, other: Changes) -> Self {
+        self.0.extend(other.0);
+        self
+    }
+
+    /// Waits for a change not seen yet, and marks every pending change seen. Pends forever when
+    /// nothing can change any more (no resolver with changing state, or all of them gone).
+    pub async fn changed(&mut self) {
+        loop {
+            if self.0.is_empty() {
+                return std::future::pending().await;
+            }
+            let waits = self.0.iter_mut().map(|rx| Box::pin(rx.changed()));
+            let (result, index, _) = futures::future::select_all(waits).await;
+            if result.is_ok() {
+                self.mark_seen();
+                return;
+            }
+            // That resolver's watchers are gone; its state is final.
+            self.0.swap_remove(index);
+        }
+    }
+
+    /// Forgets changes that happened so far (e.g. the rest of a burst after a debounce).
+    pub fn mark_seen(&mut self) {
+        for rx in &mut self.0 {
+            rx.mark_unchanged();
+        }
     }
 }
 
@@ -355,6 +415,12 @@ impl ServiceResolver for ChainResolver {
     fn synced(&self) -> bool {
         self.0.iter().all(|r| r.synced())
     }
+
+    fn changes(&self) -> Changes {
+        self.0
+            .iter()
+            .fold(Changes::none(), |all, r| all.merge(r.changes()))
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -369,6 +435,8 @@ pub struct KubeResolver {
     /// Rotates endpoint picks; seeded from the clock so gateway replicas do not all start on the
     /// same pod. Round-robin spreads load at least as well as kube's `rand.Intn`.
     next: AtomicUsize,
+    /// Bumped by the watchers after every event they applied to the caches.
+    changed: Arc<watch::Sender<()>>,
 }
 
 impl KubeResolver {
@@ -381,6 +449,33 @@ impl KubeResolver {
         client: Client,
         endpoint_routing: bool,
     ) -> (Self, impl Future<Output = ()> + Send + 'static) {
+        let service_events = watcher(Api::<Service>::all(client.clone()), Default::default())
+            .default_backoff()
+            // Only spec is read; annotations (last-applied-configuration) and managedFields are
+            // most of a cached object's size.
+            .modify(|s: &mut Service| {
+                s.managed_fields_mut().clear();
+                s.annotations_mut().clear();
+            });
+        let slice_events = watcher(Api::<EndpointSlice>::all(client), Default::default())
+            .default_backoff()
+            .modify(|s: &mut EndpointSlice| {
+                s.managed_fields_mut().clear();
+                s.annotations_mut().clear();
+            });
+        Self::from_streams(service_events, slice_events, endpoint_routing)
+    }
+
+    /// [`KubeResolver::start`] fed by any event streams (tests feed them directly).
+    fn from_streams<S, E>(
+        service_events: S,
+        slice_events: E,
+        endpoint_routing: bool,
+    ) -> (Self, impl Future<Output = ()> + Send + 'static)
+    where
+        S: Stream<Item = Result<watcher::Event<Service>, watcher::Error>> + Send + 'static,
+        E: Stream<Item = Result<watcher::Event<EndpointSlice>, watcher::Error>> + Send + 'static,
+    {
         let (services, services_writer) = reflector::store::<Service>();
         let services_synced = Arc::new(AtomicBool::new(false));
         let slices = Arc::new(SliceIndex::default());
@@ -391,30 +486,25 @@ impl KubeResolver {
             endpoint_routing,
         );
 
-        let service_events = watcher(Api::<Service>::all(client.clone()), Default::default())
-            .default_backoff()
-            // Only spec is read; annotations (last-applied-configuration) and managedFields are
-            // most of a cached object's size.
-            .modify(|s: &mut Service| {
-                s.managed_fields_mut().clear();
-                s.annotations_mut().clear();
-            })
-            .reflect(services_writer);
-        let services_task = drive_cache("Service", service_events, move |e| {
-            if matches!(e, watcher::Event::InitDone) {
-                services_synced.store(true, Ordering::Release);
-            }
-        });
+        // The reflector has applied an event to the store by the time it reaches us, so a
+        // subscriber woken here reads the new state.
+        let changed = Arc::clone(&resolver.changed);
+        let services_task = drive_cache(
+            "Service",
+            service_events.reflect(services_writer),
+            move |e| {
+                if matches!(e, watcher::Event::InitDone) {
+                    services_synced.store(true, Ordering::Release);
+                }
+                changed.send_replace(());
+            },
+        );
 
-        let slice_events = watcher(Api::<EndpointSlice>::all(client), Default::default())
-            .default_backoff()
-            .modify(|s: &mut EndpointSlice| {
-                s.managed_fields_mut().clear();
-                s.annotations_mut().clear();
-            });
+        let changed = Arc::clone(&resolver.changed);
         let mut slice_writer = SliceWriter::new(slices);
         let slices_task = drive_cache("EndpointSlice", slice_events, move |e| {
-            slice_writer.apply_watcher_event(e)
+            slice_writer.apply_watcher_event(e);
+            changed.send_replace(());
         });
 
         let task = async move {
@@ -439,6 +529,7 @@ impl KubeResolver {
             slices,
             endpoint_routing,
             next: AtomicUsize::new(seed),
+            changed: Arc::new(watch::Sender::new(())),
         }
     }
 
@@ -601,6 +692,10 @@ impl ServiceResolver for KubeResolver {
 
     fn synced(&self) -> bool {
         KubeResolver::synced(self)
+    }
+
+    fn changes(&self) -> Changes {
+        Changes::from(self.changed.subscribe())
     }
 }
 
@@ -1237,6 +1332,92 @@ mod tests {
         w.apply_watcher_event(&watcher::Event::Delete(moved));
         assert!(index.map.read().unwrap().by_service.is_empty());
         assert!(index.map.read().unwrap().owner.is_empty());
+    }
+
+    /// Waits, through change notifications only, until `ready` holds.
+    async fn until(changes: &mut Changes, ready: impl Fn() -> bool) {
+        while !ready() {
+            tokio::time::timeout(std::time::Duration::from_secs(5), changes.changed())
+                .await
+                .expect("a change notification within 5s");
+        }
+    }
+
+    #[tokio::test]
+    async fn watchers_announce_every_change_after_applying_it() {
+        type Events<K> =
+            futures::channel::mpsc::UnboundedSender<Result<watcher::Event<K>, watcher::Error>>;
+        fn send<K>(tx: &Events<K>, events: Vec<watcher::Event<K>>) {
+            for e in events {
+                tx.unbounded_send(Ok(e)).unwrap();
+            }
+        }
+        let (services_tx, services_rx) = futures::channel::mpsc::unbounded();
+        let (slices_tx, slices_rx) = futures::channel::mpsc::unbounded();
+        let (kube, task) = KubeResolver::from_streams(services_rx, slices_rx, false);
+        let task = tokio::spawn(task);
+        let statics: Arc<dyn ServiceResolver> = Arc::new(StaticResolver::new(&[]).unwrap());
+        let chain = ChainResolver(vec![statics, Arc::new(kube)]);
+        let mut changes = chain.changes();
+        assert!(!chain.synced());
+
+        send(
+            &services_tx,
+            list(vec![cluster_ip("10.96.0.5", https_port())]),
+        );
+        until(&mut changes, || chain.resolve(&svc_ref(443)).is_ok()).await;
+        // The EndpointSlice cache is still loading.
+        assert!(!chain.synced());
+        assert_eq!(
+            err(chain.check_endpoints(&svc_ref(443))).0,
+            ResolveReason::EndpointsAccessError
+        );
+
+        send(&slices_tx, list(vec![]));
+        until(&mut changes, || chain.synced()).await;
+        assert_eq!(
+            err(chain.check_endpoints(&svc_ref(443))).0,
+            ResolveReason::EndpointsNotFound
+        );
+
+        let ready_slice = slice(
+            "api-1",
+            json!([{"name": "https", "port": 8443}]),
+            json!([ready("10.1.0.1")]),
+        );
+        send(&slices_tx, vec![watcher::Event::Apply(ready_slice)]);
+        until(&mut changes, || {
+            chain.check_endpoints(&svc_ref(443)).is_ok()
+        })
+        .await;
+
+        send(
+            &services_tx,
+            vec![watcher::Event::Delete(cluster_ip(
+                "10.96.0.5",
+                https_port(),
+            ))],
+        );
+        until(&mut changes, || {
+            chain
+                .resolve(&svc_ref(443))
+                .is_err_and(|e| e.reason == ResolveReason::ServiceNotFound)
+        })
+        .await;
+
+        // Once the resolver and its watchers are gone nothing can change: the wait pends instead
+        // of spinning on closed channels.
+        drop((chain, services_tx, slices_tx));
+        task.await.unwrap();
+        let quiet =
+            tokio::time::timeout(std::time::Duration::from_millis(100), changes.changed()).await;
+        assert!(quiet.is_err());
+        let none = tokio::time::timeout(
+            std::time::Duration::from_millis(10),
+            Changes::none().changed(),
+        )
+        .await;
+        assert!(none.is_err());
     }
 
     fn static_service(port: Option<u16>, urls: &[&str]) -> StaticService {

@@ -22,8 +22,12 @@ pub struct Metrics {
     pub unavailable_apiservice: IntGaugeVec,
     /// name, reason: transitions to unavailable.
     pub unavailable_apiservice_total: IntCounterVec,
-    /// name: APIServices refused by validation and not routed.
+    /// name: APIServices whose definition was refused by validation. Not routed, unless a refused
+    /// manifest edit left the last good definition in force (file source).
     pub invalid_apiservice: IntGaugeVec,
+    /// file: manifest files the file source could not read or parse, so no APIService name is
+    /// known for the problem.
+    pub invalid_apiservice_manifest: IntGaugeVec,
     /// Rebuilds of the merged aggregated discovery document.
     pub discovery_aggregation_total: IntCounterVec,
     /// Audit events handed to the audit log writer.
@@ -73,7 +77,8 @@ impl Metrics {
             rejected: counter(&registry, "apiserver_request_terminations_total", "Requests the gateway answered itself with an error, by reason", &["reason"]),
             unavailable_apiservice: gauge(&registry, "aggregator_unavailable_apiservice", "Gauge of APIServices which are marked as unavailable broken down by APIService name", &["name"]),
             unavailable_apiservice_total: counter(&registry, "aggregator_unavailable_apiservice_total", "Counter of APIServices which are marked as unavailable broken down by APIService name and reason", &["name", "reason"]),
-            invalid_apiservice: gauge(&registry, "aggregation_gateway_invalid_apiservice", "APIServices refused by validation (1) and therefore not routed", &["name"]),
+            invalid_apiservice: gauge(&registry, "aggregation_gateway_invalid_apiservice", "APIServices whose definition was refused by validation (1): not routed, or (file source) routed by their last good definition", &["name"]),
+            invalid_apiservice_manifest: gauge(&registry, "aggregation_gateway_invalid_apiservice_manifest", "APIService manifest files the file source could not read or parse (1); the APIServices they last held stay in force", &["file"]),
             discovery_aggregation_total: counter(&registry, "aggregator_discovery_aggregation_count_total", "Counter of number of times discovery was aggregated", &[]),
             audit_event_total: counter(&registry, "apiserver_audit_event_total", "Counter of audit events generated and sent to the audit backend", &[]).with_label_values(&[] as &[&str]),
             audit_error_total: counter(&registry, "apiserver_audit_error_total", "Counter of audit events that failed to be audited properly. Plugin identifies the plugin affected by the error", &["plugin"]).with_label_values(&["log"]),

@@ -3,14 +3,14 @@
 //! of APIServices or their availability changes, and the availability controller probes remote
 //! backends and (with the kube source) writes the `Available` condition back to the core.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use apiservice::model::{Backend, RegisteredAPIService};
-use apiservice::resolve::{ResolveReason, ServiceResolver};
+use apiservice::resolve::{Changes, ResolveError, ResolveReason, ServiceResolver};
 use apiservice::route::{Availability, RouteTable};
-use apiservice::source::ApiServiceSet;
+use apiservice::source::{refusal, ApiServiceSet, Refusal};
 use arc_swap::ArcSwap;
 use gateway_config::tls::Identity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -102,7 +102,10 @@ pub struct RouteController {
     /// The proxy identity the backends in `backends` were built with.
     built_with: Option<Arc<Identity>>,
     last_specs: Vec<RegisteredAPIService>,
+    /// Names with `aggregation_gateway_invalid_apiservice` set, to remove the ones that are fixed.
     invalid: Vec<String>,
+    /// Files with `aggregation_gateway_invalid_apiservice_manifest` set.
+    invalid_files: Vec<String>,
 }
 
 fn same_identity(a: &Option<Arc<Identity>>, b: &Option<Arc<Identity>>) -> bool {
@@ -131,6 +134,7 @@ impl RouteController {
             built_with: None,
             last_specs: Vec::new(),
             invalid: Vec::new(),
+            invalid_files: Vec::new(),
         }
     }
 
@@ -165,7 +169,38 @@ impl RouteController {
         let mut specs = Vec::with_capacity(set.len());
         let mut backends = HashMap::new();
         let mut invalid = Vec::new();
+        let mut invalid_files = Vec::new();
         for api in set.iter() {
+            // The source refused this manifest and has logged why, naming the file: only count
+            // it here. A kept last good version is routed below like any other APIService.
+            match refusal(api) {
+                Some(Refusal::File { path, reason }) => {
+                    tracing::debug!(file = path, reason, "APIService manifest file refused");
+                    self.metrics
+                        .invalid_apiservice_manifest
+                        .with_label_values(&[path])
+                        .set(1);
+                    invalid_files.push(path.to_owned());
+                    continue;
+                }
+                Some(Refusal::ApiService { name, kept, reason }) => {
+                    tracing::debug!(
+                        apiservice = name,
+                        kept,
+                        reason,
+                        "APIService manifest refused"
+                    );
+                    self.metrics
+                        .invalid_apiservice
+                        .with_label_values(&[name])
+                        .set(1);
+                    invalid.push(name.to_owned());
+                    if !kept {
+                        continue;
+                    }
+                }
+                None => {}
+            }
             let registered = match RegisteredAPIService::try_from(api) {
                 Ok(r) => r,
                 Err(e) => {
@@ -177,7 +212,9 @@ impl RouteController {
                         .invalid_apiservice
                         .with_label_values(&[&name])
                         .set(1);
-                    invalid.push(name);
+                    if !invalid.contains(&name) {
+                        invalid.push(name);
+                    }
                     continue;
                 }
             };
@@ -218,6 +255,17 @@ impl RouteController {
             let _ = self.metrics.invalid_apiservice.remove_label_values(&[gone]);
         }
         self.invalid = invalid;
+        for gone in self
+            .invalid_files
+            .iter()
+            .filter(|f| !invalid_files.contains(f))
+        {
+            let _ = self
+                .metrics
+                .invalid_apiservice_manifest
+                .remove_label_values(&[gone]);
+        }
+        self.invalid_files = invalid_files;
         let (table, duplicates) = builder.build();
         for d in duplicates {
             tracing::warn!(apiservice = %d.api_service.name, "{d}");
@@ -237,72 +285,179 @@ impl RouteController {
     }
 }
 
-/// Probes remote APIServices on every spec change and every interval.
+/// Wait this long for a burst of Service/EndpointSlice events to end before re-checking.
+const RESOLVER_DEBOUNCE: Duration = Duration::from_millis(250);
+
+/// Waiting longer than this for the Service caches is logged.
+const RESOLVER_SYNC_SLOW: Duration = Duration::from_secs(10);
+
+/// Longest wait for the Service caches before the first check. After that, checks run anyway and
+/// say `ServiceAccessError` ("the Service cache has not synced yet"), which is the truth and more
+/// useful than no condition at all; they re-run as soon as the caches sync.
+const RESOLVER_SYNC_LIMIT: Duration = Duration::from_secs(60);
+
+/// Probes remote APIServices on every spec change and every interval, and re-checks the ones whose
+/// Service or endpoints changed as soon as that change is seen.
 pub struct AvailabilityController {
     pub routing: Arc<Routing>,
     pub results: watch::Sender<AvailabilityMap>,
     pub interval: Duration,
+    /// Also the source of change notifications: see [`ServiceResolver::changes`].
     pub resolver: Arc<dyn ServiceResolver>,
     /// Present with the kube source: conditions are written back through the status subresource.
     pub kube: Option<kube::Client>,
     pub metrics: Arc<Metrics>,
 }
 
+/// What the controller knows between rounds.
+#[derive(Default)]
+struct ProbeState {
+    current: HashMap<String, Availability>,
+    /// The condition last written to the core, per APIService.
+    written: HashMap<String, Availability>,
+    /// The Service/endpoint pre-check each remote APIService's current result was based on. A
+    /// resolver change re-probes exactly the APIServices whose pre-check now answers differently.
+    prechecks: HashMap<String, Precheck>,
+}
+
+/// The outcome of [`ServiceResolver::check_endpoints`]; `None` for routes without one.
+type Precheck = Option<Result<(), ResolveError>>;
+
 impl AvailabilityController {
     pub async fn run(self) {
-        let mut current: HashMap<String, Availability> = HashMap::new();
-        let mut written: HashMap<String, Availability> = HashMap::new();
+        let mut changes = self.resolver.changes();
+        self.wait_for_resolver(&mut changes).await;
+        let mut state = ProbeState::default();
+        let mut next_full = tokio::time::Instant::now();
+        let mut full_due = true;
         loop {
-            if self.routing.is_synced() {
+            if !self.routing.is_synced() {
+                // Nothing to check yet; the route controller's first table wakes us.
+                next_full = tokio::time::Instant::now() + self.interval;
+            } else if full_due {
+                full_due = false;
+                next_full = tokio::time::Instant::now() + self.interval;
+                self.round(&self.routing.load_full(), None, &mut state)
+                    .await;
+            } else {
                 let table = self.routing.load_full();
-                let probes = table.routes().map(|route| {
-                    let resolver = self.resolver.clone();
-                    async move {
-                        (
-                            route.api_service.name.clone(),
-                            check(route, resolver.as_ref()).await,
-                        )
-                    }
-                });
-                let results: HashMap<String, Availability> = futures::future::join_all(probes)
-                    .await
-                    .into_iter()
-                    .collect();
-                self.record(&current, &results);
-                if let Some(client) = &self.kube {
-                    for route in table.routes() {
-                        let name = &route.api_service.name;
-                        let Some(result) = results.get(name) else {
-                            continue;
-                        };
-                        if written.get(name) == Some(result) {
-                            continue;
-                        }
-                        let condition = condition(result, route.api_service.is_local());
-                        match apiservice::source::kube::write_available_condition(
-                            client, name, condition,
-                        )
-                        .await
-                        {
-                            Ok(()) => {
-                                written.insert(name.clone(), result.clone());
-                            }
-                            Err(e) => {
-                                tracing::warn!(apiservice = %name, error = %e, "cannot write the Available condition")
-                            }
-                        }
-                    }
-                    written.retain(|name, _| results.contains_key(name));
-                }
-                if results != current {
-                    current = results.clone();
-                    let _ = self.results.send(Arc::new(results));
+                let affected = affected(&table, self.resolver.as_ref(), &state.prechecks);
+                if !affected.is_empty() {
+                    tracing::debug!(apiservices = ?affected, "Service or endpoints changed; re-checking");
+                    self.round(&table, Some(&affected), &mut state).await;
                 }
             }
+            // A deadline, not a fresh sleep per wake-up: a steady stream of endpoint changes must
+            // not postpone the full round forever.
+            full_due |= tokio::select! {
+                _ = tokio::time::sleep_until(next_full) => true,
+                _ = self.routing.specs_changed.notified() => true,
+                _ = changes.changed() => {
+                    tokio::time::sleep(RESOLVER_DEBOUNCE).await;
+                    changes.mark_seen();
+                    false
+                }
+            };
+        }
+    }
+
+    /// Holds the first round until the resolver's caches are loaded, so startup does not publish
+    /// (and write to the core) `ServiceAccessError` for every remote APIService. Bounded: see
+    /// [`RESOLVER_SYNC_LIMIT`].
+    async fn wait_for_resolver(&self, changes: &mut Changes) {
+        let start = tokio::time::Instant::now();
+        let mut logged = false;
+        while !self.resolver.synced() {
+            let waited = start.elapsed();
+            if waited >= RESOLVER_SYNC_LIMIT {
+                tracing::warn!(
+                    waited = ?waited,
+                    "Service/EndpointSlice caches still not synced; checking APIService availability anyway (ServiceAccessError until they sync)"
+                );
+                return;
+            }
+            let next_log = if logged {
+                RESOLVER_SYNC_LIMIT
+            } else {
+                RESOLVER_SYNC_SLOW
+            };
             tokio::select! {
-                _ = tokio::time::sleep(self.interval) => {}
-                _ = self.routing.specs_changed.notified() => {}
+                _ = changes.changed() => {}
+                _ = tokio::time::sleep_until(start + next_log) => {
+                    if !logged && !self.resolver.synced() {
+                        tracing::warn!(
+                            waited = ?start.elapsed(),
+                            "waiting for the Service/EndpointSlice caches before checking APIService availability (RBAC list/watch on services and endpointslices? core reachable?)"
+                        );
+                        logged = true;
+                    }
+                }
             }
+        }
+        if logged {
+            tracing::info!(waited = ?start.elapsed(), "Service/EndpointSlice caches synced");
+        }
+    }
+
+    /// Probes every route (`only == None`) or the named ones, then publishes, records and writes
+    /// back what changed. Results of routes not probed this time carry over.
+    async fn round(&self, table: &Routes, only: Option<&HashSet<String>>, state: &mut ProbeState) {
+        let probes = table
+            .routes()
+            .filter(|route| only.is_none_or(|o| o.contains(&route.api_service.name)))
+            .map(|route| {
+                let resolver = self.resolver.clone();
+                async move {
+                    let (precheck, result) = check(route, resolver.as_ref()).await;
+                    (route.api_service.name.clone(), precheck, result)
+                }
+            });
+        let probed = futures::future::join_all(probes).await;
+        let mut results: HashMap<String, Availability> = match only {
+            None => {
+                state.prechecks.clear();
+                HashMap::new()
+            }
+            Some(_) => table
+                .routes()
+                .filter_map(|r| {
+                    let name = &r.api_service.name;
+                    state.current.get(name).map(|a| (name.clone(), a.clone()))
+                })
+                .collect(),
+        };
+        for (name, precheck, result) in probed {
+            state.prechecks.insert(name.clone(), precheck);
+            results.insert(name, result);
+        }
+        state.prechecks.retain(|name, _| results.contains_key(name));
+        self.record(&state.current, &results);
+        if let Some(client) = &self.kube {
+            for route in table.routes() {
+                let name = &route.api_service.name;
+                let Some(result) = results.get(name) else {
+                    continue;
+                };
+                if state.written.get(name) == Some(result) {
+                    continue;
+                }
+                let condition = condition(result, route.api_service.is_local());
+                match apiservice::source::kube::write_available_condition(client, name, condition)
+                    .await
+                {
+                    Ok(()) => {
+                        state.written.insert(name.clone(), result.clone());
+                    }
+                    Err(e) => {
+                        tracing::warn!(apiservice = %name, error = %e, "cannot write the Available condition")
+                    }
+                }
+            }
+            state.written.retain(|name, _| results.contains_key(name));
+        }
+        if results != state.current {
+            state.current = results.clone();
+            let _ = self.results.send(Arc::new(results));
         }
     }
 
@@ -348,30 +503,51 @@ impl AvailabilityController {
     }
 }
 
-/// One availability decision: the Service and its endpoints first, then discovery.
+/// The remote routes whose Service/endpoint pre-check answers differently from when they were
+/// last probed: those a resolver change can have made available or unavailable. In-memory reads
+/// only, so running it after every burst of cluster events is cheap.
+fn affected(
+    table: &Routes,
+    resolver: &dyn ServiceResolver,
+    prechecks: &HashMap<String, Precheck>,
+) -> HashSet<String> {
+    table
+        .routes()
+        .filter(|route| matches!(route.backend.target, Target::Remote(_)))
+        .filter_map(|route| {
+            let api = &route.api_service;
+            let now = api.service().map(|svc| resolver.check_endpoints(svc));
+            (prechecks.get(&api.name) != Some(&now)).then(|| api.name.clone())
+        })
+        .collect()
+}
+
+/// One availability decision: the Service and its endpoints first, then discovery. Also returns
+/// the pre-check's outcome, see [`ProbeState::prechecks`].
 async fn check(
     route: &apiservice::route::Route<RouteTarget>,
     resolver: &dyn ServiceResolver,
-) -> Availability {
+) -> (Precheck, Availability) {
     let unavailable = |reason: &str, message: String| Availability::Unavailable {
         reason: reason.into(),
         message,
     };
     match &route.backend.target {
-        Target::Local => Availability::Available,
+        Target::Local => (None, Availability::Available),
         // The transport could not be built (e.g. a bad caBundle): the check fails before it starts.
-        Target::Broken(why) => unavailable("FailedDiscoveryCheck", why.to_string()),
+        Target::Broken(why) => (None, unavailable("FailedDiscoveryCheck", why.to_string())),
         Target::Remote(backend) => {
             let api = &route.api_service;
-            if let Some(svc) = api.service() {
-                if let Err(e) = resolver.check_endpoints(svc) {
-                    return unavailable(e.reason.as_str(), e.message);
-                }
+            let precheck = api.service().map(|svc| resolver.check_endpoints(svc));
+            if let Some(Err(e)) = &precheck {
+                let result = unavailable(e.reason.as_str(), e.message.clone());
+                return (precheck, result);
             }
-            match backend.probe(&api.group, &api.version).await {
+            let result = match backend.probe(&api.group, &api.version).await {
                 Ok(()) => Availability::Available,
                 Err(message) => unavailable("FailedDiscoveryCheck", message),
-            }
+            };
+            (precheck, result)
         }
     }
 }
@@ -413,6 +589,290 @@ fn condition(a: &Availability, local: bool) -> APIServiceCondition {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Mutex;
+
+    use apiservice::model::{APIService, ServiceRef};
+    use apiservice::resolve::Endpoint;
+    use apiservice::source::{MANIFEST_FILE_ANNOTATION, REFUSED_ANNOTATION};
+
+    /// Services in whichever namespaces `answers` names; each resolves to a closed local port,
+    /// so a probe fails fast with FailedDiscoveryCheck once the pre-check passes.
+    struct FakeResolver {
+        synced: AtomicBool,
+        /// namespace → the pre-check's answer; absent means ServiceNotFound.
+        answers: Mutex<HashMap<String, Result<(), ResolveError>>>,
+        /// namespace → probes that dialled it.
+        dialled: Mutex<HashMap<String, usize>>,
+        port: u16,
+        changed: watch::Sender<()>,
+        checks: AtomicUsize,
+    }
+
+    impl FakeResolver {
+        fn new(synced: bool) -> Arc<Self> {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            Arc::new(Self {
+                synced: AtomicBool::new(synced),
+                answers: Mutex::default(),
+                dialled: Mutex::default(),
+                port,
+                changed: watch::Sender::new(()),
+                checks: AtomicUsize::new(0),
+            })
+        }
+
+        fn set(&self, namespace: &str, answer: Result<(), ResolveError>) {
+            self.answers
+                .lock()
+                .unwrap()
+                .insert(namespace.into(), answer);
+            self.changed.send_replace(());
+        }
+
+        fn dialled(&self, namespace: &str) -> usize {
+            self.dialled
+                .lock()
+                .unwrap()
+                .get(namespace)
+                .copied()
+                .unwrap_or(0)
+        }
+    }
+
+    impl ServiceResolver for FakeResolver {
+        fn resolve(&self, svc: &ServiceRef) -> Result<Endpoint, ResolveError> {
+            *self
+                .dialled
+                .lock()
+                .unwrap()
+                .entry(svc.namespace.clone())
+                .or_default() += 1;
+            Ok(Endpoint::new("127.0.0.1", self.port))
+        }
+
+        fn check_endpoints(&self, svc: &ServiceRef) -> Result<(), ResolveError> {
+            self.checks.fetch_add(1, Ordering::Relaxed);
+            if !self.synced() {
+                return Err(ResolveError::new(
+                    ResolveReason::ServiceAccessError,
+                    "the Service cache has not synced yet",
+                ));
+            }
+            self.answers
+                .lock()
+                .unwrap()
+                .get(&svc.namespace)
+                .cloned()
+                .unwrap_or_else(|| Err(ResolveError::not_present(svc)))
+        }
+
+        fn synced(&self) -> bool {
+            self.synced.load(Ordering::Acquire)
+        }
+
+        fn changes(&self) -> Changes {
+            Changes::from(self.changed.subscribe())
+        }
+    }
+
+    /// `v1.<namespace>.io`, served by Service `<namespace>/api`.
+    fn remote(namespace: &str) -> APIService {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("v1.{namespace}.io")},
+            "spec": {"group": format!("{namespace}.io"), "version": "v1",
+                     "groupPriorityMinimum": 100, "versionPriority": 10,
+                     "insecureSkipTLSVerify": true,
+                     "service": {"namespace": namespace, "name": "api", "port": 443}},
+        }))
+        .unwrap()
+    }
+
+    struct Fixture {
+        routing: Arc<Routing>,
+        controller: RouteController,
+        sets: watch::Sender<Option<ApiServiceSet>>,
+        results: watch::Receiver<AvailabilityMap>,
+        metrics: Arc<Metrics>,
+    }
+
+    /// A route controller over `set` (its table installed) and, started beside it, an
+    /// availability controller with a one-hour interval: only a spec change or a resolver change
+    /// can make it check again within a test.
+    fn start(resolver: Arc<FakeResolver>, set: Vec<APIService>) -> Fixture {
+        let routing = Routing::new();
+        let metrics = Arc::new(Metrics::new());
+        let (sets, sets_rx) = watch::channel(Some(Arc::new(set)));
+        let (results_tx, results) = watch::channel(AvailabilityMap::default());
+        let factory = BackendFactory {
+            proxy_identity: watch::channel(None).1,
+            resolver: resolver.clone(),
+            drain: watch::channel(false).1,
+        };
+        let mut controller = RouteController::new(
+            routing.clone(),
+            sets_rx,
+            results.clone(),
+            factory,
+            metrics.clone(),
+        );
+        controller.rebuild();
+        tokio::spawn(
+            AvailabilityController {
+                routing: routing.clone(),
+                results: results_tx,
+                interval: Duration::from_secs(3600),
+                resolver,
+                kube: None,
+                metrics: metrics.clone(),
+            }
+            .run(),
+        );
+        Fixture {
+            routing,
+            controller,
+            sets,
+            results,
+            metrics,
+        }
+    }
+
+    fn reason(results: &AvailabilityMap, name: &str) -> String {
+        match results.get(name) {
+            Some(Availability::Unavailable { reason, .. }) => reason.clone(),
+            other => format!("{other:?}"),
+        }
+    }
+
+    async fn next_results(rx: &mut watch::Receiver<AvailabilityMap>) -> AvailabilityMap {
+        tokio::time::timeout(Duration::from_secs(3), rx.changed())
+            .await
+            .expect("availability results within 3s")
+            .unwrap();
+        rx.borrow_and_update().clone()
+    }
+
+    #[tokio::test]
+    async fn the_first_check_waits_for_the_service_caches() {
+        let resolver = FakeResolver::new(false);
+        let mut f = start(resolver.clone(), vec![remote("a")]);
+        assert!(f.routing.is_synced());
+
+        // Checking now would only say ServiceAccessError (and write Unknown to the core).
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(resolver.checks.load(Ordering::Relaxed), 0);
+        assert!(f.results.borrow().is_empty());
+
+        resolver.synced.store(true, Ordering::Release);
+        resolver.changed.send_replace(());
+        let results = next_results(&mut f.results).await;
+        assert_eq!(reason(&results, "v1.a.io"), "ServiceNotFound");
+    }
+
+    #[tokio::test]
+    async fn a_service_change_rechecks_only_the_apiservices_it_affects() {
+        let resolver = FakeResolver::new(true);
+        let mut f = start(resolver.clone(), vec![remote("a"), remote("b")]);
+        let results = next_results(&mut f.results).await;
+        assert_eq!(reason(&results, "v1.a.io"), "ServiceNotFound");
+        assert_eq!(reason(&results, "v1.b.io"), "ServiceNotFound");
+
+        // Service a/api appears: v1.a.io is probed at once, not after the hour.
+        resolver.set("a", Ok(()));
+        let results = next_results(&mut f.results).await;
+        assert_eq!(reason(&results, "v1.a.io"), "FailedDiscoveryCheck");
+        assert_eq!(reason(&results, "v1.b.io"), "ServiceNotFound");
+        assert_eq!(resolver.dialled("a"), 1);
+
+        // A change that leaves every pre-check as it was probes nothing.
+        resolver.set("c", Ok(()));
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert_eq!(resolver.dialled("a"), 1);
+        assert_eq!(resolver.dialled("b"), 0);
+
+        // Losing the endpoints is seen as promptly.
+        resolver.set(
+            "a",
+            Err(ResolveError::new(
+                ResolveReason::MissingEndpoints,
+                "no endpoints",
+            )),
+        );
+        let results = next_results(&mut f.results).await;
+        assert_eq!(reason(&results, "v1.a.io"), "MissingEndpoints");
+        drop(f.sets);
+    }
+
+    fn refused(mut api: APIService, reason: &str, keep_spec: bool) -> APIService {
+        if !keep_spec {
+            api.spec = None;
+        }
+        api.metadata.annotations =
+            Some([(REFUSED_ANNOTATION.to_owned(), reason.to_owned())].into());
+        api
+    }
+
+    #[tokio::test]
+    async fn refused_manifests_are_counted_and_kept_versions_routed() {
+        let resolver = FakeResolver::new(true);
+        let mut file = APIService::default();
+        file.metadata.annotations = Some(
+            [
+                (
+                    REFUSED_ANNOTATION.to_owned(),
+                    "/m/x.yaml:1:1: bad".to_owned(),
+                ),
+                (MANIFEST_FILE_ANNOTATION.to_owned(), "/m/x.yaml".to_owned()),
+            ]
+            .into(),
+        );
+        let set = vec![
+            file,
+            refused(remote("a"), "/m/a.yaml:1: invalid", true),
+            refused(remote("b"), "/m/b.yaml:1: invalid", false),
+            remote("c"),
+        ];
+        let mut f = start(resolver, set);
+        let routed: Vec<String> = f
+            .routing
+            .load()
+            .routes()
+            .map(|r| r.api_service.name.clone())
+            .collect();
+        assert_eq!(routed, ["v1.a.io", "v1.c.io"]);
+        let text = f.metrics.encode();
+        for line in [
+            "aggregation_gateway_invalid_apiservice{name=\"v1.a.io\"} 1",
+            "aggregation_gateway_invalid_apiservice{name=\"v1.b.io\"} 1",
+            "aggregation_gateway_invalid_apiservice_manifest{file=\"/m/x.yaml\"} 1",
+        ] {
+            assert!(text.contains(line), "{line} missing in\n{text}");
+        }
+        assert!(
+            !text.contains("name=\"v1.c.io\"} 1\naggregation_gateway"),
+            "{text}"
+        );
+
+        // Fixed manifests: the series go away.
+        f.sets
+            .send(Some(Arc::new(vec![remote("a"), remote("b")])))
+            .unwrap();
+        f.controller.rebuild();
+        let text = f.metrics.encode();
+        assert!(
+            !text.contains("aggregation_gateway_invalid_apiservice{"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("aggregation_gateway_invalid_apiservice_manifest{"),
+            "{text}"
+        );
+        assert_eq!(f.routing.load().routes().count(), 2);
+    }
 
     fn unavailable(reason: &str) -> Availability {
         Availability::Unavailable {

@@ -3,11 +3,26 @@
 //!
 //! Every `*.yaml`, `*.yml` and `*.json` file in the directory is read the way `kubectl apply -f`
 //! reads it: several documents per file (`---`), `kind: List` / `APIServiceList` with `items`,
-//! documents of other kinds ignored. The whole directory is one unit: if any file is unreadable,
-//! malformed or holds an invalid APIService, nothing new is published (the last good set stays in
-//! force) and the error names the file, line and problem. A half-applied edit would route some
-//! groups by the old manifests and some by the new, which is harder to notice than "my change did
-//! not apply" plus an error line.
+//! documents of other kinds ignored.
+//!
+//! A problem stays where it is: one bad manifest must not take the other APIServices down (nor,
+//! at start, keep the gateway from ever becoming ready). So each file, and each APIService in it,
+//! stands alone:
+//! - an APIService that breaks validation (or has a wrong `apiVersion`) is refused;
+//! - a file that cannot be read or parsed (a YAML syntax error, a string where a number belongs)
+//!   is refused as a whole, since nothing in it can be trusted.
+//!
+//! Every refusal is logged at error with the file, line and what to fix, and published in the set
+//! (see [`super::refusal`]) so the gateway counts it in its metrics. The valid rest is published.
+//!
+//! What a refusal does to what was routed before: an edit is treated the way the API server treats
+//! `kubectl apply` of an invalid object — it is refused, and the previous object stays. Someone
+//! editing a ConfigMap expects a typo to leave the API they already had working, not to unregister
+//! it; the error line and the metric tell them the edit did not apply. So a refused APIService keeps
+//! the last good version that *the same file* held under the same name, and an unparsable file keeps
+//! every APIService it last yielded. Without a good version (a new APIService, or a refusal found at
+//! start, when nothing earlier is known) the APIService is simply not routed. Removing a file or an
+//! APIService from it is never a refusal: it goes away.
 //!
 //! The directory is usually a mounted ConfigMap, where the kubelet updates files by writing a new
 //! timestamped directory and atomically swapping the `..data` symlink; the visible names are
@@ -16,7 +31,7 @@
 //! `..2024_…`, editor swap files). Events are debounced because one swap produces a burst of them.
 
 use std::collections::hash_map::DefaultHasher;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::io;
@@ -32,7 +47,7 @@ use serde_saphyr::Spanned;
 use tokio::sync::{watch, Notify};
 use tracing::{debug, error, info, warn};
 
-use super::{publish, sort_by_name, ApiServiceSet, SourceError};
+use super::{publish, refused_api_service, refused_file, ApiServiceSet, SourceError};
 use crate::model::{APIService, APIServiceSpec, APIServiceStatus};
 use crate::validation::validate;
 
@@ -52,12 +67,14 @@ const API_VERSIONS: [&str; 2] = [
     "apiregistration.k8s.io/v1beta1",
 ];
 
-/// Watches `dir` and publishes its APIServices on `tx`: once after the first successful read, then
-/// after every change that yields a different valid set. Runs until every receiver is gone.
+/// Watches `dir` and publishes its APIServices on `tx`: once after the first successful directory
+/// read (even if some manifests in it are refused), then after every change that yields a
+/// different set. Runs until every receiver is gone.
 pub async fn run(dir: PathBuf, tx: watch::Sender<Option<ApiServiceSet>>) {
     let changed = Arc::new(Notify::new());
     let mut watcher = start_watch(&dir, &changed);
     let mut last_hash = None;
+    let mut loader = Loader::default();
     let mut rescan = tokio::time::interval(RESCAN_INTERVAL);
     rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
@@ -76,7 +93,7 @@ pub async fn run(dir: PathBuf, tx: watch::Sender<Option<ApiServiceSet>>) {
             }
             () = tx.closed() => return,
         }
-        reload(&dir, &tx, &mut last_hash).await;
+        reload(&dir, &tx, &mut last_hash, &mut loader).await;
     }
 }
 
@@ -117,13 +134,14 @@ fn is_change(kind: &EventKind) -> bool {
     }
 }
 
-/// Reads the directory and publishes the result if it is valid and different. Content that did
-/// not change since the last attempt (good or bad) is not parsed again, so a broken file is
-/// reported once per edit, not every re-scan.
+/// Reads the directory and publishes the result if it differs from the current set. Content that
+/// did not change since the last attempt is not parsed again, so a broken file is reported once
+/// per edit, not every re-scan.
 async fn reload(
     dir: &Path,
     tx: &watch::Sender<Option<ApiServiceSet>>,
     last_hash: &mut Option<u64>,
+    loader: &mut Loader,
 ) {
     let scan_dir = dir.to_owned();
     let scanned = match tokio::task::spawn_blocking(move || scan(&scan_dir)).await {
@@ -133,40 +151,46 @@ async fn reload(
             return;
         }
     };
-    let files = match scanned {
-        Ok(files) => files,
+    let scanned = match scanned {
+        Ok(scanned) => scanned,
         Err(error) => {
             *last_hash = None;
-            error!(%error, "cannot read APIService manifests; keeping the last good set");
+            error!(%error, "cannot read the APIService manifest directory; keeping the last set");
             return;
         }
     };
-    let hash = content_hash(&files);
+    let hash = content_hash(&scanned);
     if *last_hash == Some(hash) {
         return;
     }
     *last_hash = Some(hash);
 
-    match load(&files) {
-        Ok(items) => {
-            let count = items.len();
-            if publish(tx, items) {
-                info!(dir = %dir.display(), count, "loaded APIService manifests");
-            }
-        }
-        Err(errors) => {
-            for error in &errors {
-                error!(%error, "bad APIService manifest; keeping the last good set");
-            }
-        }
+    let loaded = loader.load(scanned);
+    for problem in &loaded.problems {
+        problem.log();
+    }
+    let refused = loaded.problems.len();
+    // Placeholders for refusals have no spec; everything routed has one.
+    let count = loaded.set.iter().filter(|a| a.spec.is_some()).count();
+    if publish(tx, loaded.set) {
+        info!(dir = %dir.display(), count, refused, "loaded APIService manifests");
     }
 }
 
 /// One manifest file's path and content.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ManifestFile {
     pub path: PathBuf,
     pub text: String,
+}
+
+/// A directory listing: the manifest files that could be read, and the ones that could not.
+#[derive(Debug, Default)]
+pub struct Scanned {
+    /// Sorted by file name.
+    pub files: Vec<ManifestFile>,
+    /// Files that exist but could not be read (permissions, I/O errors).
+    pub unreadable: Vec<(PathBuf, io::Error)>,
 }
 
 fn is_manifest_name(name: &str) -> bool {
@@ -176,11 +200,12 @@ fn is_manifest_name(name: &str) -> bool {
             .any(|ext| name.len() > ext.len() && name.ends_with(ext))
 }
 
-/// Lists and reads the manifest files of `dir`, sorted by file name.
+/// Lists and reads the manifest files of `dir`, sorted by file name. Only a directory that cannot
+/// be listed is an error; a file that cannot be read is reported in [`Scanned::unreadable`].
 ///
 /// Symlinks are followed (ConfigMap mounts are all symlinks). A symlink whose target is gone is
 /// skipped: during a ConfigMap update the link of a removed key dangles for a moment.
-pub fn scan(dir: &Path) -> Result<Vec<ManifestFile>, SourceError> {
+pub fn scan(dir: &Path) -> Result<Scanned, SourceError> {
     let read_dir = |source| SourceError::ReadDir {
         path: dir.to_owned(),
         source,
@@ -199,7 +224,7 @@ pub fn scan(dir: &Path) -> Result<Vec<ManifestFile>, SourceError> {
     }
     names.sort();
 
-    let mut files = Vec::with_capacity(names.len());
+    let mut scanned = Scanned::default();
     for name in names {
         let path = dir.join(&name);
         match std::fs::metadata(&path) {
@@ -209,68 +234,221 @@ pub fn scan(dir: &Path) -> Result<Vec<ManifestFile>, SourceError> {
                 debug!(path = %path.display(), "skipping dangling symlink");
                 continue;
             }
-            Err(source) => return Err(SourceError::ReadFile { path, source }),
+            Err(e) => {
+                scanned.unreadable.push((path, e));
+                continue;
+            }
         }
         match std::fs::read_to_string(&path) {
-            Ok(text) => files.push(ManifestFile { path, text }),
+            Ok(text) => scanned.files.push(ManifestFile { path, text }),
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(source) => return Err(SourceError::ReadFile { path, source }),
+            Err(e) => scanned.unreadable.push((path, e)),
         }
     }
-    Ok(files)
+    Ok(scanned)
 }
 
-fn content_hash(files: &[ManifestFile]) -> u64 {
+fn content_hash(scanned: &Scanned) -> u64 {
     let mut h = DefaultHasher::new();
-    files.hash(&mut h);
+    scanned.files.hash(&mut h);
+    for (path, e) in &scanned.unreadable {
+        path.hash(&mut h);
+        e.to_string().hash(&mut h);
+    }
     h.finish()
 }
 
-impl Hash for ManifestFile {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.path.hash(state);
-        self.text.hash(state);
+/// A manifest the source refused, for the log.
+#[derive(Debug)]
+pub struct Problem {
+    /// Names the file, the line where known, and what is wrong.
+    pub error: SourceError,
+    /// The APIService concerned, when its name could be read; `None` when the file is the unit.
+    pub api_service: Option<String>,
+    /// How many APIServices stay in force from the last good version (of this APIService, or of
+    /// everything the file held).
+    pub kept: usize,
+}
+
+impl Problem {
+    fn log(&self) {
+        let error = &self.error;
+        match (&self.api_service, self.kept) {
+            (Some(apiservice), 0) => {
+                error!(%error, %apiservice, "APIService manifest refused; the APIService is not routed until the manifest is fixed")
+            }
+            (Some(apiservice), _) => {
+                error!(%error, %apiservice, "APIService manifest refused; its last good version stays in force until the manifest is fixed")
+            }
+            (None, 0) => {
+                error!(%error, "APIService manifest file refused; none of its APIServices are routed until it is fixed")
+            }
+            (None, kept) => {
+                error!(%error, kept, "APIService manifest file refused; the APIServices it last held stay in force until it is fixed")
+            }
+        }
     }
 }
 
-/// Turns the files of one directory into the APIService set: every file parsed and every
-/// APIService validated; the set sorted by name. Any error fails the whole set (all errors are
-/// returned, so one log shows every broken file). A name defined twice keeps its first definition
-/// in file-name order; the other is reported at warn.
-pub fn load(files: &[ManifestFile]) -> Result<Vec<APIService>, Vec<SourceError>> {
-    let mut errors = Vec::new();
-    // name → where its kept definition is.
-    let mut first_at: HashMap<String, String> = HashMap::new();
-    let mut items = Vec::new();
-    for file in files {
-        let found = match parse_manifests(&file.path, &file.text) {
-            Ok(found) => found,
-            Err(e) => {
-                errors.push(e);
-                continue;
-            }
-        };
-        for Found { api, line } in found {
-            let name = api.metadata.name.clone().unwrap_or_default();
-            let here = origin(&file.path, line);
-            if let Some(kept) = first_at.get(&name) {
-                warn!(
-                    apiservice = %name,
-                    ignored = %here,
-                    kept = %kept,
-                    "APIService defined twice; the first definition (in file-name order) wins"
-                );
-                continue;
-            }
-            first_at.insert(name, here);
-            items.push(api);
+/// The outcome of one directory read.
+#[derive(Debug)]
+pub struct Loaded {
+    /// What to publish: placeholders for refused files first (they have no name), then by name
+    /// valid APIServices, last good versions kept for refused edits, and placeholders for refused
+    /// APIServices without one (see [`super::refusal`]).
+    pub set: Vec<APIService>,
+    pub problems: Vec<Problem>,
+}
+
+/// Turns directory contents into the set to publish, remembering per file the APIServices it last
+/// yielded, so that a refused edit keeps them (see the module comment).
+#[derive(Debug, Default)]
+pub struct Loader {
+    /// File → its APIServices as last published (valid ones only).
+    last_good: HashMap<PathBuf, Vec<APIService>>,
+}
+
+impl Loader {
+    /// Every file parsed and every APIService validated, each problem on its own. A name defined
+    /// twice keeps its first valid definition in file-name order; the other is reported at warn.
+    pub fn load(&mut self, scanned: Scanned) -> Loaded {
+        let mut outcomes: Vec<(PathBuf, Result<Vec<Found>, SourceError>)> = scanned
+            .files
+            .into_iter()
+            .map(|f| {
+                let parsed = parse_manifests(&f.path, &f.text);
+                (f.path, parsed)
+            })
+            .chain(scanned.unreadable.into_iter().map(|(path, source)| {
+                let error = SourceError::ReadFile {
+                    path: path.clone(),
+                    source,
+                };
+                (path, Err(error))
+            }))
+            .collect();
+        outcomes.sort_by(|a, b| a.0.cmp(&b.0));
+
+        let mut set = SetBuilder::default();
+        let mut last_good = HashMap::new();
+        for (path, outcome) in outcomes {
+            let previous = self.last_good.remove(&path).unwrap_or_default();
+            let good = match outcome {
+                Err(error) => {
+                    for api in &previous {
+                        set.add(api.clone(), format!("{} (kept)", path.display()));
+                    }
+                    set.refuse_file(&path, error, previous.len());
+                    previous
+                }
+                Ok(found) => {
+                    let mut good = Vec::new();
+                    for Found { name, line, api } in found {
+                        let here = origin(&path, line);
+                        match (api, name) {
+                            (Ok(api), _) => {
+                                good.push(api.clone());
+                                set.add(api, here);
+                            }
+                            (Err(error), Some(name)) => {
+                                let kept = previous
+                                    .iter()
+                                    .find(|a| a.metadata.name.as_deref() == Some(name.as_str()))
+                                    .cloned();
+                                if let Some(kept) = &kept {
+                                    good.push(kept.clone());
+                                    set.add(kept.clone(), format!("{here} (kept)"));
+                                }
+                                set.refuse_api_service(name, error, kept.is_some());
+                            }
+                            // No name to report it under: the file is the unit.
+                            (Err(error), None) => set.refuse_file(&path, error, 0),
+                        }
+                    }
+                    good
+                }
+            };
+            last_good.insert(path, good);
+        }
+        self.last_good = last_good;
+        set.finish()
+    }
+}
+
+/// The set being built by [`Loader::load`].
+#[derive(Default)]
+struct SetBuilder {
+    entries: BTreeMap<String, Entry>,
+    /// Refused files, in file-name order; one placeholder each.
+    files: BTreeMap<PathBuf, String>,
+    problems: Vec<Problem>,
+}
+
+/// One name's entry in the set being built.
+#[derive(Default)]
+struct Entry {
+    api: Option<APIService>,
+    /// Where the definition in `api` is, for the duplicate warning.
+    origin: String,
+    /// Why this name's manifest was refused: the first refusal in file-name order.
+    refused: Option<String>,
+}
+
+impl SetBuilder {
+    fn add(&mut self, api: APIService, origin: String) {
+        let name = api.metadata.name.clone().unwrap_or_default();
+        let entry = self.entries.entry(name.clone()).or_default();
+        if entry.api.is_some() {
+            warn!(
+                apiservice = %name,
+                ignored = %origin,
+                kept = %entry.origin,
+                "APIService defined twice; the first definition (in file-name order) wins"
+            );
+            return;
+        }
+        entry.api = Some(api);
+        entry.origin = origin;
+    }
+
+    fn refuse_api_service(&mut self, name: String, error: SourceError, kept: bool) {
+        let entry = self.entries.entry(name.clone()).or_default();
+        entry.refused.get_or_insert_with(|| error.to_string());
+        self.problems.push(Problem {
+            error,
+            api_service: Some(name),
+            kept: usize::from(kept),
+        });
+    }
+
+    fn refuse_file(&mut self, path: &Path, error: SourceError, kept: usize) {
+        self.files
+            .entry(path.to_owned())
+            .or_insert_with(|| error.to_string());
+        self.problems.push(Problem {
+            error,
+            api_service: None,
+            kept,
+        });
+    }
+
+    fn finish(self) -> Loaded {
+        let files = self
+            .files
+            .into_iter()
+            .map(|(path, reason)| refused_file(&path, reason));
+        let named = self
+            .entries
+            .into_iter()
+            .map(|(name, entry)| match entry.refused {
+                Some(reason) => refused_api_service(&name, entry.api, reason),
+                None => entry.api.unwrap_or_default(),
+            });
+        Loaded {
+            set: files.chain(named).collect(),
+            problems: self.problems,
         }
     }
-    if !errors.is_empty() {
-        return Err(errors);
-    }
-    sort_by_name(&mut items);
-    Ok(items)
 }
 
 /// `path:line`, for messages.
@@ -284,31 +462,31 @@ fn origin(path: &Path, line: Option<u64>) -> String {
 /// An APIService found in a file, with the line its document (or List item) starts on.
 #[derive(Debug)]
 pub struct Found {
-    pub api: APIService,
+    /// `metadata.name`, when it could be read (also for a refused APIService).
+    pub name: Option<String>,
     pub line: Option<u64>,
+    /// The APIService, or why it is refused (wrong `apiVersion`, a field of the wrong type
+    /// before `kind`, a validation error). Errors carry the file and line.
+    pub api: Result<APIService, SourceError>,
 }
 
 /// Parses one manifest file: YAML (one or more documents) or JSON. APIServices are checked for
-/// `apiVersion` and validated; other kinds are skipped. Errors carry the file and line.
+/// `apiVersion` and validated, each on its own; other kinds are skipped. The error is for a file
+/// that cannot be parsed at all (syntax, or a value of the wrong type in a typed field), with the
+/// file and line.
 pub fn parse_manifests(path: &Path, text: &str) -> Result<Vec<Found>, SourceError> {
     let options = serde_saphyr::options! { with_snippet: false };
     let docs: Vec<Spanned<Doc>> = serde_saphyr::from_multiple_with_options(text, options)
         .map_err(|e| saphyr_error(path, &e))?;
     let mut found = Vec::new();
     for doc in docs {
-        collect(path, doc, &mut found)?;
+        collect(path, doc, &mut found);
     }
     Ok(found)
 }
 
-fn collect(path: &Path, doc: Spanned<Doc>, out: &mut Vec<Found>) -> Result<(), SourceError> {
+fn collect(path: &Path, doc: Spanned<Doc>, out: &mut Vec<Found>) {
     let line = Some(doc.referenced.line()).filter(|l| *l > 0);
-    let parse_err = |message: String| SourceError::Parse {
-        path: path.to_owned(),
-        line,
-        column: None,
-        message,
-    };
     match doc.value {
         Doc::Other { kind } => {
             debug!(
@@ -320,68 +498,102 @@ fn collect(path: &Path, doc: Spanned<Doc>, out: &mut Vec<Found>) -> Result<(), S
         }
         Doc::List(items) => {
             for item in items {
-                collect(path, item, out)?;
+                collect(path, item, out);
             }
         }
         Doc::ApiService(doc) => {
-            let ApiServiceDoc {
-                api_version,
-                metadata,
-                spec,
-                status,
-                deferred,
-            } = *doc;
-            match api_version.as_deref() {
-                Some(v) if API_VERSIONS.contains(&v) => {}
-                Some(v) => {
-                    return Err(parse_err(format!(
-                        "kind APIService with apiVersion {v:?}: expected {:?}",
-                        API_VERSIONS[0]
-                    )))
-                }
-                None => {
-                    return Err(parse_err(format!(
-                        "kind APIService without apiVersion: expected {:?}",
-                        API_VERSIONS[0]
-                    )))
-                }
-            }
-            let mut api = APIService {
-                metadata: metadata.unwrap_or_default(),
-                spec,
-                status,
-            };
-            // Fields that came before `kind` in the document were kept as generic values; decode
-            // them now. serde_json knows no lines, so point at where the field's value starts.
-            for (field, value) in deferred {
-                let at = Some(value.referenced.line()).filter(|l| *l > 0);
-                let err = |e: serde_json::Error| SourceError::Parse {
-                    path: path.to_owned(),
-                    line: at,
-                    column: Some(value.referenced.column()).filter(|_| at.is_some()),
-                    message: format!("{field}: {e}"),
-                };
-                match field {
-                    Deferred::Metadata => {
-                        api.metadata = serde_json::from_value(value.value.clone()).map_err(err)?
-                    }
-                    Deferred::Spec => {
-                        api.spec = serde_json::from_value(value.value.clone()).map_err(err)?
-                    }
-                    Deferred::Status => {
-                        api.status = serde_json::from_value(value.value.clone()).map_err(err)?
-                    }
-                }
-            }
-            validate(&api).map_err(|source| SourceError::Invalid {
-                path: path.to_owned(),
+            let name = doc.name();
+            out.push(Found {
+                name,
                 line,
-                source,
-            })?;
-            out.push(Found { api, line });
+                api: api_service(path, line, *doc),
+            });
         }
     }
-    Ok(())
+}
+
+impl ApiServiceDoc {
+    /// `metadata.name`, also when `metadata` came before `kind` and is not decoded yet.
+    fn name(&self) -> Option<String> {
+        if let Some(meta) = &self.metadata {
+            return meta.name.clone();
+        }
+        self.deferred
+            .iter()
+            .rev()
+            .find_map(|(field, value)| match field {
+                Deferred::Metadata => value.value.get("name")?.as_str().map(str::to_owned),
+                _ => None,
+            })
+    }
+}
+
+fn api_service(
+    path: &Path,
+    line: Option<u64>,
+    doc: ApiServiceDoc,
+) -> Result<APIService, SourceError> {
+    let parse_err = |message: String| SourceError::Parse {
+        path: path.to_owned(),
+        line,
+        column: None,
+        message,
+    };
+    let ApiServiceDoc {
+        api_version,
+        metadata,
+        spec,
+        status,
+        deferred,
+    } = doc;
+    match api_version.as_deref() {
+        Some(v) if API_VERSIONS.contains(&v) => {}
+        Some(v) => {
+            return Err(parse_err(format!(
+                "kind APIService with apiVersion {v:?}: expected {:?}",
+                API_VERSIONS[0]
+            )))
+        }
+        None => {
+            return Err(parse_err(format!(
+                "kind APIService without apiVersion: expected {:?}",
+                API_VERSIONS[0]
+            )))
+        }
+    }
+    let mut api = APIService {
+        metadata: metadata.unwrap_or_default(),
+        spec,
+        status,
+    };
+    // Fields that came before `kind` in the document were kept as generic values; decode
+    // them now. serde_json knows no lines, so point at where the field's value starts.
+    for (field, value) in deferred {
+        let at = Some(value.referenced.line()).filter(|l| *l > 0);
+        let err = |e: serde_json::Error| SourceError::Parse {
+            path: path.to_owned(),
+            line: at,
+            column: Some(value.referenced.column()).filter(|_| at.is_some()),
+            message: format!("{field}: {e}"),
+        };
+        match field {
+            Deferred::Metadata => {
+                api.metadata = serde_json::from_value(value.value.clone()).map_err(err)?
+            }
+            Deferred::Spec => {
+                api.spec = serde_json::from_value(value.value.clone()).map_err(err)?
+            }
+            Deferred::Status => {
+                api.status = serde_json::from_value(value.value.clone()).map_err(err)?
+            }
+        }
+    }
+    validate(&api).map_err(|source| SourceError::Invalid {
+        path: path.to_owned(),
+        line,
+        source,
+    })?;
+    Ok(api)
 }
 
 fn saphyr_error(path: &Path, e: &serde_saphyr::Error) -> SourceError {
@@ -696,13 +908,14 @@ spec:
         );
         let found = parse_manifests(Path::new("/m/a.yaml"), &text).unwrap();
         assert_eq!(found.len(), 2);
-        let a = &found[0].api;
+        let a = found[0].api.as_ref().unwrap();
         let spec = a.spec.as_ref().unwrap();
         assert_eq!(spec.group.as_deref(), Some("wardle.example.com"));
         assert_eq!(spec.service.as_ref().unwrap().port, None);
         assert_eq!(spec.ca_bundle.as_ref().unwrap().0, b"PEM");
         assert_eq!(found[0].line, Some(3));
-        assert_eq!(found[1].api.metadata.name.as_deref(), Some("v1.b.io"));
+        assert_eq!(found[1].name.as_deref(), Some("v1.b.io"));
+        assert!(found[1].api.is_ok());
         // The List item's line, not the List's.
         assert!(found[1].line.unwrap() > 20, "{:?}", found[1].line);
     }
@@ -736,7 +949,7 @@ metadata:
 ";
         let found = parse_manifests(Path::new("/m/l.yaml"), text).unwrap();
         assert_eq!(found.len(), 1);
-        assert!(crate::model::is_available(&found[0].api));
+        assert!(crate::model::is_available(found[0].api.as_ref().unwrap()));
 
         let typed = text.replace("kind: List", "kind: APIServiceList");
         assert_eq!(
@@ -753,12 +966,19 @@ metadata:
             "groupPriorityMinimum": 100, "versionPriority": 10},
             "kind": "APIService", "apiVersion": "apiregistration.k8s.io/v1"}"#;
         let found = parse_manifests(Path::new("/m/j.json"), json).unwrap();
-        assert_eq!(found[0].api.metadata.name.as_deref(), Some("v1.j.io"));
+        assert_eq!(
+            found[0].api.as_ref().unwrap().metadata.name.as_deref(),
+            Some("v1.j.io")
+        );
 
-        // A bad field before `kind` still names a line: where the field's value starts.
+        // A bad field before `kind` still names a line: where the field's value starts. Only
+        // that APIService is refused, under its name (read from the undecoded metadata).
         let bad = "spec:\n  group: j.io\n  groupPriorityMinimum: lots\nkind: APIService\n\
                    apiVersion: apiregistration.k8s.io/v1\nmetadata:\n  name: v1.j.io\n";
-        let err = parse_manifests(Path::new("/m/j.yaml"), bad).unwrap_err();
+        let mut found = parse_manifests(Path::new("/m/j.yaml"), bad).unwrap();
+        let found = found.remove(0);
+        assert_eq!(found.name.as_deref(), Some("v1.j.io"));
+        let err = found.api.unwrap_err();
         let SourceError::Parse { line, message, .. } = &err else {
             panic!("{err}")
         };
@@ -797,11 +1017,19 @@ metadata:
         );
     }
 
+    fn refused(text: &str) -> (Option<String>, SourceError) {
+        let mut found = parse_manifests(Path::new("/m/b.yaml"), text).unwrap();
+        assert_eq!(found.len(), 1);
+        let found = found.remove(0);
+        (found.name, found.api.unwrap_err())
+    }
+
     #[test]
-    fn invalid_api_service_and_wrong_api_version_are_errors() {
-        let text =
-            api_service("v1.b.io").replace("groupPriorityMinimum: 100", "groupPriorityMinimum: 0");
-        let err = parse_manifests(Path::new("/m/b.yaml"), &text).unwrap_err();
+    fn invalid_api_service_and_wrong_api_version_are_refused_by_name() {
+        let (name, err) = refused(
+            &api_service("v1.b.io").replace("groupPriorityMinimum: 100", "groupPriorityMinimum: 0"),
+        );
+        assert_eq!(name.as_deref(), Some("v1.b.io"));
         assert!(
             matches!(err, SourceError::Invalid { line: Some(1), .. }),
             "{err}"
@@ -813,13 +1041,58 @@ metadata:
             "{err}"
         );
 
-        let text = api_service("v1.b.io").replace("apiregistration.k8s.io/v1", "v1");
-        let err = parse_manifests(Path::new("/m/b.yaml"), &text).unwrap_err();
+        let (name, err) =
+            refused(&api_service("v1.b.io").replace("apiregistration.k8s.io/v1", "v1"));
+        assert_eq!(name.as_deref(), Some("v1.b.io"));
         assert!(err.to_string().contains(r#"apiVersion "v1""#), "{err}");
+
+        // One refused APIService does not take its neighbours in the same file down.
+        let text = format!(
+            "{}---\n{}",
+            api_service("v1.a.io").replace("version: v1", "version: V1"),
+            api_service("v1.b.io")
+        );
+        let found = parse_manifests(Path::new("/m/b.yaml"), &text).unwrap();
+        assert!(found[0].api.is_err());
+        assert!(found[1].api.is_ok());
+    }
+
+    fn scanned(files: &[ManifestFile]) -> Scanned {
+        Scanned {
+            files: files.to_vec(),
+            unreadable: Vec::new(),
+        }
+    }
+
+    fn bad_priority(name: &str) -> String {
+        api_service(name).replace("groupPriorityMinimum: 100", "groupPriorityMinimum: 0")
+    }
+
+    /// The routed APIServices (plain, or the last good version of a refused one) with their
+    /// `versionPriority`, and the refusals, as the gateway reads them from the set.
+    fn routed_and_refused(set: &[APIService]) -> (Vec<(String, i32)>, Vec<String>) {
+        let mut routed = Vec::new();
+        let mut refusals = Vec::new();
+        for api in set {
+            match super::super::refusal(api) {
+                Some(super::super::Refusal::File { path, .. }) => refusals.push(path.to_owned()),
+                Some(super::super::Refusal::ApiService { name, kept, .. }) => {
+                    refusals.push(name.to_owned());
+                    if kept {
+                        routed.push((name.to_owned(), api.spec.as_ref().unwrap().version_priority));
+                    }
+                }
+                None => routed.push((
+                    api.metadata.name.clone().unwrap(),
+                    api.spec.as_ref().unwrap().version_priority,
+                )),
+            }
+        }
+        (routed, refusals)
     }
 
     #[test]
-    fn load_sorts_dedups_and_fails_whole() {
+    fn load_sorts_dedups_and_skips_only_what_is_invalid() {
         let files = [
             file(
                 "a.yaml",
@@ -830,18 +1103,140 @@ metadata:
                 &api_service("v1.b.io").replace("versionPriority: 10", "versionPriority: 99"),
             ),
         ];
-        let items = load(&files).unwrap();
-        assert_eq!(names(&items), ["v1.b.io", "v1.z.io"]);
+        let loaded = Loader::default().load(scanned(&files));
+        assert!(loaded.problems.is_empty());
+        assert_eq!(names(&loaded.set), ["v1.b.io", "v1.z.io"]);
         // First definition in file-name order wins.
-        assert_eq!(items[0].spec.as_ref().unwrap().version_priority, 10);
+        assert_eq!(loaded.set[0].spec.as_ref().unwrap().version_priority, 10);
 
-        let broken = [files[0].clone(), file("c.yaml", "kind: [")];
-        let errors = load(&broken).unwrap_err();
-        assert_eq!(errors.len(), 1);
+        // At start (nothing known before): a broken file and an invalid APIService are skipped,
+        // everything else is published, and each problem names its file.
+        let mixed = [
+            files[0].clone(),
+            file("c.yaml", "kind: ["),
+            file(
+                "d.yaml",
+                &format!(
+                    "{}---\n{}",
+                    bad_priority("v1.bad.io"),
+                    api_service("v1.d.io")
+                ),
+            ),
+        ];
+        let loaded = Loader::default().load(scanned(&mixed));
+        let (routed, refused) = routed_and_refused(&loaded.set);
+        assert_eq!(
+            routed,
+            [
+                ("v1.b.io".into(), 10),
+                ("v1.d.io".into(), 10),
+                ("v1.z.io".into(), 10)
+            ]
+        );
+        assert_eq!(refused, ["/m/c.yaml", "v1.bad.io"]);
+        let errors: Vec<String> = loaded
+            .problems
+            .iter()
+            .map(|p| p.error.to_string())
+            .collect();
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(errors[0].starts_with("/m/c.yaml:"), "{errors:?}");
         assert!(
-            errors[0].to_string().starts_with("/m/c.yaml:"),
+            errors[1].starts_with("/m/d.yaml:1: ")
+                && errors[1].contains("spec.groupPriorityMinimum: Invalid value: 0"),
+            "{errors:?}"
+        );
+        assert_eq!(loaded.problems[1].api_service.as_deref(), Some("v1.bad.io"));
+    }
+
+    #[test]
+    fn a_refused_edit_keeps_the_last_good_version_from_the_same_file() {
+        let mut loader = Loader::default();
+        let good = [
+            file(
+                "a.yaml",
+                &format!("{}---\n{}", api_service("v1.a.io"), api_service("v1.b.io")),
+            ),
+            file("c.yaml", &api_service("v1.c.io")),
+        ];
+        loader.load(scanned(&good));
+
+        // v1.a.io's edit is invalid; v1.b.io's valid edit applies; c.yaml no longer parses.
+        let edited = [
+            file(
+                "a.yaml",
+                &format!(
+                    "{}---\n{}",
+                    bad_priority("v1.a.io"),
+                    api_service("v1.b.io").replace("versionPriority: 10", "versionPriority: 20")
+                ),
+            ),
+            file("c.yaml", "apiVersion: [\n"),
+        ];
+        let loaded = loader.load(scanned(&edited));
+        let (routed, refused) = routed_and_refused(&loaded.set);
+        assert_eq!(
+            routed,
+            [
+                ("v1.a.io".into(), 10),
+                ("v1.b.io".into(), 20),
+                ("v1.c.io".into(), 10)
+            ]
+        );
+        assert_eq!(refused, ["/m/c.yaml", "v1.a.io"]);
+        assert_eq!(
+            loaded.problems.iter().map(|p| p.kept).collect::<Vec<_>>(),
+            [1, 1]
+        );
+
+        // A second bad edit still keeps the first good version.
+        let loaded = loader.load(scanned(&edited));
+        assert_eq!(routed_and_refused(&loaded.set).0.len(), 3);
+
+        // The last good version is per file: a new invalid definition elsewhere keeps nothing, and
+        // removing the file removes its APIServices, kept or not.
+        let moved = [file("b.yaml", &bad_priority("v1.c.io"))];
+        let loaded = loader.load(scanned(&moved));
+        let (routed, refused) = routed_and_refused(&loaded.set);
+        assert!(routed.is_empty(), "{routed:?}");
+        assert_eq!(refused, ["v1.c.io"]);
+
+        // Fixed: published plainly again, nothing reported.
+        let fixed = [file("b.yaml", &api_service("v1.c.io"))];
+        let loaded = loader.load(scanned(&fixed));
+        assert!(loaded.problems.is_empty());
+        assert_eq!(
+            routed_and_refused(&loaded.set),
+            (vec![("v1.c.io".into(), 10)], vec![])
+        );
+    }
+
+    #[test]
+    fn unreadable_and_unnamed_are_refused_per_file() {
+        let loaded = Loader::default().load(Scanned {
+            files: vec![
+                file("a.yaml", &api_service("v1.a.io")),
+                file(
+                    "b.yaml",
+                    "apiVersion: apiregistration.k8s.io/v1\nkind: APIService\nspec:\n  group: b.io\n",
+                ),
+            ],
+            unreadable: vec![(
+                PathBuf::from("/m/c.yaml"),
+                io::Error::from(io::ErrorKind::PermissionDenied),
+            )],
+        });
+        let (routed, refused) = routed_and_refused(&loaded.set);
+        assert_eq!(routed, [("v1.a.io".into(), 10)]);
+        assert_eq!(refused, ["/m/b.yaml", "/m/c.yaml"]);
+        assert!(loaded.problems.iter().all(|p| p.api_service.is_none()));
+        assert!(
+            loaded.problems[1]
+                .error
+                .to_string()
+                .starts_with("cannot read /m/c.yaml: "),
             "{}",
-            errors[0]
+            loaded.problems[1].error
         );
     }
 
@@ -860,8 +1255,15 @@ metadata:
         symlink("..2024_a", d.join("..data")).unwrap();
         symlink("..data/x.yaml", d.join("x.yaml")).unwrap();
         symlink("..data/gone.yaml", d.join("gone.yaml")).unwrap();
-        let files = scan(d).unwrap();
-        let got: Vec<_> = files
+        std::fs::write(d.join("locked.yaml"), "l").unwrap();
+        std::fs::set_permissions(
+            d.join("locked.yaml"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o000),
+        )
+        .unwrap();
+        let scanned = scan(d).unwrap();
+        let got: Vec<_> = scanned
+            .files
             .iter()
             .map(|f| {
                 (
@@ -870,15 +1272,23 @@ metadata:
                 )
             })
             .collect();
-        assert_eq!(
-            got,
-            [
-                ("a.json", "a"),
-                ("b.yaml", "b"),
-                ("c.yml", "c"),
-                ("x.yaml", "x")
-            ]
-        );
+        let readable = [
+            ("a.json", "a"),
+            ("b.yaml", "b"),
+            ("c.yml", "c"),
+            ("x.yaml", "x"),
+        ];
+        let got: Vec<_> = got
+            .into_iter()
+            .filter(|(n, _)| *n != "locked.yaml")
+            .collect();
+        assert_eq!(got, readable);
+
+        // Root reads anything; elsewhere the locked file is reported, not fatal.
+        if std::fs::read(d.join("locked.yaml")).is_err() {
+            assert_eq!(scanned.unreadable.len(), 1);
+            assert_eq!(scanned.unreadable[0].0, d.join("locked.yaml"));
+        }
 
         let err = scan(&d.join("missing")).unwrap_err();
         assert!(matches!(err, SourceError::ReadDir { .. }), "{err}");
@@ -923,13 +1333,14 @@ metadata:
         kubelet_swap(&d, "..2024_b");
         assert_eq!(next_set(&mut rx).await, ["v1.a.io", "v1.b.io"]);
 
-        // A broken update keeps the last good set.
+        // A broken update keeps what the file held before, and reports the file.
         std::fs::create_dir(d.join("..2024_c")).unwrap();
         std::fs::write(d.join("..2024_c/x.yaml"), "kind: APIService\nspec: [\n").unwrap();
         kubelet_swap(&d, "..2024_c");
-        let unchanged = tokio::time::timeout(Duration::from_millis(800), rx.changed()).await;
-        assert!(unchanged.is_err(), "a broken file must not publish");
-        assert_eq!(names(rx.borrow().as_ref().unwrap()), ["v1.a.io", "v1.b.io"]);
+        next_set(&mut rx).await;
+        let (routed, refused) = routed_and_refused(rx.borrow().as_ref().unwrap());
+        assert_eq!(routed, [("v1.a.io".into(), 10), ("v1.b.io".into(), 10)]);
+        assert_eq!(refused, [d.join("x.yaml").display().to_string()]);
 
         // Fixing it publishes again; so does adding a plain file next to the symlinks.
         std::fs::create_dir(d.join("..2024_d")).unwrap();
@@ -947,19 +1358,27 @@ metadata:
     }
 
     #[tokio::test]
-    async fn broken_directory_at_start_publishes_nothing() {
+    async fn a_broken_file_at_start_does_not_hold_back_the_others() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("a.yaml"), "kind: APIService\nspec: [\n").unwrap();
+        std::fs::write(dir.path().join("b.yaml"), bad_priority("v1.bad.io")).unwrap();
+        std::fs::write(dir.path().join("c.yaml"), api_service("v1.c.io")).unwrap();
         let (tx, mut rx) = super::super::channel();
         let task = tokio::spawn(run(dir.path().to_owned(), tx));
-        let r = tokio::time::timeout(Duration::from_millis(500), rx.changed()).await;
-        assert!(r.is_err());
-        assert!(
-            rx.borrow().is_none(),
-            "no set until the manifests are valid"
+        next_set(&mut rx).await;
+        let (routed, refused) = routed_and_refused(rx.borrow().as_ref().unwrap());
+        assert_eq!(routed, [("v1.c.io".into(), 10)]);
+        assert_eq!(
+            refused,
+            [
+                dir.path().join("a.yaml").display().to_string(),
+                "v1.bad.io".into()
+            ]
         );
+
         std::fs::write(dir.path().join("a.yaml"), api_service("v1.a.io")).unwrap();
-        assert_eq!(next_set(&mut rx).await, ["v1.a.io"]);
+        std::fs::remove_file(dir.path().join("b.yaml")).unwrap();
+        assert_eq!(next_set(&mut rx).await, ["v1.a.io", "v1.c.io"]);
         task.abort();
     }
 

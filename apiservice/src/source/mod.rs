@@ -7,6 +7,10 @@
 //! see a half-listed state — during a relist or while a file is being rewritten the previous set
 //! simply stays current. A `watch` channel fits because only the latest set matters: a slow
 //! consumer skips intermediate sets instead of queueing them.
+//!
+//! The file source also puts what it *refused* into the set, so the consumer that owns the metrics
+//! and the route table (the gateway's route controller) sees every problem without a second
+//! channel: see [`refusal`]. Anything that routes must check it first.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -27,6 +31,83 @@ pub fn channel() -> (
     watch::Receiver<Option<ApiServiceSet>>,
 ) {
     watch::channel(None)
+}
+
+/// Annotation on a set entry standing for a manifest the source refused; the value says why
+/// (file, line, and what to fix). On an entry with a `spec` it marks the last good version of an
+/// APIService whose current manifest is invalid: still routed, but reported. Without a `spec` it
+/// is a placeholder that must not be routed.
+///
+/// The kube source never sets it; an APIService in a cluster that carries it by hand is reported
+/// the same way, which is harmless.
+pub const REFUSED_ANNOTATION: &str = "aggregation-gateway/refused";
+
+/// Annotation naming the manifest file of a placeholder for a file the source could not read or
+/// parse at all (so no APIService name is known). Such a placeholder has no `metadata.name`.
+pub const MANIFEST_FILE_ANNOTATION: &str = "aggregation-gateway/manifest-file";
+
+/// What a set entry says about a refused manifest, from [`refusal`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal<'a> {
+    /// APIService `name`'s manifest is invalid. `kept` is true when the entry carries its last
+    /// good definition (route it); false when there is none (do not route).
+    ApiService {
+        name: &'a str,
+        kept: bool,
+        reason: &'a str,
+    },
+    /// A manifest file could not be read or parsed; the APIServices last loaded from it (if any)
+    /// are separate entries.
+    File { path: &'a str, reason: &'a str },
+}
+
+/// Whether `api` reports a refused manifest rather than being a plain APIService.
+pub fn refusal(api: &APIService) -> Option<Refusal<'_>> {
+    let annotations = api.metadata.annotations.as_ref()?;
+    let reason = annotations.get(REFUSED_ANNOTATION)?.as_str();
+    match (
+        &api.metadata.name,
+        annotations.get(MANIFEST_FILE_ANNOTATION),
+    ) {
+        (Some(name), _) => Some(Refusal::ApiService {
+            name,
+            kept: api.spec.is_some(),
+            reason,
+        }),
+        (None, Some(path)) => Some(Refusal::File { path, reason }),
+        (None, None) => None,
+    }
+}
+
+/// Marks `api` (the last good version of `name`, or `None` for a bare placeholder) as refused.
+pub(crate) fn refused_api_service(
+    name: &str,
+    kept: Option<APIService>,
+    reason: String,
+) -> APIService {
+    let mut api = kept.unwrap_or_default();
+    api.metadata.name = Some(name.to_owned());
+    api.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(REFUSED_ANNOTATION.to_owned(), reason);
+    api
+}
+
+/// A placeholder for a manifest file that yielded no APIService names.
+pub(crate) fn refused_file(path: &std::path::Path, reason: String) -> APIService {
+    let mut api = APIService::default();
+    api.metadata.annotations = Some(
+        [
+            (REFUSED_ANNOTATION.to_owned(), reason),
+            (
+                MANIFEST_FILE_ANNOTATION.to_owned(),
+                path.display().to_string(),
+            ),
+        ]
+        .into(),
+    );
+    api
 }
 
 /// Why a source could not deliver or write APIServices.
@@ -133,6 +214,37 @@ mod tests {
         // An empty set after a sync is a real state (everything deleted), not "not synced".
         assert!(publish(&tx, Vec::new()));
         assert_eq!(rx.borrow().as_ref().map(|s| s.len()), Some(0));
+    }
+
+    #[test]
+    fn refusals_round_trip_and_plain_objects_are_not_refusals() {
+        assert_eq!(refusal(&named("v1.a.io")), None);
+
+        let bare = refused_api_service("v1.a.io", None, "bad".into());
+        assert_eq!(
+            refusal(&bare),
+            Some(Refusal::ApiService {
+                name: "v1.a.io",
+                kept: false,
+                reason: "bad"
+            })
+        );
+        let mut good = named("v1.a.io");
+        good.spec = Some(Default::default());
+        let kept = refused_api_service("v1.a.io", Some(good), "bad".into());
+        assert!(matches!(
+            refusal(&kept),
+            Some(Refusal::ApiService { kept: true, .. })
+        ));
+
+        let file = refused_file(std::path::Path::new("/m/x.yaml"), "broken".into());
+        assert_eq!(
+            refusal(&file),
+            Some(Refusal::File {
+                path: "/m/x.yaml",
+                reason: "broken"
+            })
+        );
     }
 
     #[test]

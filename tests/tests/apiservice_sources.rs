@@ -1,0 +1,279 @@
+//! Where routes come from, seen by a user: a manifest directory with one bad APIService (or one
+//! unreadable file) still serves everything else and says what is wrong, and a Service or
+//! EndpointSlice appearing on the core makes its APIService available at once rather than at the
+//! next availability interval.
+
+use std::path::Path;
+use std::time::Duration;
+
+use e2e::harness::{self, FixtureCore, Gateway, GatewayOptions, KubectlVersion};
+use e2e::scenario::{self, create_on_core, get_as, path_arg, Pki};
+use http::StatusCode;
+
+const GROUP: &str = "wardle.example.com";
+const NAME: &str = "v1alpha1.wardle.example.com";
+const BETA: &str = "v1beta1.wardle.example.com";
+
+/// `/metrics`, fetched anonymously.
+async fn metrics(gateway: &Gateway) -> String {
+    let client = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
+    let (status, _, body) = harness::get(&client, &format!("{}/metrics", gateway.url()))
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::OK);
+    String::from_utf8_lossy(&body).into_owned()
+}
+
+/// Whether GET `path` answers 200 with a list of `kind` within `timeout`.
+async fn serves(
+    gateway: &Gateway,
+    user: &e2e::certs::CertifiedPair,
+    path: &str,
+    kind: &str,
+    timeout: Duration,
+) -> bool {
+    harness::wait_until(timeout, || async {
+        let (status, body) = get_as(gateway, user, path, &[]).await;
+        status == StatusCode::OK && body["kind"] == kind
+    })
+    .await
+}
+
+#[tokio::test]
+async fn an_invalid_apiservice_in_the_manifest_directory_does_not_block_the_others() {
+    let pki = Pki::new();
+    let core = FixtureCore::start(&[]).await.unwrap();
+    let backend = pki.start_backend(GROUP, "v1alpha1,v1beta1", &[]).await;
+    let manifests = tempfile::tempdir().unwrap();
+    let dir = manifests.path();
+    let alpha = pki.apiservice(GROUP, "v1alpha1", "wardle");
+    let beta = pki.apiservice(GROUP, "v1beta1", "wardle");
+    alpha.write_to(dir, "alpha.yaml");
+    // kube-apiserver would refuse this on `kubectl apply`: groupPriorityMinimum must be positive.
+    beta.clone()
+        .group_priority_minimum(0)
+        .write_to(dir, "beta.yaml");
+    std::fs::write(dir.join("junk.yaml"), "kind: APIService\nspec: [oops\n").unwrap();
+    let config = pki.gateway_config(&[("wardle", &backend)], "");
+
+    // Becoming ready at all is the first assertion: start_gateway waits for /readyz.
+    let gateway = pki
+        .start_gateway_with_file_source(&core, &config, dir, &[])
+        .await;
+    let alice = pki.user("alice", &[]);
+    let alpha_flunders = "/apis/wardle.example.com/v1alpha1/namespaces/default/flunders";
+    let beta_flunders = "/apis/wardle.example.com/v1beta1/namespaces/default/flunders";
+    assert!(
+        serves(
+            &gateway,
+            &alice,
+            alpha_flunders,
+            "FlunderList",
+            Duration::from_secs(5)
+        )
+        .await,
+        "{}",
+        gateway.process.logs()
+    );
+    // The refused version is not routed: the group's other version is, so the path is unclaimed
+    // and the core answers (it has no such group).
+    assert_eq!(
+        get_as(&gateway, &alice, beta_flunders, &[]).await.0,
+        StatusCode::NOT_FOUND
+    );
+
+    let text = metrics(&gateway).await;
+    assert!(
+        text.contains(&format!(
+            "aggregation_gateway_invalid_apiservice{{name=\"{BETA}\"}} 1"
+        )),
+        "{text}"
+    );
+    assert!(
+        !text.contains(&format!(
+            "aggregation_gateway_invalid_apiservice{{name=\"{NAME}\"}}"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "aggregation_gateway_invalid_apiservice_manifest{{file=\"{}\"}} 1",
+            dir.join("junk.yaml").display()
+        )),
+        "{text}"
+    );
+
+    // The log says which file, which line, and what to fix.
+    let logs = gateway.process.logs();
+    assert!(
+        logs.lines().any(|l| l.contains(&format!(
+            "beta.yaml:1: APIService \\\"{BETA}\\\" is invalid"
+        )) && l.contains("spec.groupPriorityMinimum: Invalid value: 0")),
+        "{logs}"
+    );
+    assert!(
+        logs.lines()
+            .any(|l| l.contains("junk.yaml:") && l.contains("ERROR")),
+        "{logs}"
+    );
+
+    // An invalid edit of a working APIService leaves it working, and is reported.
+    alpha
+        .clone()
+        .group_priority_minimum(0)
+        .write_to(dir, "alpha.yaml");
+    let reported = harness::wait_until(Duration::from_secs(5), || async {
+        metrics(&gateway).await.contains(&format!(
+            "aggregation_gateway_invalid_apiservice{{name=\"{NAME}\"}} 1"
+        ))
+    })
+    .await;
+    assert!(reported, "{}", gateway.process.logs());
+    assert!(
+        serves(
+            &gateway,
+            &alice,
+            alpha_flunders,
+            "FlunderList",
+            Duration::from_secs(1)
+        )
+        .await,
+        "{}",
+        gateway.process.logs()
+    );
+
+    // Fixing the manifests clears the reports and routes the fixed version.
+    alpha.write_to(dir, "alpha.yaml");
+    beta.write_to(dir, "beta.yaml");
+    std::fs::remove_file(dir.join("junk.yaml")).unwrap();
+    assert!(
+        serves(
+            &gateway,
+            &alice,
+            beta_flunders,
+            "FlunderList",
+            Duration::from_secs(5)
+        )
+        .await,
+        "{}",
+        gateway.process.logs()
+    );
+    let cleared = harness::wait_until(Duration::from_secs(5), || async {
+        let text = metrics(&gateway).await;
+        !text.contains("aggregation_gateway_invalid_apiservice{")
+            && !text.contains("aggregation_gateway_invalid_apiservice_manifest{")
+    })
+    .await;
+    assert!(cleared, "{}", metrics(&gateway).await);
+}
+
+/// [`Pki::start_gateway`] with the kube source and a long availability interval, so that only a
+/// reaction to the core's Services and EndpointSlices can change an APIService's availability
+/// within a test.
+async fn start_gateway_with_slow_interval(pki: &Pki, core: &FixtureCore, config: &Path) -> Gateway {
+    let (cert, key) = &pki.proxy_client;
+    let args = [
+        "--config".to_owned(),
+        path_arg(config),
+        "--proxy-client-cert-file".to_owned(),
+        path_arg(cert),
+        "--proxy-client-key-file".to_owned(),
+        path_arg(key),
+        "--client-ca-file".to_owned(),
+        path_arg(&pki.users_ca_file),
+        "--apiservice-availability-interval".to_owned(),
+        "60s".to_owned(),
+    ];
+    let gateway = Gateway::start(GatewayOptions::new(core.url()).args(args))
+        .await
+        .expect("gateway starts");
+    let client = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
+    let readyz = format!("{}/readyz", gateway.url());
+    let ready = harness::wait_until(Duration::from_secs(10), || async {
+        harness::get(&client, &readyz)
+            .await
+            .is_ok_and(|(status, _, _)| status == StatusCode::OK)
+    })
+    .await;
+    assert!(
+        ready,
+        "gateway never became ready:\n{}",
+        gateway.process.logs()
+    );
+    gateway
+}
+
+#[tokio::test]
+async fn a_new_service_and_endpointslice_make_the_apiservice_available_without_waiting() {
+    let pki = Pki::new();
+    let core = FixtureCore::start(&[]).await.unwrap();
+    let backend = pki.start_backend(GROUP, "v1alpha1", &[]).await;
+    let port = backend.addr.port();
+    // No static services map: the backend is found through the core's Service.
+    let config = pki.gateway_config(&[], "");
+    let gateway = start_gateway_with_slow_interval(&pki, &core, &config).await;
+    let alice = pki.user("alice", &[]);
+    let kubectl = scenario::kubectl_as(&gateway, KubectlVersion::V1_32, &alice);
+
+    kubectl
+        .apply_yaml(
+            &pki.apiservice(GROUP, "v1alpha1", "wardle")
+                .port(port)
+                .yaml(),
+        )
+        .await;
+    // A new APIService is checked at once; its Service does not exist yet.
+    scenario::wait_for_apiservice_row(
+        &kubectl,
+        NAME,
+        "False (ServiceNotFound)",
+        Duration::from_secs(10),
+    )
+    .await;
+
+    // Each step below would otherwise wait for the 60 s interval.
+    let service = serde_json::json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "api", "namespace": "wardle"},
+        "spec": {"type": "ClusterIP", "clusterIP": "127.0.0.1",
+                 "ports": [{"name": "https", "port": port, "targetPort": port, "protocol": "TCP"}]}
+    });
+    assert_eq!(
+        create_on_core(&core, "/api/v1/namespaces/wardle/services", service).await,
+        StatusCode::CREATED
+    );
+    scenario::wait_for_apiservice_row(
+        &kubectl,
+        NAME,
+        "False (EndpointsNotFound)",
+        Duration::from_secs(5),
+    )
+    .await;
+
+    let slice = serde_json::json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": "api-abcde", "namespace": "wardle",
+                     "labels": {"kubernetes.io/service-name": "api"}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": true}}],
+        "ports": [{"name": "https", "port": port, "protocol": "TCP"}]
+    });
+    assert_eq!(
+        create_on_core(
+            &core,
+            "/apis/discovery.k8s.io/v1/namespaces/wardle/endpointslices",
+            slice,
+        )
+        .await,
+        StatusCode::CREATED
+    );
+    scenario::wait_for_apiservice_row(&kubectl, NAME, "True", Duration::from_secs(5)).await;
+    let (status, body) = get_as(
+        &gateway,
+        &alice,
+        "/apis/wardle.example.com/v1alpha1/namespaces/default/flunders",
+        &[],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+}
