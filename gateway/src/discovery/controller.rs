@@ -14,8 +14,10 @@
 //!   every [`ROUTING_POLL`] by pointer (a new APIService must show up within 2 s).
 //!
 //! Fetches run in their own tasks and report back over a channel, so a backend that hangs for
-//! its whole timeout never delays another backend or a routing change. All JSON work (parsing,
-//! merging, serialising) happens here, once per change; handlers only serve the bytes.
+//! its whole timeout never delays another backend or a routing change; discovery and the
+//! OpenAPI root of one Service report separately, so a slow root never delays discovery. All
+//! JSON work (parsing, merging, serialising) happens here, once per change; handlers only serve
+//! the bytes.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -512,16 +514,26 @@ pub enum BackendDiscovery {
     Legacy(HashMap<GroupVersion, Result<Vec<APIResourceDiscovery>, String>>),
 }
 
-/// A finished fetch, sent back to the merge loop.
+/// One half of a Service's fetch, reported as soon as it is done: the OpenAPI root may take up
+/// to [`OPENAPI_TIMEOUT`], and waiting for it would hold a failed discovery back from `Stale`
+/// for longer than kube-aggregator's [`DISCOVERY_TIMEOUT`].
+enum ServiceReport {
+    Discovery(Result<BackendDiscovery, FetchError>),
+    OpenApi(Result<RootFetch, FetchError>),
+}
+
+/// A report of one fetch, sent back to the merge loop.
 struct ServiceFetched {
     key: ServiceRef,
-    discovery: Result<BackendDiscovery, FetchError>,
-    openapi: Result<RootFetch, FetchError>,
+    /// The fetch it belongs to (see [`ServiceEntry::running`]).
+    job: u64,
+    report: ServiceReport,
 }
 
 /// Everything a fetch task needs, copied out of the loop's state.
 struct FetchJob {
     key: ServiceRef,
+    job: u64,
     backend: Arc<RemoteBackend>,
     etag: Option<String>,
     group_versions: Vec<GroupVersion>,
@@ -529,17 +541,45 @@ struct FetchJob {
 }
 
 impl FetchJob {
-    async fn run(self) -> ServiceFetched {
+    /// The next fetch of `entry`, revalidating whatever it has cached; `None` without a usable
+    /// transport (e.g. a bad caBundle): nothing to ask, its APIServices stay `Stale`.
+    fn for_entry(key: &ServiceRef, job: u64, entry: &ServiceEntry) -> Option<FetchJob> {
+        Some(FetchJob {
+            key: key.clone(),
+            job,
+            backend: entry.backend.clone()?,
+            etag: entry.doc.as_ref().and(entry.etag.clone()),
+            group_versions: entry
+                .apiservices
+                .iter()
+                .map(|(a, _)| a.group_version())
+                .collect(),
+            openapi_etag: entry.openapi.root.as_ref().and(entry.openapi.etag.clone()),
+        })
+    }
+
+    /// Fetches discovery and the OpenAPI root concurrently and reports each when it is done.
+    async fn run(self, results: mpsc::UnboundedSender<ServiceFetched>) {
         let source = Source::Remote(self.backend.clone());
-        let (discovery, openapi) = tokio::join!(
-            fetch_backend_discovery(&source, self.etag.as_deref(), &self.group_versions),
-            fetch_root(&source, self.openapi_etag.as_deref()),
+        let send = |report| {
+            let _ = results.send(ServiceFetched {
+                key: self.key.clone(),
+                job: self.job,
+                report,
+            });
+        };
+        tokio::join!(
+            async {
+                let fetched =
+                    fetch_backend_discovery(&source, self.etag.as_deref(), &self.group_versions)
+                        .await;
+                send(ServiceReport::Discovery(fetched));
+            },
+            async {
+                let fetched = fetch_root(&source, self.openapi_etag.as_deref()).await;
+                send(ServiceReport::OpenApi(fetched));
+            },
         );
-        ServiceFetched {
-            key: self.key,
-            discovery,
-            openapi,
-        }
     }
 }
 
@@ -636,8 +676,9 @@ struct ServiceEntry {
     etag: Option<String>,
     doc: Option<Arc<APIGroupDiscoveryList>>,
     openapi: RootDocument,
-    in_flight: bool,
-    /// Something changed while a fetch was running: fetch again when it reports.
+    /// The fetch under way: its number and how many of its two reports are still due.
+    running: Option<(u64, u8)>,
+    /// Something changed while a fetch was running: fetch again when it has reported.
     refetch: bool,
     last_error: Option<String>,
 }
@@ -650,7 +691,7 @@ impl ServiceEntry {
             etag: None,
             doc: None,
             openapi: RootDocument::default(),
-            in_flight: false,
+            running: None,
             refetch: false,
             last_error: None,
         }
@@ -671,6 +712,7 @@ pub struct DiscoveryController {
 }
 
 /// The loop's state, owned by the loop alone.
+#[derive(Default)]
 struct State {
     core: Option<Arc<CoreState>>,
     table: Option<Arc<Routes>>,
@@ -681,6 +723,8 @@ struct State {
     remote: HashMap<String, RemoteDiscovery>,
     discovery_dirty: bool,
     openapi_dirty: bool,
+    /// Number of the last fetch started, so a report is matched to its fetch.
+    last_job: u64,
 }
 
 impl DiscoveryController {
@@ -720,15 +764,7 @@ impl DiscoveryController {
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut refresh = tokio::time::interval(self.refresh_interval);
         refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut state = State {
-            core: None,
-            table: None,
-            specs: Vec::new(),
-            services: HashMap::new(),
-            remote: HashMap::new(),
-            discovery_dirty: false,
-            openapi_dirty: false,
-        };
+        let mut state = State::default();
         loop {
             tokio::select! {
                 _ = poll.tick() => {
@@ -757,7 +793,7 @@ impl DiscoveryController {
                     apply(&mut state, fetched, &results_tx);
                 }
             }
-            self.publish(&mut state);
+            publish(&self.cache, &self.metrics, &mut state);
         }
     }
 
@@ -834,71 +870,72 @@ impl DiscoveryController {
             spawn_fetch(state, &key, results);
         }
     }
+}
 
-    fn publish(&self, state: &mut State) {
-        let (Some(core), Some(table)) = (state.core.clone(), state.table.clone()) else {
-            return;
-        };
-        if state.discovery_dirty {
-            state.discovery_dirty = false;
-            let apiservices: Vec<APIServiceDiscovery<'_>> = table
-                .routes()
-                .map(|r| {
-                    APIServiceDiscovery::new(&r.api_service, state.remote.get(&r.api_service.name))
-                })
-                .collect();
-            match merge(&core.discovery, &apiservices) {
-                Ok(merged) => {
-                    let unchanged = self.cache.merged().is_some_and(|m| *m == merged);
-                    self.metrics
-                        .discovery_aggregation_total
-                        .with_label_values::<&str>(&[])
-                        .inc();
-                    if !unchanged {
-                        tracing::debug!(etag = %merged.apis.etag, "merged discovery rebuilt");
-                        self.cache.store_merged(merged);
-                    }
-                }
-                Err(e) => tracing::error!(error = %e, "cannot build the merged discovery document"),
+/// Publishes new snapshots for whatever input changed since the last call. A merge that gives
+/// the document already served is not a rebuild: the snapshot (and with it the ETag clients
+/// revalidate against) stays, and `aggregator_discovery_aggregation_count_total` does not move.
+fn publish(cache: &DiscoveryCache, metrics: &Metrics, state: &mut State) {
+    let (Some(core), Some(table)) = (state.core.clone(), state.table.clone()) else {
+        return;
+    };
+    if state.discovery_dirty {
+        state.discovery_dirty = false;
+        let apiservices: Vec<APIServiceDiscovery<'_>> = table
+            .routes()
+            .map(|r| {
+                APIServiceDiscovery::new(&r.api_service, state.remote.get(&r.api_service.name))
+            })
+            .collect();
+        match merge(&core.discovery, &apiservices) {
+            Ok(merged) if cache.merged().is_some_and(|m| *m == merged) => {}
+            Ok(merged) => {
+                metrics
+                    .discovery_aggregation_total
+                    .with_label_values::<&str>(&[])
+                    .inc();
+                tracing::debug!(etag = %merged.apis.etag, "merged discovery rebuilt");
+                cache.store_merged(merged);
             }
+            Err(e) => tracing::error!(error = %e, "cannot build the merged discovery document"),
         }
-        if state.openapi_dirty {
-            let core_root = match &core.openapi {
-                CoreOpenApi::Unknown => return,
-                CoreOpenApi::Absent => None,
-                CoreOpenApi::Root(root) => Some(root),
-            };
-            state.openapi_dirty = false;
-            let remotes: Vec<RemoteRoot<'_, OpenApiOwner>> = table
-                .routes()
-                .filter_map(|route| {
-                    let svc = route.api_service.service()?;
-                    let owner = match &route.backend.target {
-                        Target::Remote(b) => OpenApiOwner::Remote(b.clone()),
-                        // A claimed path without a usable backend: not listed, never the core's.
-                        _ => OpenApiOwner::Core,
-                    };
-                    let root = match owner {
-                        OpenApiOwner::Remote(_) => state
-                            .services
-                            .get(svc)
-                            .and_then(|e| e.openapi.root.as_ref()),
-                        OpenApiOwner::Core => None,
-                    };
-                    Some(RemoteRoot {
-                        owner,
-                        key: root_key(&route.api_service.group_version()),
-                        name: route.api_service.name.as_str(),
-                        group_priority_minimum: route.api_service.group_priority_minimum,
-                        version_priority: route.api_service.version_priority,
-                        root,
-                    })
+    }
+    if state.openapi_dirty {
+        let core_root = match &core.openapi {
+            CoreOpenApi::Unknown => return,
+            CoreOpenApi::Absent => None,
+            CoreOpenApi::Root(root) => Some(root),
+        };
+        state.openapi_dirty = false;
+        let remotes: Vec<RemoteRoot<'_, OpenApiOwner>> = table
+            .routes()
+            .filter_map(|route| {
+                let svc = route.api_service.service()?;
+                let owner = match &route.backend.target {
+                    Target::Remote(b) => OpenApiOwner::Remote(b.clone()),
+                    // A claimed path without a usable backend: not listed, never the core's.
+                    _ => OpenApiOwner::Core,
+                };
+                let root = match owner {
+                    OpenApiOwner::Remote(_) => state
+                        .services
+                        .get(svc)
+                        .and_then(|e| e.openapi.root.as_ref()),
+                    OpenApiOwner::Core => None,
+                };
+                Some(RemoteRoot {
+                    owner,
+                    key: root_key(&route.api_service.group_version()),
+                    name: route.api_service.name.as_str(),
+                    group_priority_minimum: route.api_service.group_priority_minimum,
+                    version_priority: route.api_service.version_priority,
+                    root,
                 })
-                .collect();
-            match merge_openapi_roots(&openapi_inputs(OpenApiOwner::Core, core_root, remotes)) {
-                Ok(root) => self.cache.store_openapi(root),
-                Err(e) => tracing::error!(error = %e, "cannot build the OpenAPI v3 root"),
-            }
+            })
+            .collect();
+        match merge_openapi_roots(&openapi_inputs(OpenApiOwner::Core, core_root, remotes)) {
+            Ok(root) => cache.store_openapi(root),
+            Err(e) => tracing::error!(error = %e, "cannot build the OpenAPI v3 root"),
         }
     }
 }
@@ -912,34 +949,21 @@ fn spawn_fetch(
     let Some(entry) = state.services.get_mut(key) else {
         return;
     };
-    if entry.in_flight {
+    if entry.running.is_some() {
         entry.refetch = true;
         return;
     }
-    // No usable transport (e.g. a bad caBundle): nothing to ask; its APIServices stay `Stale`.
-    let Some(backend) = entry.backend.clone() else {
+    let Some(job) = FetchJob::for_entry(key, state.last_job + 1, entry) else {
         return;
     };
-    entry.in_flight = true;
+    state.last_job = job.job;
+    entry.running = Some((job.job, 2));
     entry.refetch = false;
-    let job = FetchJob {
-        key: key.clone(),
-        backend,
-        etag: entry.doc.as_ref().and(entry.etag.clone()),
-        group_versions: entry
-            .apiservices
-            .iter()
-            .map(|(a, _)| a.group_version())
-            .collect(),
-        openapi_etag: entry.openapi.root.as_ref().and(entry.openapi.etag.clone()),
-    };
-    let results = results.clone();
-    tokio::spawn(async move {
-        let _ = results.send(job.run().await);
-    });
+    tokio::spawn(job.run(results.clone()));
 }
 
-/// Takes in a finished fetch: updates the Service's cache and its APIServices' entries.
+/// Takes in one report of a fetch: updates the Service's cache and its APIServices' entries,
+/// and starts the fetch a change asked for meanwhile once both reports are in.
 fn apply(
     state: &mut State,
     fetched: ServiceFetched,
@@ -948,57 +972,69 @@ fn apply(
     let Some(entry) = state.services.get_mut(&fetched.key) else {
         return; // the Service is no longer used
     };
-    entry.in_flight = false;
+    // A report of a fetch started before the Service was dropped and added again.
+    let Some((job, due)) = entry.running.as_mut() else {
+        return;
+    };
+    if *job != fetched.job {
+        return;
+    }
+    *due -= 1;
+    if *due == 0 {
+        entry.running = None;
+    }
     let name = entry
         .backend
         .as_ref()
         .map_or_else(|| fetched.key.to_string(), |b| b.name.to_string());
 
-    let mut discovery = fetched.discovery;
-    match &discovery {
-        Ok(BackendDiscovery::Aggregated { doc, etag }) => {
-            entry.doc = Some(doc.clone());
-            entry.etag = etag.clone();
-        }
-        Ok(BackendDiscovery::Legacy(_)) => {
-            entry.doc = None;
-            entry.etag = None;
-        }
-        Ok(BackendDiscovery::NotModified) | Err(_) => {}
-    }
-    if matches!(discovery, Ok(BackendDiscovery::NotModified)) && entry.doc.is_none() {
-        discovery = Err(FetchError::UnexpectedNotModified {
-            path: "/apis".into(),
-        });
-    }
-    let error = discovery.as_ref().err().map(|e| e.to_string());
-    if error != entry.last_error {
-        match &error {
-            Some(e) => tracing::warn!(service = %fetched.key, apiservice = %name, error = %e,
-                "cannot fetch discovery from the backend; its group-versions are served as Stale"),
-            None => {
-                tracing::info!(service = %fetched.key, apiservice = %name, "backend discovery fetched")
+    match fetched.report {
+        ServiceReport::Discovery(mut discovery) => {
+            match &discovery {
+                Ok(BackendDiscovery::Aggregated { doc, etag }) => {
+                    entry.doc = Some(doc.clone());
+                    entry.etag = etag.clone();
+                }
+                Ok(BackendDiscovery::Legacy(_)) => {
+                    entry.doc = None;
+                    entry.etag = None;
+                }
+                Ok(BackendDiscovery::NotModified) | Err(_) => {}
+            }
+            if matches!(discovery, Ok(BackendDiscovery::NotModified)) && entry.doc.is_none() {
+                discovery = Err(FetchError::UnexpectedNotModified {
+                    path: "/apis".into(),
+                });
+            }
+            let error = discovery.as_ref().err().map(|e| e.to_string());
+            if error != entry.last_error {
+                match &error {
+                    Some(e) => {
+                        tracing::warn!(service = %fetched.key, apiservice = %name, error = %e,
+                        "cannot fetch discovery from the backend; its group-versions are served as Stale")
+                    }
+                    None => {
+                        tracing::info!(service = %fetched.key, apiservice = %name, "backend discovery fetched")
+                    }
+                }
+                entry.last_error = error;
+            }
+            let doc = entry.doc.clone();
+            for (api, _) in &entry.apiservices {
+                let next = remote_discovery(
+                    discovery.as_ref().map_err(|_| ()),
+                    doc.as_deref(),
+                    &api.group_version(),
+                    state.remote.get(&api.name),
+                );
+                if state.remote.get(&api.name) != Some(&next) {
+                    state.remote.insert(api.name.clone(), next);
+                    state.discovery_dirty = true;
+                }
             }
         }
-        entry.last_error = error;
-    }
-    let doc = entry.doc.clone();
-    for (api, _) in &entry.apiservices {
-        let next = remote_discovery(
-            discovery.as_ref().map_err(|_| ()),
-            doc.as_deref(),
-            &api.group_version(),
-            state.remote.get(&api.name),
-        );
-        if state.remote.get(&api.name) != Some(&next) {
-            state.remote.insert(api.name.clone(), next);
-            state.discovery_dirty = true;
-        }
-    }
-
-    match fetched.openapi {
-        Ok(RootFetch::NotModified) => {}
-        Ok(RootFetch::Root(root, etag)) => {
+        ServiceReport::OpenApi(Ok(RootFetch::NotModified)) => {}
+        ServiceReport::OpenApi(Ok(RootFetch::Root(root, etag))) => {
             if entry.openapi.root.as_ref() != Some(&root) {
                 state.openapi_dirty = true;
             }
@@ -1007,7 +1043,7 @@ fn apply(
                 root: Some(root),
             };
         }
-        Ok(RootFetch::Absent) => {
+        ServiceReport::OpenApi(Ok(RootFetch::Absent)) => {
             if entry.openapi.root.is_some() || entry.openapi.etag.is_none() {
                 tracing::info!(service = %fetched.key, apiservice = %name,
                     "backend has no /openapi/v3; it contributes no OpenAPI v3 paths");
@@ -1021,13 +1057,13 @@ fn apply(
                 root: None,
             };
         }
-        Err(e) => {
+        ServiceReport::OpenApi(Err(e)) => {
             tracing::debug!(service = %fetched.key, apiservice = %name, error = %e,
                 "cannot fetch the backend's OpenAPI v3 root; keeping the last one");
         }
     }
 
-    if entry.refetch {
+    if entry.running.is_none() && entry.refetch {
         let key = fetched.key.clone();
         spawn_fetch(state, &key, results);
     }
@@ -1175,5 +1211,217 @@ mod tests {
         let converted = convert_resources(&list.resources);
         assert_eq!(converted.len(), 1);
         assert_eq!(converted[0].subresources.len(), 1);
+    }
+
+    // ---- the merge loop's bookkeeping ---------------------------------------------------------
+
+    use apiservice::model::{Backend, RemoteBackendSpec};
+    use apiservice::resolve::{Endpoint, ResolveError, ServiceResolver};
+    use apiservice::route::RouteTable;
+
+    /// Every Service resolves to one fixed address.
+    struct FixedAddress(std::net::SocketAddr);
+
+    impl ServiceResolver for FixedAddress {
+        fn resolve(&self, _: &ServiceRef) -> Result<Endpoint, ResolveError> {
+            Ok(Endpoint::new(self.0.ip().to_string(), self.0.port()))
+        }
+    }
+
+    fn wardle_service() -> ServiceRef {
+        ServiceRef {
+            namespace: "wardle".into(),
+            name: "api".into(),
+            port: 443,
+        }
+    }
+
+    fn wardle_apiservice(version: &str) -> Arc<RegisteredAPIService> {
+        Arc::new(RegisteredAPIService {
+            name: format!("{version}.wardle.example.com"),
+            group: "wardle.example.com".into(),
+            version: version.into(),
+            group_priority_minimum: 1000,
+            version_priority: 15,
+            backend: Backend::Remote(RemoteBackendSpec {
+                service: wardle_service(),
+                ca_bundle: None,
+                insecure_skip_tls_verify: true,
+            }),
+        })
+    }
+
+    fn backend_at(addr: std::net::SocketAddr) -> Arc<RemoteBackend> {
+        let api = wardle_apiservice("v1alpha1");
+        let Backend::Remote(spec) = &api.backend else {
+            unreachable!("wardle_apiservice is remote")
+        };
+        let (_, drain) = watch::channel(false);
+        Arc::new(RemoteBackend::new(&api, spec, None, Arc::new(FixedAddress(addr)), drain).unwrap())
+    }
+
+    /// The wardle Service with `api` pointing at it, its backend at `addr`.
+    fn state_with_wardle(api: &Arc<RegisteredAPIService>, addr: std::net::SocketAddr) -> State {
+        let mut entry = ServiceEntry::new();
+        entry.apiservices = vec![(api.clone(), Availability::Available)];
+        entry.backend = Some(backend_at(addr));
+        let mut state = State::default();
+        state.services.insert(wardle_service(), entry);
+        state
+    }
+
+    fn report(job: u64, report: ServiceReport) -> ServiceFetched {
+        ServiceFetched {
+            key: wardle_service(),
+            job,
+            report,
+        }
+    }
+
+    fn core_with_groups(groups: &[&str]) -> Arc<CoreState> {
+        let items: Vec<serde_json::Value> = groups
+            .iter()
+            .map(|g| {
+                serde_json::json!({
+                    "metadata": {"name": g},
+                    "versions": [{"version": "v1", "freshness": "Current", "resources": [
+                        {"resource": "things", "responseKind": {"group": "", "version": "", "kind": "Thing"},
+                         "scope": "Namespaced", "singularResource": "thing", "verbs": ["get"]}
+                    ]}]
+                })
+            })
+            .collect();
+        Arc::new(CoreState {
+            discovery: CoreDiscovery {
+                api: APIGroupDiscoveryList::default(),
+                apis: doc(serde_json::json!({
+                    "kind": "APIGroupDiscoveryList", "apiVersion": "apidiscovery.k8s.io/v2",
+                    "metadata": {}, "items": items
+                })),
+            },
+            openapi: CoreOpenApi::Unknown,
+        })
+    }
+
+    #[test]
+    fn only_a_changed_document_counts_as_a_rebuild() {
+        let cache = DiscoveryCache::new(Routing::new());
+        let metrics = Metrics::new();
+        let rebuilds = || {
+            metrics
+                .discovery_aggregation_total
+                .with_label_values::<&str>(&[])
+                .get()
+        };
+        let mut state = State {
+            core: Some(core_with_groups(&["apps"])),
+            table: Some(Arc::new(RouteTable::empty())),
+            discovery_dirty: true,
+            ..State::default()
+        };
+        publish(&cache, &metrics, &mut state);
+        assert_eq!(rebuilds(), 1);
+        let first = cache.merged().unwrap();
+
+        // The core sent a new document that says the same: the served snapshot stays.
+        state.core = Some(core_with_groups(&["apps"]));
+        state.discovery_dirty = true;
+        publish(&cache, &metrics, &mut state);
+        assert_eq!(rebuilds(), 1);
+        assert!(Arc::ptr_eq(&first, &cache.merged().unwrap()));
+
+        state.core = Some(core_with_groups(&["apps", "batch"]));
+        state.discovery_dirty = true;
+        publish(&cache, &metrics, &mut state);
+        assert_eq!(rebuilds(), 2);
+        assert_ne!(cache.merged().unwrap().apis.etag, first.apis.etag);
+    }
+
+    #[test]
+    fn a_backend_answering_304_changes_nothing() {
+        let api = wardle_apiservice("v1alpha1");
+        // Nothing listens there: no request is made in this test.
+        let mut state = state_with_wardle(&api, "127.0.0.1:9".parse().unwrap());
+        let cached = Arc::new(wardle_doc());
+        let entry = state.services.get_mut(&wardle_service()).unwrap();
+        entry.doc = Some(cached.clone());
+        entry.etag = Some("\"E1\"".into());
+        entry.running = Some((7, 2));
+        let known =
+            RemoteDiscovery::from_backend_document(&cached, "wardle.example.com", "v1alpha1");
+        state.remote.insert(api.name.clone(), known.clone());
+
+        // The next fetch revalidates what is cached.
+        let job = FetchJob::for_entry(&wardle_service(), 8, entry).unwrap();
+        assert_eq!(job.etag.as_deref(), Some("\"E1\""));
+
+        let (tx, _rx) = mpsc::unbounded_channel();
+        // A late report of an earlier fetch is not taken for this one.
+        let other = BackendDiscovery::Aggregated {
+            doc: Arc::new(APIGroupDiscoveryList::default()),
+            etag: Some("\"OLD\"".into()),
+        };
+        apply(
+            &mut state,
+            report(6, ServiceReport::Discovery(Ok(other))),
+            &tx,
+        );
+        apply(
+            &mut state,
+            report(
+                7,
+                ServiceReport::Discovery(Ok(BackendDiscovery::NotModified)),
+            ),
+            &tx,
+        );
+        apply(
+            &mut state,
+            report(7, ServiceReport::OpenApi(Ok(RootFetch::NotModified))),
+            &tx,
+        );
+        assert!(!state.discovery_dirty, "a 304 must not rebuild discovery");
+        assert!(!state.openapi_dirty);
+        assert_eq!(state.remote[&api.name], known);
+        let entry = &state.services[&wardle_service()];
+        assert!(entry.doc.as_ref().is_some_and(|d| Arc::ptr_eq(d, &cached)));
+        assert_eq!(entry.etag.as_deref(), Some("\"E1\""));
+        assert!(entry.running.is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hanging_backend_is_stale_after_the_discovery_timeout() {
+        // The kernel accepts the connection; nobody ever answers the TLS handshake.
+        let hanging = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let api = wardle_apiservice("v1alpha1");
+        let mut state = state_with_wardle(&api, hanging.local_addr().unwrap());
+        let known = RemoteDiscovery::current(resources(&["flunders", "fischers"]));
+        state.remote.insert(api.name.clone(), known.clone());
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let started = tokio::time::Instant::now();
+        spawn_fetch(&mut state, &wardle_service(), &tx);
+
+        let mut reports = 0;
+        while state.services[&wardle_service()].running.is_some() {
+            let fetched = rx.recv().await.unwrap();
+            reports += 1;
+            if let ServiceReport::Discovery(result) = &fetched.report {
+                assert!(result.is_err());
+                let waited = started.elapsed();
+                assert!(
+                    waited >= DISCOVERY_TIMEOUT
+                        && waited < DISCOVERY_TIMEOUT + Duration::from_secs(1),
+                    "discovery failed after {waited:?}"
+                );
+                apply(&mut state, fetched, &tx);
+                assert_eq!(
+                    state.remote[&api.name],
+                    RemoteDiscovery::failed(known.resources.clone())
+                );
+                assert!(state.discovery_dirty);
+            } else {
+                apply(&mut state, fetched, &tx);
+            }
+        }
+        assert_eq!(reports, 2);
     }
 }
