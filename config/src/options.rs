@@ -134,7 +134,9 @@ options! {
 
         // ---- APIServices ----
         /// Where APIService objects come from: kube (watch the core), file (--apiservice-dir) or
-        /// none [default: kube].
+        /// none [default: kube]. Backends outside any cluster are a `services:` list of
+        /// {namespace, name, port, urls} in the --config file only (no flag); see README.md and
+        /// the commented example in config/example.yaml.
         #[arg(long, value_name = "SOURCE")]
         pub apiservice_source: Option<String>,
         /// Directory of APIService manifests for --apiservice-source=file (reloaded on change).
@@ -237,6 +239,89 @@ pub struct Cli {
     pub options: Options,
 }
 
+/// One line for a command-line error clap refused, in the shape of every other refusal:
+/// `invalid configuration: --flag (yamlKey): what is wrong`. clap's own rendering spans several
+/// lines (usage, tips), which log collectors split apart.
+pub fn cli_error_line(err: &clap::Error) -> String {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    let text = |kind| match err.get(kind) {
+        Some(ContextValue::String(s)) => Some(s.as_str()),
+        _ => None,
+    };
+    // "--secure-port <PORT>", "--anonymous-auth[=<BOOL>]" → "secure-port", "anonymous-auth".
+    let arg = text(ContextKind::InvalidArg).unwrap_or_default();
+    let flag = arg
+        .split([' ', '=', '['])
+        .next()
+        .unwrap_or_default()
+        .strip_prefix("--");
+    let value = text(ContextKind::InvalidValue).unwrap_or_default();
+    let message = match err.kind() {
+        ErrorKind::ValueValidation => {
+            let why = std::error::Error::source(err)
+                .map(|e| e.to_string())
+                .unwrap_or_else(|| "not valid".to_owned());
+            if why.contains(value) {
+                why
+            } else {
+                format!("{value:?}: {why}")
+            }
+        }
+        ErrorKind::InvalidValue if value.is_empty() => {
+            format!("needs a value ({arg})")
+        }
+        ErrorKind::InvalidValue => match err.get(ContextKind::ValidValue) {
+            Some(ContextValue::Strings(valid)) => {
+                format!("{value:?} is not one of {}", valid.join(", "))
+            }
+            _ => format!("{value:?} is not valid"),
+        },
+        ErrorKind::NoEquals => match flag {
+            Some(f) => format!("takes its value after '=', e.g. --{f}=false"),
+            None => "takes its value after '='".to_owned(),
+        },
+        ErrorKind::ArgumentConflict
+            if err.get(ContextKind::PriorArg) == err.get(ContextKind::InvalidArg) =>
+        {
+            "is given more than once; give it once".to_owned()
+        }
+        ErrorKind::UnknownArgument => {
+            let suggestion = match text(ContextKind::SuggestedArg) {
+                Some(s) => format!("; did you mean {s}?"),
+                None => String::new(),
+            };
+            if !arg.starts_with('-') {
+                return format!(
+                    "invalid configuration: unexpected argument {arg:?}: values follow their flag \
+                     (--name value), and true/false flags take --name=value"
+                );
+            }
+            return format!(
+                "invalid configuration: unknown flag {arg:?}{suggestion} (--help lists every flag)"
+            );
+        }
+        _ => {
+            // Anything else: clap's own first line, without its "error: " label.
+            let rendered = err.render().to_string();
+            let first = rendered.lines().next().unwrap_or_default();
+            first.strip_prefix("error: ").unwrap_or(first).to_owned()
+        }
+    };
+    match flag {
+        Some(f) if is_option_flag(f) => crate::ConfigError::new(f, message).to_string(),
+        Some(f) => format!("invalid configuration: --{f}: {message}"),
+        None => format!("invalid configuration: {message}"),
+    }
+}
+
+/// Flags that are settings (and so have a YAML key), as opposed to --config and --check-config.
+fn is_option_flag(flag: &str) -> bool {
+    use clap::Args;
+    Options::augment_args(clap::Command::new("options"))
+        .get_arguments()
+        .any(|a| a.get_long() == Some(flag))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -266,6 +351,75 @@ mod tests {
     fn unknown_yaml_keys_are_refused() {
         let err = serde_saphyr::from_str::<Options>("securPort: 1\n").unwrap_err();
         assert!(err.to_string().contains("securPort"), "{err}");
+    }
+
+    fn refusal(args: &[&str]) -> String {
+        let err =
+            Cli::try_parse_from(std::iter::once("gw").chain(args.iter().copied())).unwrap_err();
+        cli_error_line(&err)
+    }
+
+    #[test]
+    fn clap_errors_are_one_line_naming_flag_and_key() {
+        for (args, want) in [
+            (
+                &["--secure-port", "99999"][..],
+                "invalid configuration: --secure-port (securePort): 99999 is not in 0..=65535",
+            ),
+            (
+                &["--bind-address", "1.2.3"][..],
+                "invalid configuration: --bind-address (bindAddress): \"1.2.3\": invalid IP address syntax",
+            ),
+            (
+                &["--anonymous-auth=maybe"][..],
+                "invalid configuration: --anonymous-auth (anonymousAuth): \"maybe\" is not one of true, false",
+            ),
+            (
+                &["--anonymous-auth", "false"][..],
+                "invalid configuration: unexpected argument \"false\": values follow their flag (--name value), and true/false flags take --name=value",
+            ),
+            (
+                &["--secure-port"][..],
+                "invalid configuration: --secure-port (securePort): needs a value (--secure-port <PORT>)",
+            ),
+            (
+                &["--secur-port", "1"][..],
+                "invalid configuration: unknown flag \"--secur-port\"; did you mean --secure-port? (--help lists every flag)",
+            ),
+            (
+                &["--secure-port", "1", "--secure-port", "2"][..],
+                "invalid configuration: --secure-port (securePort): is given more than once; give it once",
+            ),
+        ] {
+            let line = refusal(args);
+            assert_eq!(line, want, "{args:?}");
+            assert!(!line.contains('\n'), "{line}");
+        }
+        let line = refusal(&["--request-timeout", "soon"]);
+        assert!(
+            line.starts_with("invalid configuration: --request-timeout (requestTimeout): invalid duration \"soon\""),
+            "{line}"
+        );
+        let line = refusal(&["--config"]);
+        assert!(
+            line.starts_with("invalid configuration: --config: needs a value"),
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn help_and_version_are_not_errors() {
+        for flag in ["--help", "--version"] {
+            let err = Cli::try_parse_from(["gw", flag]).unwrap_err();
+            assert!(!err.use_stderr(), "{flag}");
+        }
+    }
+
+    #[test]
+    fn help_tells_where_the_yaml_only_services_map_is_documented() {
+        let help = Cli::command().render_long_help().to_string();
+        assert!(help.contains("`services:`"), "{help}");
+        assert!(help.contains("config/example.yaml"), "{help}");
     }
 
     #[test]

@@ -136,6 +136,91 @@ pub fn roots_from_pem(pem: &[u8], origin: &str) -> Result<RootCertStore, TlsErro
     Ok(roots)
 }
 
+/// Why PEM material a user supplied cannot be used, worded for a refusal at start: what is wrong
+/// and what to give instead. The caller prefixes where the material came from.
+fn pem_error(e: &rustls::pki_types::pem::Error, kind: &str) -> String {
+    use rustls::pki_types::pem::Error as E;
+    match e {
+        E::MissingSectionEnd { end_marker } => {
+            let label = String::from_utf8_lossy(end_marker);
+            format!("is truncated: a \"BEGIN {label}\" block has no \"END {label}\" line")
+        }
+        E::IllegalSectionStart { line } => format!(
+            "is not valid PEM: malformed line {:?}",
+            String::from_utf8_lossy(line)
+        ),
+        E::Base64Decode(m) => format!("is not valid PEM: a {kind} block is not base64 ({m})"),
+        other => format!("is not valid PEM: {other}"),
+    }
+}
+
+fn not_pem(pem: &[u8], convert: &str) -> Option<String> {
+    (!pem.windows(10).any(|w| w == b"-----BEGIN")).then(|| {
+        format!("is not PEM (no \"-----BEGIN\" line); a DER file converts with `{convert}`")
+    })
+}
+
+/// Certificates from PEM bytes; at least one, or a message saying why not.
+pub fn certs_from_pem(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
+    if let Some(m) = not_pem(pem, "openssl x509 -inform der -in FILE") {
+        return Err(m);
+    }
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| pem_error(&e, "CERTIFICATE"))?;
+    if certs.is_empty() {
+        return Err(
+            "holds no \"BEGIN CERTIFICATE\" block (is it a key or a CSR?); give the PEM certificate"
+                .to_owned(),
+        );
+    }
+    Ok(certs)
+}
+
+/// A private key from PEM bytes, or a message saying why not.
+pub fn key_from_pem(pem: &[u8]) -> Result<PrivateKeyDer<'static>, String> {
+    use rustls::pki_types::pem::Error as E;
+    if let Some(m) = not_pem(pem, "openssl pkey -inform der -in FILE") {
+        return Err(m);
+    }
+    PrivateKeyDer::from_pem_slice(pem).map_err(|e| match e {
+        E::NoItemsFound => "holds no unencrypted private key (\"BEGIN PRIVATE KEY\", \"BEGIN RSA \
+             PRIVATE KEY\" or \"BEGIN EC PRIVATE KEY\"); give the key, decrypted"
+            .to_owned(),
+        e => pem_error(&e, "PRIVATE KEY"),
+    })
+}
+
+/// Checks a CA bundle the way it is used at run time: every certificate must be a usable trust
+/// anchor, and there must be at least one.
+pub fn check_ca_pem(pem: &[u8]) -> Result<(), String> {
+    let mut roots = RootCertStore::empty();
+    for (i, cert) in certs_from_pem(pem)?.into_iter().enumerate() {
+        roots.add(cert).map_err(|e| {
+            format!(
+                "certificate #{} cannot be used as a CA ({e}); give PEM CA certificates",
+                i + 1
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// Checks that a key belongs to a certificate chain (and that its algorithm is supported): the
+/// same check [`Identity::load`] makes when it loads the files.
+pub fn check_pair(
+    certs: &[CertificateDer<'static>],
+    key: &PrivateKeyDer<'static>,
+) -> Result<(), String> {
+    ServerConfig::builder_with_provider(Arc::new(provider()))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_no_client_auth()
+        .with_single_cert(certs.to_vec(), key.clone_key())
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
 /// A certificate chain and its key, loaded together so a half-rotated pair is caught.
 #[derive(Debug)]
 pub struct Identity {

@@ -7,14 +7,28 @@ use std::time::Duration;
 
 use crate::options::{Options, StaticService};
 
-/// A refused setting: which one, and why. Printed as one line at start (exit code 64).
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("invalid configuration: --{flag} ({key}): {message}")]
+/// A refused setting: which one, and why. Printed as one line at start (exit code 64):
+/// `invalid configuration: --flag (yamlKey): message`.
+#[derive(Debug, PartialEq, Eq)]
 pub struct ConfigError {
     pub flag: String,
     pub key: String,
     pub message: String,
 }
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (flag, key, message) = (&self.flag, &self.key, &self.message);
+        match flag.as_str() {
+            // The file itself has no key, and the static services map has no flag.
+            "config" => write!(f, "invalid configuration: --config: {message}"),
+            "services" => write!(f, "invalid configuration: {key} (file only): {message}"),
+            _ => write!(f, "invalid configuration: --{flag} ({key}): {message}"),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
 
 impl ConfigError {
     pub fn new(flag: &str, message: impl Into<String>) -> Self {
@@ -197,6 +211,29 @@ fn existing_file(flag: &str, path: Option<PathBuf>) -> Result<Option<PathBuf>, C
     }
 }
 
+/// Reads a file named by `flag` and parses it; a refusal names the file and says what is wrong.
+fn read_pem<T>(
+    flag: &str,
+    path: &Path,
+    parse: impl Fn(&[u8]) -> Result<T, String>,
+) -> Result<T, ConfigError> {
+    let bytes = std::fs::read(path)
+        .map_err(|e| ConfigError::new(flag, format!("cannot read {}: {e}", path.display())))?;
+    parse(&bytes).map_err(|m| ConfigError::new(flag, format!("{} {m}", path.display())))
+}
+
+/// A CA bundle must hold certificates usable as trust anchors now. Later rotations are the
+/// reloader's business (a bad rotated file keeps the previous one); a bad file at start has no
+/// previous one, so it is refused here.
+fn ca_bundle(flag: &str, path: Option<PathBuf>) -> Result<Option<PathBuf>, ConfigError> {
+    let path = existing_file(flag, path)?;
+    if let Some(p) = &path {
+        read_pem(flag, p, crate::tls::check_ca_pem)?;
+    }
+    Ok(path)
+}
+
+/// A certificate and its key: both or neither, both PEM, and the key must be the certificate's.
 fn pair(
     cert_flag: &str,
     key_flag: &str,
@@ -206,10 +243,25 @@ fn pair(
     let cert = existing_file(cert_flag, cert)?;
     let key = existing_file(key_flag, key)?;
     match (cert, key) {
-        (Some(cert_file), Some(key_file)) => Ok(Some(CertKeyPair {
-            cert_file,
-            key_file,
-        })),
+        (Some(cert_file), Some(key_file)) => {
+            let certs = read_pem(cert_flag, &cert_file, crate::tls::certs_from_pem)?;
+            let key = read_pem(key_flag, &key_file, crate::tls::key_from_pem)?;
+            crate::tls::check_pair(&certs, &key).map_err(|e| {
+                ConfigError::new(
+                    key_flag,
+                    format!(
+                        "the key in {} does not belong to the certificate in {} ({e}); give the \
+                         key --{cert_flag} was issued for",
+                        key_file.display(),
+                        cert_file.display()
+                    ),
+                )
+            })?;
+            Ok(Some(CertKeyPair {
+                cert_file,
+                key_file,
+            }))
+        }
         (None, None) => Ok(None),
         (Some(_), None) => Err(ConfigError::new(
             key_flag,
@@ -223,7 +275,11 @@ fn pair(
 }
 
 fn parse_core_url(raw: &str) -> Result<CoreEndpoint, ConfigError> {
-    let bad = |m: &str| ConfigError::new("core-url", format!("{raw:?}: {m}"));
+    core_endpoint(raw).map_err(|m| ConfigError::new("core-url", format!("{raw:?}: {m}")))
+}
+
+fn core_endpoint(raw: &str) -> Result<CoreEndpoint, String> {
+    let bad = |m: &str| m.to_owned();
     if let Some(path) = raw.strip_prefix("unix://") {
         if !path.starts_with('/') {
             return Err(bad(
@@ -271,6 +327,276 @@ fn one_of<'a>(
             format!("{v:?} is not one of {}", allowed.join(", ")),
         ))
     }
+}
+
+/// The first line of a YAML parse error, without its "error: " label; the rest is a source
+/// snippet that does not survive being joined into one line.
+fn yaml_error_line(text: &str) -> &str {
+    let first = text.lines().next().unwrap_or_default().trim();
+    first.strip_prefix("error: ").unwrap_or(first)
+}
+
+/// Checks a label selector with the grammar the API server's `labelSelector` parser accepts, so a
+/// typo is refused at start instead of failing every APIService list forever:
+/// `key`, `!key`, `key=value`, `key==value`, `key!=value`, `key in (a,b)`, `key notin (a,b)`,
+/// `key>1`, `key<1`, comma-separated; keys and values validated as label keys and values.
+fn check_label_selector(selector: &str) -> Result<(), String> {
+    let tokens = selector_tokens(selector);
+    let mut pos = 0;
+    let next = |pos: &mut usize| {
+        let t = tokens.get(*pos).cloned().unwrap_or(Tok::End);
+        *pos += 1;
+        t
+    };
+    let peek = |pos: usize| tokens.get(pos).cloned().unwrap_or(Tok::End);
+    if peek(0) == Tok::End {
+        return Ok(());
+    }
+    loop {
+        let negated = peek(pos) == Tok::Sym("!");
+        if negated {
+            pos += 1;
+        }
+        let key = match next(&mut pos) {
+            Tok::Word(k) => k,
+            other => return Err(format!("expected a label key, found {}", other.describe())),
+        };
+        check_label_key(&key)?;
+        let ends = |t: &Tok| matches!(t, Tok::End | Tok::Sym(","));
+        if !negated && !ends(&peek(pos)) {
+            let op = match next(&mut pos) {
+                Tok::Word(w) if w == "in" || w == "notin" => w,
+                Tok::Sym(s) if ["=", "==", "!=", ">", "<"].contains(&s) => s.to_owned(),
+                other => {
+                    return Err(format!(
+                        "after {key:?} expected an operator (=, ==, !=, in, notin, >, <) or ',', \
+                         found {}",
+                        other.describe()
+                    ))
+                }
+            };
+            let mut values = Vec::new();
+            if op == "in" || op == "notin" {
+                if next(&mut pos) != Tok::Sym("(") {
+                    return Err(format!(
+                        "{key} {op} needs a parenthesized list: {key} {op} (a,b)"
+                    ));
+                }
+                // Empty items are empty values: "()", "(a,)" and "(a,,b)" are all valid.
+                loop {
+                    match next(&mut pos) {
+                        Tok::Word(v) => {
+                            values.push(v);
+                            match next(&mut pos) {
+                                Tok::Sym(",") => continue,
+                                Tok::Sym(")") => break,
+                                other => {
+                                    return Err(format!(
+                                        "in the values of {key:?} expected ',' or ')', found {}",
+                                        other.describe()
+                                    ))
+                                }
+                            }
+                        }
+                        Tok::Sym(",") => values.push(String::new()),
+                        Tok::Sym(")") => {
+                            values.push(String::new());
+                            break;
+                        }
+                        other => {
+                            return Err(format!(
+                                "in the values of {key:?} expected a value, ',' or ')', found {}",
+                                other.describe()
+                            ))
+                        }
+                    }
+                }
+            } else {
+                match peek(pos) {
+                    t if ends(&t) => values.push(String::new()),
+                    Tok::Word(v) => {
+                        pos += 1;
+                        values.push(v);
+                    }
+                    other => {
+                        return Err(format!(
+                            "after {key}{op} expected a value, found {}",
+                            other.describe()
+                        ))
+                    }
+                }
+                if (op == ">" || op == "<") && values[0].parse::<i64>().is_err() {
+                    return Err(format!(
+                        "{key}{op}{}: '>' and '<' compare with an integer",
+                        values[0]
+                    ));
+                }
+            }
+            for v in &values {
+                check_label_value(&key, v)?;
+            }
+        }
+        match next(&mut pos) {
+            Tok::End => return Ok(()),
+            Tok::Sym(",") => {
+                if !matches!(peek(pos), Tok::Word(_) | Tok::Sym("!")) {
+                    return Err(format!(
+                        "expected a requirement after ',', found {}",
+                        peek(pos).describe()
+                    ));
+                }
+            }
+            other => {
+                return Err(format!(
+                    "after the requirement on {key:?} expected ',' or the end, found {}",
+                    other.describe()
+                ))
+            }
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Tok {
+    Word(String),
+    Sym(&'static str),
+    End,
+}
+
+impl Tok {
+    fn describe(&self) -> String {
+        match self {
+            Tok::Word(w) => format!("{w:?}"),
+            Tok::Sym(s) => format!("'{s}'"),
+            Tok::End => "the end".to_owned(),
+        }
+    }
+}
+
+/// Words run until whitespace or an operator character; `==` and `!=` are the only two-character
+/// operators. "in" and "notin" stay words: whether they are operators depends on position.
+fn selector_tokens(selector: &str) -> Vec<Tok> {
+    const SYMBOLS: [&str; 7] = ["=", "!", "(", ")", ",", ">", "<"];
+    let is_space = |c: char| matches!(c, ' ' | '\t' | '\r' | '\n');
+    let is_symbol = |c: char| "=!(),<>".contains(c);
+    let mut tokens = Vec::new();
+    let mut chars = selector.char_indices().peekable();
+    while let Some(&(start, c)) = chars.peek() {
+        if is_space(c) {
+            chars.next();
+        } else if is_symbol(c) {
+            chars.next();
+            let two = chars.peek().map(|&(_, d)| (c, d));
+            let sym = match two {
+                Some(('=', '=')) => "==",
+                Some(('!', '=')) => "!=",
+                _ => SYMBOLS
+                    .into_iter()
+                    .find(|s| s.starts_with(c))
+                    .unwrap_or("="),
+            };
+            if sym.len() == 2 {
+                chars.next();
+            }
+            tokens.push(Tok::Sym(sym));
+        } else {
+            let mut end = selector.len();
+            while let Some(&(i, d)) = chars.peek() {
+                if is_space(d) || is_symbol(d) {
+                    end = i;
+                    break;
+                }
+                chars.next();
+            }
+            tokens.push(Tok::Word(selector[start..end].to_owned()));
+        }
+    }
+    tokens
+}
+
+/// `[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?`: label names and non-empty label values.
+fn label_name_chars_ok(s: &str) -> bool {
+    let alnum = |c: char| c.is_ascii_alphanumeric();
+    s.starts_with(alnum)
+        && s.ends_with(alnum)
+        && s.chars().all(|c| alnum(c) || matches!(c, '-' | '_' | '.'))
+}
+
+/// A label key: an optional DNS subdomain prefix and '/', then a name of at most 63 characters.
+fn check_label_key(key: &str) -> Result<(), String> {
+    let (prefix, name) = match key.split_once('/') {
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, key),
+    };
+    if let Some(prefix) = prefix {
+        let label_ok = |l: &str| {
+            let lower_alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+            l.starts_with(lower_alnum)
+                && l.ends_with(lower_alnum)
+                && l.chars().all(|c| lower_alnum(c) || c == '-')
+        };
+        if prefix.is_empty() || prefix.len() > 253 || !prefix.split('.').all(label_ok) {
+            return Err(format!(
+                "label key {key:?}: the prefix before '/' must be a lowercase DNS subdomain \
+                 (e.g. example.com)"
+            ));
+        }
+    }
+    if name.is_empty() || name.len() > 63 || !label_name_chars_ok(name) {
+        return Err(format!(
+            "label key {key:?}: the name must be 1-63 characters of letters, digits, '-', '_' or \
+             '.', starting and ending with a letter or digit"
+        ));
+    }
+    Ok(())
+}
+
+fn check_label_value(key: &str, value: &str) -> Result<(), String> {
+    if !value.is_empty() && (value.len() > 63 || !label_name_chars_ok(value)) {
+        return Err(format!(
+            "value {value:?} for {key:?}: label values are at most 63 characters of letters, \
+             digits, '-', '_' or '.', starting and ending with a letter or digit"
+        ));
+    }
+    Ok(())
+}
+
+const LOG_LEVELS: [&str; 6] = ["error", "warn", "info", "debug", "trace", "off"];
+
+/// `--log-level` takes a level or a tracing filter (`info,aggregation_gateway=debug`). A bare word
+/// that is not a level would be read by the filter as a target name and switch every other log
+/// line off, so it is refused: a typo like "debgu" or "warning" must not silence the gateway.
+/// The full filter syntax is checked again by the logger itself before start.
+fn check_log_filter(filter: &str) -> Result<(), String> {
+    let is_level = |s: &str| {
+        LOG_LEVELS.iter().any(|l| l.eq_ignore_ascii_case(s))
+            || matches!(s, "0" | "1" | "2" | "3" | "4" | "5")
+    };
+    let accepted = format!(
+        "use one of {}, or a filter like info,aggregation_gateway=debug (target=level, \
+         comma-separated)",
+        LOG_LEVELS.join(", ")
+    );
+    if filter.trim().is_empty() {
+        return Err(format!("must not be empty; {accepted}"));
+    }
+    for directive in filter.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        if directive.contains('[') {
+            continue;
+        }
+        match directive.split_once('=') {
+            None if !is_level(directive) => {
+                return Err(format!("{directive:?} is not a log level; {accepted}"))
+            }
+            Some((_, level)) if !level.is_empty() && !is_level(level) => {
+                return Err(format!(
+                    "{level:?} in {directive:?} is not a log level; {accepted}"
+                ))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 impl Options {
@@ -322,8 +648,8 @@ impl Options {
         };
 
         let authn = AuthnConfig {
-            client_ca_file: existing_file("client-ca-file", self.client_ca_file)?,
-            requestheader_client_ca_file: existing_file(
+            client_ca_file: ca_bundle("client-ca-file", self.client_ca_file)?,
+            requestheader_client_ca_file: ca_bundle(
                 "requestheader-client-ca-file",
                 self.requestheader_client_ca_file,
             )?,
@@ -359,13 +685,15 @@ impl Options {
             self.proxy_client_key_file,
         )?;
 
+        // Its contents are checked by the gateway with kube-rs's own loader (the one it starts
+        // with), before --check-config answers.
         let kubeconfig = existing_file("core-kubeconfig", self.core_kubeconfig)?;
         let endpoint = match self.core_url.as_deref() {
             Some(raw) => Some(parse_core_url(raw)?),
             None if kubeconfig.is_some() => None,
             None => Some(CoreEndpoint::Url("http://127.0.0.1:8080".to_owned())),
         };
-        let ca_file = existing_file("core-ca-file", self.core_ca_file)?;
+        let ca_file = ca_bundle("core-ca-file", self.core_ca_file)?;
         if ca_file.is_some()
             && matches!(&endpoint, Some(CoreEndpoint::Url(u)) if u.starts_with("http://"))
         {
@@ -417,9 +745,22 @@ impl Options {
             }
             "none" => ApiServiceSource::None,
             _ => ApiServiceSource::Kube {
-                label_selector: self.apiservice_label_selector.filter(|s| !s.is_empty()),
+                label_selector: self
+                    .apiservice_label_selector
+                    .clone()
+                    .filter(|s| !s.is_empty()),
             },
         };
+        if let Some(selector) = &self.apiservice_label_selector {
+            check_label_selector(selector).map_err(|m| {
+                ConfigError::new(
+                    "apiservice-label-selector",
+                    format!(
+                        "{selector:?}: {m}; selectors look like env=prod,tier in (a,b),!legacy"
+                    ),
+                )
+            })?;
+        }
         let static_services = self.services.unwrap_or_default();
         for (i, svc) in static_services.iter().enumerate() {
             if svc.namespace.is_empty() || svc.name.is_empty() {
@@ -506,12 +847,7 @@ impl Options {
             _ => LogFormat::Text,
         };
         let level = self.log_level.unwrap_or_else(|| "info".to_owned());
-        if level.trim().is_empty() {
-            return Err(ConfigError::new(
-                "log-level",
-                "must not be empty (e.g. info, debug)",
-            ));
-        }
+        check_log_filter(&level).map_err(|m| ConfigError::new("log-level", m))?;
 
         let audit_level = match one_of(
             "audit-policy-level",
@@ -560,10 +896,83 @@ fn read_file(path: &Path) -> Result<Options, ConfigError> {
     if text.trim().is_empty() {
         return Ok(Options::default());
     }
-    serde_saphyr::from_str(&text).map_err(|e| {
-        let msg = e.to_string().replace('\n', " ");
-        ConfigError::new("config", format!("{}: {msg}", path.display()))
-    })
+    serde_saphyr::from_str(&text).map_err(|e| file_error(path, &text, &e.to_string()))
+}
+
+/// A setting the file got wrong, named by its flag where the error points at one: the YAML key on
+/// the line the parser stopped at (or the top-level key that line belongs to).
+fn file_error(path: &Path, text: &str, error: &str) -> ConfigError {
+    let line = yaml_error_line(error);
+    let located = line.strip_prefix("line ").and_then(|rest| {
+        let (number, rest) = rest.split_once(' ')?;
+        let rest = rest.strip_prefix("column ")?;
+        let (_, what) = rest.split_once(": ")?;
+        Some((number.parse::<usize>().ok()?, what))
+    });
+    let Some((number, what)) = located else {
+        return ConfigError::new("config", format!("{}: {line}", path.display()));
+    };
+    let keys = option_keys();
+    if let Some(unknown) = what
+        .strip_prefix("unknown field `")
+        .and_then(|w| w.split('`').next())
+    {
+        let hint = keys
+            .iter()
+            .find(|k| k.eq_ignore_ascii_case(unknown))
+            .map(|k| format!("; did you mean {k}?"))
+            .unwrap_or_default();
+        return ConfigError::new(
+            "config",
+            format!(
+                "{} line {number}: unknown key {unknown}{hint} (keys are the flags in camelCase: \
+                 --secure-port is securePort)",
+                path.display()
+            ),
+        );
+    }
+    let key = text
+        .lines()
+        .take(number)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .find(|l| l.starts_with(|c: char| c.is_ascii_alphabetic()))
+        .and_then(|l| l.split_once(':'))
+        .map(|(k, _)| k.trim());
+    match key.and_then(|k| keys.iter().find(|known| known.as_str() == k)) {
+        Some(key) => ConfigError::new(
+            &flag_of(key),
+            format!("{} line {number}: {what}", path.display()),
+        ),
+        None => ConfigError::new("config", format!("{}: {line}", path.display())),
+    }
+}
+
+/// Every YAML key of [`Options`], derived from the flags (plus the file-only `services`).
+fn option_keys() -> Vec<String> {
+    use clap::Args;
+    let mut keys: Vec<String> = Options::augment_args(clap::Command::new("options"))
+        .get_arguments()
+        .filter_map(|a| a.get_long())
+        .map(yaml_key)
+        .collect();
+    keys.push("services".to_owned());
+    keys
+}
+
+/// `coreCaFile` → `core-ca-file`.
+fn flag_of(key: &str) -> String {
+    let mut flag = String::with_capacity(key.len() + 4);
+    for c in key.chars() {
+        if c.is_ascii_uppercase() {
+            flag.push('-');
+            flag.push(c.to_ascii_lowercase());
+        } else {
+            flag.push(c);
+        }
+    }
+    flag
 }
 
 #[cfg(test)]
@@ -644,6 +1053,238 @@ mod tests {
         assert_eq!(err.flag, "tls-private-key-file");
     }
 
+    /// A CA and a leaf it signed, as PEM: (ca, leaf cert, leaf key).
+    fn pki() -> (String, String, String) {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca = rcgen::CertificateParams::new(Vec::new()).unwrap();
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca.distinguished_name
+            .push(rcgen::DnType::CommonName, "test-ca");
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let issuer = rcgen::Issuer::new(ca, ca_key);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let leaf = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
+            .unwrap()
+            .signed_by(&key, &issuer)
+            .unwrap();
+        (ca_cert.pem(), leaf.pem(), key.serialize_pem())
+    }
+
+    fn write(dir: &Path, name: &str, text: &str) -> String {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    }
+
+    /// Every file flag, each given the files that make it valid, so a case can spoil one.
+    fn all_files(dir: &Path, ca: &str, cert: &str, key: &str) -> Vec<(&'static str, String)> {
+        let ca = write(dir, "ca.crt", ca);
+        let cert = write(dir, "tls.crt", cert);
+        let key = write(dir, "tls.key", key);
+        vec![
+            ("tlsCertFile", cert.clone()),
+            ("tlsPrivateKeyFile", key.clone()),
+            ("clientCaFile", ca.clone()),
+            ("requestheaderClientCaFile", ca.clone()),
+            ("proxyClientCertFile", cert.clone()),
+            ("proxyClientKeyFile", key.clone()),
+            ("coreUrl", "https://127.0.0.1:6443".to_owned()),
+            ("coreCaFile", ca),
+            ("coreClientCertFile", cert),
+            ("coreClientKeyFile", key),
+        ]
+    }
+
+    fn yaml(pairs: &[(&str, String)]) -> String {
+        pairs.iter().map(|(k, v)| format!("{k}: {v:?}\n")).collect()
+    }
+
+    #[test]
+    fn usable_pem_files_validate() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ca, cert, key) = pki();
+        let c = opts(&yaml(&all_files(dir.path(), &ca, &cert, &key)))
+            .validate()
+            .unwrap();
+        assert!(c.serving.cert.is_some() && c.proxy_client.is_some());
+        assert!(c.core.client_cert.is_some() && c.core.ca_file.is_some());
+    }
+
+    #[test]
+    fn unusable_pem_files_are_refused_naming_their_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ca, cert, key) = pki();
+        let good = all_files(dir.path(), &ca, &cert, &key);
+        let not_pem = write(dir.path(), "not-pem", "hello\n");
+        let der = write(dir.path(), "der", "0\u{1}\u{2}binary");
+        let truncated = write(
+            dir.path(),
+            "truncated",
+            &cert[..cert.find("-----END").unwrap()],
+        );
+        for (i, (key_name, _)) in good.iter().enumerate() {
+            if *key_name == "coreUrl" {
+                continue;
+            }
+            let is_key = key_name.ends_with("KeyFile");
+            // A key where a certificate belongs (and the other way round) is the common mix-up.
+            let swapped = if is_key { &good[0].1 } else { &good[1].1 };
+            for (bad, want) in [
+                (&not_pem, "is not PEM"),
+                (&der, "is not PEM"),
+                (
+                    swapped,
+                    if is_key {
+                        "no unencrypted private key"
+                    } else {
+                        "no \"BEGIN CERTIFICATE\""
+                    },
+                ),
+                (
+                    &truncated,
+                    "is truncated: a \"BEGIN CERTIFICATE\" block has no \"END CERTIFICATE\" line",
+                ),
+            ] {
+                let mut pairs = good.clone();
+                pairs[i].1 = bad.clone();
+                let err = opts(&yaml(&pairs)).validate().unwrap_err();
+                assert_eq!(err.key, *key_name, "{bad}: {err}");
+                assert!(err.message.contains(bad.as_str()), "{err}");
+                assert!(err.message.contains(want), "{key_name} {bad}: {err}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_key_that_is_not_the_certificates_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ca, cert, key) = pki();
+        let (_, _, other_key) = pki();
+        let other = write(dir.path(), "other.key", &other_key);
+        for (cert_key, key_key) in [
+            ("tlsCertFile", "tlsPrivateKeyFile"),
+            ("proxyClientCertFile", "proxyClientKeyFile"),
+            ("coreClientCertFile", "coreClientKeyFile"),
+        ] {
+            let mut pairs = all_files(dir.path(), &ca, &cert, &key);
+            pairs.iter_mut().find(|(k, _)| *k == key_key).unwrap().1 = other.clone();
+            let err = opts(&yaml(&pairs)).validate().unwrap_err();
+            assert_eq!(err.key, key_key, "{err}");
+            assert!(err.message.contains("does not belong"), "{err}");
+            assert!(err.message.contains(&cert_key_flag(cert_key)), "{err}");
+        }
+    }
+
+    fn cert_key_flag(key: &str) -> String {
+        let mut flag = String::new();
+        for c in key.chars() {
+            if c.is_ascii_uppercase() {
+                flag.push('-');
+            }
+            flag.push(c.to_ascii_lowercase());
+        }
+        format!("--{flag}")
+    }
+
+    #[test]
+    fn label_selectors_follow_the_api_server_grammar() {
+        for ok in [
+            "",
+            "  ",
+            "env=prod",
+            "env==prod",
+            "env!=prod",
+            "env = prod , tier",
+            "!legacy",
+            "gateway.example.com/owner=edge",
+            "tier in (a,b)",
+            "tier notin (a, b)",
+            "tier in ()",
+            "tier in (a,,b,)",
+            "x in (in,notin)",
+            "in in (in)",
+            "env=",
+            "replicas>1,replicas<10",
+            "a.b_c-d=V.1_x-Y",
+        ] {
+            assert_eq!(check_label_selector(ok), Ok(()), "{ok:?}");
+        }
+        for (bad, want) in [
+            ("env=prod,", "after ','"),
+            (",env", "expected a label key"),
+            ("env prod", "expected an operator"),
+            ("tier in a,b", "parenthesized list"),
+            ("tier in (a b)", "expected ',' or ')'"),
+            ("tier in (a", "expected ',' or ')'"),
+            ("tier in (", "expected a value"),
+            ("!env=prod", "expected ',' or the end"),
+            ("!", "expected a label key"),
+            ("env=(a)", "expected a value"),
+            ("env=a=b", "expected ',' or the end"),
+            ("replicas>one", "integer"),
+            ("replicas<", "integer"),
+            ("replicas>-1", "label values"),
+            ("-env=prod", "label key \"-env\""),
+            ("Example.com/env", "prefix before '/'"),
+            ("/env", "prefix before '/'"),
+            ("a/b/c", "the name must be"),
+            ("env=prod!", "expected ',' or the end"),
+            ("env=-prod", "label values"),
+            ("env=ok@", "label values"),
+        ] {
+            let err = check_label_selector(bad).unwrap_err();
+            assert!(err.contains(want), "{bad:?}: {err}");
+        }
+        let long = "a".repeat(64);
+        assert!(check_label_selector(&long).is_err());
+        assert!(check_label_selector(&format!("k={long}")).is_err());
+        assert!(check_label_selector(&format!("k={}", &long[1..])).is_ok());
+    }
+
+    #[test]
+    fn a_bad_label_selector_is_refused_at_validation() {
+        let err = opts("apiserviceLabelSelector: \"owner in edge\"\n")
+            .validate()
+            .unwrap_err();
+        assert_eq!(err.flag, "apiservice-label-selector");
+        assert!(err.message.contains("\"owner in edge\""), "{err}");
+        let c = opts("apiserviceLabelSelector: \"owner in (edge),!legacy\"\n")
+            .validate()
+            .unwrap();
+        assert_eq!(
+            c.apiservices.source,
+            ApiServiceSource::Kube {
+                label_selector: Some("owner in (edge),!legacy".into())
+            }
+        );
+    }
+
+    #[test]
+    fn log_level_takes_levels_and_filters_but_not_stray_words() {
+        for ok in [
+            "info",
+            "DEBUG",
+            "warn",
+            "3",
+            "info,aggregation_gateway=debug",
+            "hyper=off,info,",
+            "aggregation_gateway=",
+            "[request]=trace",
+        ] {
+            opts(&format!("logLevel: {ok:?}\n")).validate().unwrap();
+        }
+        for bad in ["verbose", "warning", "debgu", "info,hyper=loud", " ", "6"] {
+            let err = opts(&format!("logLevel: {bad:?}\n"))
+                .validate()
+                .unwrap_err();
+            assert_eq!(err.flag, "log-level", "{bad:?}");
+            assert!(
+                err.message.contains("error, warn, info, debug, trace, off"),
+                "{err}"
+            );
+        }
+    }
+
     #[test]
     fn file_source_needs_a_directory() {
         let err = opts("apiserviceSource: file\n").validate().unwrap_err();
@@ -656,11 +1297,49 @@ mod tests {
             .validate()
             .unwrap_err();
         assert_eq!(err.flag, "services");
+        // No flag to name: the refusal says where it can be set.
+        assert!(
+            err.to_string()
+                .starts_with("invalid configuration: services (file only): w/api: "),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn file_errors_name_the_setting_they_are_about() {
+        let dir = tempfile::tempdir().unwrap();
+        let load_file = |text: &str| {
+            let path = dir.path().join("config.yaml");
+            std::fs::write(&path, text).unwrap();
+            read_file(&path).unwrap_err()
+        };
+        let err = load_file("securePort: 8443\nrequestTimeout: soon\n");
+        assert_eq!(err.flag, "request-timeout", "{err}");
+        assert!(err.message.contains("line 2"), "{err}");
+        let err = load_file("securePort: abc\n");
+        assert_eq!(err.key, "securePort", "{err}");
+        let err = load_file("services:\n- namespace: w\n  name: api\n  port: high\n  urls: []\n");
+        assert_eq!(err.key, "services", "{err}");
+        let err = load_file("securePort: 1\ncoreURL: http://x\n");
+        assert_eq!(err.flag, "config");
+        assert!(
+            err.message.ends_with(
+                "line 2: unknown key coreURL; did you mean coreUrl? (keys are the flags in \
+                 camelCase: --secure-port is securePort)"
+            ),
+            "{err}"
+        );
+        let err = load_file("securePort: [1\n");
+        assert!(!err.to_string().contains('\n'), "{err}");
     }
 
     #[test]
     fn yaml_key_matches_serde() {
         assert_eq!(yaml_key("core-ca-file"), "coreCaFile");
+        assert_eq!(flag_of("coreCaFile"), "core-ca-file");
+        for key in option_keys() {
+            assert_eq!(yaml_key(&flag_of(&key)), key);
+        }
         assert_eq!(
             yaml_key("http2-max-streams-per-connection"),
             "http2MaxStreamsPerConnection"

@@ -4,16 +4,29 @@
 use gateway_config::{LogFormat, LoggingConfig};
 use tracing_subscriber::EnvFilter;
 
-pub fn init(cfg: &LoggingConfig) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        EnvFilter::try_new(&cfg.level).unwrap_or_else(|e| {
-            eprintln!(
-                "--log-level {:?} is not a valid filter ({e}); using info",
-                cfg.level
-            );
-            EnvFilter::new("info")
-        })
-    });
+/// The filter --log-level asks for, or why it is not one. Called before anything starts, so a bad
+/// value is refused like every other setting rather than silently replaced.
+pub fn filter(level: &str) -> Result<EnvFilter, String> {
+    EnvFilter::try_new(level).map_err(|e| {
+        format!(
+            "{level:?} is not a valid tracing filter ({e}); use a level (error, warn, info, debug, \
+             trace, off) or target=level directives, comma-separated, e.g. \
+             info,aggregation_gateway=debug"
+        )
+    })
+}
+
+/// Installs the subscriber. RUST_LOG, when set and valid, wins over `level` (the --log-level
+/// filter); an invalid RUST_LOG is reported and ignored, since the environment is not
+/// configuration we can refuse.
+pub fn init(cfg: &LoggingConfig, level: EnvFilter) {
+    let from_env =
+        std::env::var_os(EnvFilter::DEFAULT_ENV).map(|_| EnvFilter::try_from_default_env());
+    let (filter, env_error) = match from_env {
+        Some(Ok(env)) => (env, None),
+        Some(Err(e)) => (level, Some(e)),
+        None => (level, None),
+    };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -24,5 +37,33 @@ pub fn init(cfg: &LoggingConfig) {
             .with_current_span(false)
             .init(),
         LogFormat::Text => builder.init(),
+    }
+    if let Some(error) = env_error {
+        tracing::warn!(%error, level = %cfg.level, "RUST_LOG is not a valid filter; using --log-level");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn levels_and_directives_are_filters() {
+        for ok in [
+            "info",
+            "DEBUG",
+            "warn,aggregation_gateway=trace",
+            "hyper=off,info",
+        ] {
+            assert!(filter(ok).is_ok(), "{ok}");
+        }
+    }
+
+    #[test]
+    fn a_malformed_filter_is_refused_with_the_accepted_forms() {
+        let err = filter("info,=debug").unwrap_err();
+        assert!(err.contains("\"info,=debug\""), "{err}");
+        assert!(err.contains("aggregation_gateway=debug"), "{err}");
+        assert!(filter("gateway=verbose").is_err());
     }
 }

@@ -17,7 +17,10 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Err(e) => {
-            let _ = e.print();
+            eprintln!(
+                "aggregation-gateway: {}",
+                gateway_config::options::cli_error_line(&e)
+            );
             return ExitCode::from(EXIT_CONFIG);
         }
     };
@@ -29,14 +32,18 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
-    if check_only {
-        match serde_saphyr::to_string(&options) {
-            Ok(yaml) => print!("# configuration is valid\n{yaml}"),
-            Err(_) => println!("configuration is valid"),
+    // The filter syntax is the logger's to judge; asking it here keeps --check-config and a real
+    // start refusing the same values.
+    let log_filter = match aggregation_gateway::logging::filter(&config.logging.level) {
+        Ok(filter) => filter,
+        Err(message) => {
+            eprintln!(
+                "aggregation-gateway: {}",
+                gateway_config::ConfigError::new("log-level", message)
+            );
+            return ExitCode::from(EXIT_CONFIG);
         }
-        return ExitCode::SUCCESS;
-    }
-    aggregation_gateway::logging::init(&config.logging);
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -47,6 +54,27 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let core_check = aggregation_gateway::backend::core::check_settings(&config.core);
+    if let Err(e) = runtime.block_on(core_check) {
+        let message = e.to_string();
+        // The error names its flag already; the refusal line names it once.
+        let message = message
+            .strip_prefix(&format!("--{} ", e.flag()))
+            .unwrap_or(&message);
+        eprintln!(
+            "aggregation-gateway: {}",
+            gateway_config::ConfigError::new(e.flag(), message)
+        );
+        return ExitCode::from(EXIT_CONFIG);
+    }
+    if check_only {
+        match serde_saphyr::to_string(&options) {
+            Ok(yaml) => print!("# configuration is valid\n{yaml}"),
+            Err(_) => println!("configuration is valid"),
+        }
+        return ExitCode::SUCCESS;
+    }
+    aggregation_gateway::logging::init(&config.logging, log_filter);
     match runtime.block_on(aggregation_gateway::app::run(config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

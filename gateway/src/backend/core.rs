@@ -135,14 +135,26 @@ async fn resolve(cfg: &CoreConfig) -> Result<Resolved, CoreSetupError> {
             path: path.clone(),
             message,
         };
-        let kubeconfig =
-            kube::config::Kubeconfig::read_from(path).map_err(|e| err(e.to_string()))?;
+        // kube-rs's messages may carry a multi-line source snippet; the first line says it.
+        let first_line = |e: &dyn std::fmt::Display| {
+            let text = e.to_string();
+            text.lines().next().unwrap_or_default().trim().to_owned()
+        };
+        let kubeconfig = kube::config::Kubeconfig::read_from(path)
+            .map_err(|e| err(format!("not a usable kubeconfig ({})", first_line(&e))))?;
         let kc = kube::Config::from_custom_kubeconfig(
             kubeconfig,
             &kube::config::KubeConfigOptions::default(),
         )
         .await
-        .map_err(|e| err(e.to_string()))?;
+        .map_err(|e| err(first_line(&e)))?;
+        if cfg.endpoint.is_none() && !matches!(kc.cluster_url.path(), "" | "/") {
+            // Requests keep the client's path, so a server below a path prefix cannot be proxied.
+            return Err(err(format!(
+                "the server {} has a path; the core must be served at its root (or set --core-url)",
+                kc.cluster_url
+            )));
+        }
         resolved.endpoint =
             CoreEndpoint::Url(kc.cluster_url.to_string().trim_end_matches('/').to_owned());
         if kc.accept_invalid_certs {
@@ -172,6 +184,36 @@ async fn resolve(cfg: &CoreConfig) -> Result<Resolved, CoreSetupError> {
         resolved.identity = Some(Identity::load(pair)?);
     }
     Ok(resolved)
+}
+
+impl CoreSetupError {
+    /// The flag whose value is at fault, for the one-line configuration refusal.
+    pub fn flag(&self) -> &'static str {
+        match self {
+            Self::Tls(_) => "core-ca-file",
+            Self::Kubeconfig { .. } => "core-kubeconfig",
+            Self::Url(_) => "core-url",
+            Self::Token { .. } => "core-token-file",
+        }
+    }
+}
+
+/// Loads what `--core-kubeconfig` and the `--core-*` flags name, with kube-rs's kubeconfig
+/// loader, and builds the TLS clients from it, without connecting: a core the gateway could not
+/// start with is refused up front, and `--check-config` answers as a start would.
+pub async fn check_settings(cfg: &CoreConfig) -> Result<(), CoreSetupError> {
+    let resolved = resolve(cfg).await?;
+    tcp_clients(resolved.trust.as_ref(), resolved.identity.as_ref()).map_err(|e| {
+        match (&cfg.kubeconfig, &cfg.client_cert) {
+            // The client certificate came from the kubeconfig: say so, not --core-ca-file.
+            (Some(path), None) => CoreSetupError::Kubeconfig {
+                path: path.clone(),
+                message: format!("its TLS client settings cannot be used ({e})"),
+            },
+            _ => e,
+        }
+    })?;
+    Ok(())
 }
 
 /// The client certificate a kubeconfig user names, inline (base64 `*-data`) or as files.
@@ -353,17 +395,21 @@ impl CoreBackend {
     /// except identity (see the module documentation and `auth::onward`).
     pub async fn forward(
         &self,
-        req: Request,
+        mut req: Request,
         client: Option<SocketAddr>,
         long_running: bool,
     ) -> Result<Response, GatewayError> {
         let upgrade = proxy::is_upgrade(req.headers());
+        // Hop-by-hop stripping first: `Connection` may name any header, and whatever it names
+        // is removed. Identity headers and our own `Authorization` must come after it, or a
+        // caller could strip them and reach the core on our credentials.
+        proxy::prepare_request(&mut req, &self.upstream, client);
         let (mut parts, body) = req.into_parts();
         let credentials = prepare_core_request(
             &mut parts.headers,
             parts.extensions.get::<Authenticated>(),
             self.identity,
-        );
+        )?;
         let proxy_clients;
         let clients = match credentials {
             CoreCredentials::Caller => &self.caller,
@@ -378,8 +424,7 @@ impl CoreBackend {
                 &self.own
             }
         };
-        let mut req = Request::from_parts(parts, body);
-        proxy::prepare_request(&mut req, &self.upstream, client);
+        let req = Request::from_parts(parts, body);
         if upgrade {
             return proxy::forward_upgrade(req, |r| clients.upgrades.send(r), self.drain.clone())
                 .await
