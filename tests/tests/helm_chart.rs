@@ -43,7 +43,7 @@ const EXAMPLES: [Option<&str>; 5] = [
     Some("sidecar-core"),
     Some("external-core"),
     Some("cert-manager"),
-    Some("file-apiservices-crd"),
+    Some("file-apiservices"),
 ];
 
 fn chart_dir() -> PathBuf {
@@ -175,15 +175,54 @@ impl Rendered {
         serde_saphyr::from_str(&self.config_text()).expect("config.yaml is YAML")
     }
 
+    /// Rules of the ClusterRole installed into the cluster Helm talks to (the "host" cluster).
     fn cluster_role_rules(&self) -> Vec<PolicyRule> {
-        match self.all("ClusterRole").as_slice() {
-            [] => Vec::new(),
-            [one] => serde_json::from_value::<ClusterRole>((*one).clone())
-                .unwrap()
-                .rules
-                .unwrap_or_default(),
-            more => panic!("expected one ClusterRole, got {}", more.len()),
-        }
+        cluster_role_rules_of(&self.all("ClusterRole"))
+    }
+
+    /// The manifests of the `<fullname>-core` ConfigMap, which are meant for the core server, by
+    /// key; empty when the chart renders none.
+    fn core_manifests(&self) -> BTreeMap<String, Vec<Value>> {
+        let name = format!("{FULLNAME}-core");
+        let Some(cm) = self
+            .docs
+            .iter()
+            .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == name.as_str())
+        else {
+            return BTreeMap::new();
+        };
+        cm["data"]
+            .as_object()
+            .expect("the core ConfigMap has data")
+            .iter()
+            .map(|(key, text)| (key.clone(), split_documents(text.as_str().unwrap())))
+            .collect()
+    }
+
+    /// Rules of the ClusterRole meant for the core (`rbac.yaml` of `<fullname>-core`).
+    fn core_cluster_role_rules(&self) -> Vec<PolicyRule> {
+        let manifests = self.core_manifests();
+        let docs = manifests
+            .get("rbac.yaml")
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        cluster_role_rules_of(
+            &docs
+                .iter()
+                .filter(|d| d["kind"] == "ClusterRole")
+                .collect::<Vec<_>>(),
+        )
+    }
+}
+
+fn cluster_role_rules_of(roles: &[&Value]) -> Vec<PolicyRule> {
+    match roles {
+        [] => Vec::new(),
+        [one] => serde_json::from_value::<ClusterRole>((*one).clone())
+            .unwrap()
+            .rules
+            .unwrap_or_default(),
+        more => panic!("expected one ClusterRole, got {}", more.len()),
     }
 }
 
@@ -583,6 +622,20 @@ fn gateway_container_serves_https_with_health_probes_and_a_locked_down_context()
             assert_eq!(serde_json::to_value(&get.port).unwrap(), "https", "{ctx}");
         }
 
+        // No preStop hook: the gateway keeps serving for shutdownDelayDuration after SIGTERM by
+        // itself, so a preStop sleep would only postpone SIGTERM and stack on top of that delay.
+        assert!(
+            c.lifecycle
+                .as_ref()
+                .and_then(|l| l.pre_stop.as_ref())
+                .is_none(),
+            "{ctx}: preStop on the gateway"
+        );
+        assert_ne!(
+            config["shutdownDelayDuration"], "0s",
+            "{ctx}: without a preStop the gateway's own delay must be on"
+        );
+
         let sc = c.security_context.as_ref().unwrap();
         assert_eq!(sc.allow_privilege_escalation, Some(false), "{ctx}");
         assert_eq!(sc.read_only_root_filesystem, Some(true), "{ctx}");
@@ -861,6 +914,29 @@ fn pod_scheduling_values_and_disruption_budget() {
     );
     assert!(pod.affinity.unwrap().pod_anti_affinity.is_some());
 
+    // nodeSelector, tolerations and the gateway's resources from values reach the Pod spec, and
+    // the gateway's resources are not confused with the core sidecar's.
+    assert_eq!(
+        serde_json::to_value(&pod.node_selector).unwrap(),
+        json!({"kubernetes.io/os": "linux", "node-role.example.com/edge": "true"})
+    );
+    assert_eq!(
+        serde_json::to_value(&pod.tolerations).unwrap(),
+        json!([{"key": "node-role.example.com/edge", "operator": "Exists", "effect": "NoSchedule"}])
+    );
+    let gateway = pod.containers.iter().find(|c| c.name == "gateway").unwrap();
+    assert_eq!(
+        serde_json::to_value(&gateway.resources).unwrap(),
+        json!({"requests": {"cpu": "200m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}})
+    );
+    let core = &pod.init_containers.as_ref().unwrap()[0];
+    assert_eq!(
+        serde_json::to_value(&core.resources).unwrap(),
+        json!({"requests": {"cpu": "250m", "memory": "256Mi"}})
+    );
+    let defaults = Rendered::of(None).deployment().spec.template.spec.unwrap();
+    assert!(defaults.node_selector.is_none() && defaults.tolerations.is_none());
+
     let pdb: PodDisruptionBudget = r.get("PodDisruptionBudget", FULLNAME);
     let pdb = pdb.spec.unwrap();
     assert_eq!(serde_json::to_value(pdb.max_unavailable).unwrap(), 1);
@@ -935,24 +1011,42 @@ fn create_subjectaccessreviews() -> PolicyRule {
     rule("authorization.k8s.io", "subjectaccessreviews", &["create"])
 }
 
-#[test]
-fn rbac_grants_exactly_the_verbs_the_gateway_uses() {
-    let everything = vec![
+fn every_rule() -> Vec<PolicyRule> {
+    vec![
         watch_apiservices(),
         write_apiservice_status(),
         watch_services(),
         watch_endpointslices(),
         create_tokenreviews(),
         create_subjectaccessreviews(),
-    ];
-    let cases: Vec<(Option<&str>, &[&str], Vec<PolicyRule>)> = vec![
-        (None, &[], everything.clone()),
-        (Some("sidecar-core"), &[], everything.clone()),
-        (Some("cert-manager"), &[], everything.clone()),
-        // Token webhook off: no TokenReviews.
+    ]
+}
+
+/// The gateway makes its own requests (APIService watch and status, Service/EndpointSlice
+/// lookups, TokenReviews, SubjectAccessReviews) only to the core, so its rules belong where the
+/// identity it presents there is authorized: the host cluster when that identity is the Pod's
+/// ServiceAccount, the core otherwise (rendered into `<fullname>-core` for the user to apply).
+#[test]
+fn rbac_grants_exactly_the_verbs_the_gateway_uses_where_its_identity_is_authorized() {
+    /// Example, `--set`s, rules in the host cluster, rules for the core.
+    type Case = (
+        Option<&'static str>,
+        &'static [&'static str],
+        Vec<PolicyRule>,
+        Vec<PolicyRule>,
+    );
+    let none = Vec::new;
+    let cases: Vec<Case> = vec![
+        // The cluster's own API server with the ServiceAccount: everything, in the host cluster.
+        (None, &[], every_rule(), none()),
+        (Some("cert-manager"), &[], every_rule(), none()),
+        // A sidecar reached with a token from a Secret: nothing in the host cluster.
+        (Some("sidecar-core"), &[], none(), every_rule()),
+        // An external server reached with a client certificate, token webhook off.
         (
             Some("external-core"),
             &[],
+            none(),
             vec![
                 watch_apiservices(),
                 write_apiservice_status(),
@@ -962,16 +1056,27 @@ fn rbac_grants_exactly_the_verbs_the_gateway_uses() {
             ],
         ),
         // File source, static services, both webhooks off: the gateway calls nothing on the core.
-        (Some("file-apiservices-crd"), &[], vec![]),
+        (Some("file-apiservices"), &[], none(), none()),
         (
-            Some("file-apiservices-crd"),
+            Some("file-apiservices"),
             &["serviceResolution.enabled=true"],
+            none(),
             vec![watch_services(), watch_endpointslices()],
+        ),
+        (
+            Some("file-apiservices"),
+            &[
+                "serviceResolution.enabled=true",
+                "core.serviceAccountAuth=true",
+            ],
+            vec![watch_services(), watch_endpointslices()],
+            none(),
         ),
         (
             None,
             &["apiServices.source=none"],
             vec![create_tokenreviews(), create_subjectaccessreviews()],
+            none(),
         ),
         (
             None,
@@ -984,47 +1089,161 @@ fn rbac_grants_exactly_the_verbs_the_gateway_uses() {
                 write_apiservice_status(),
                 create_tokenreviews(),
             ],
+            none(),
         ),
+        // The host's API server, but as whoever the token Secret holds: the ServiceAccount is
+        // never presented, so it gets nothing.
+        (
+            None,
+            &["core.tokenSecret=gateway-token"],
+            none(),
+            every_rule(),
+        ),
+        // A sidecar that trusts the host's ServiceAccount tokens (it delegates authn/authz to the
+        // host, as aggregated API servers do): the host's RBAC is what authorizes the gateway.
+        (
+            Some("sidecar-core"),
+            &["core.serviceAccountAuth=true", "core.tokenSecret="],
+            every_rule(),
+            none(),
+        ),
+        (None, &["rbac.create=false"], none(), none()),
+        (Some("sidecar-core"), &["rbac.create=false"], none(), none()),
     ];
-    for (example, sets, want) in cases {
+    for (example, sets, host, core) in cases {
         let r = Rendered::with(example, sets);
         let ctx = format!("{} {sets:?}", label(example));
-        assert_eq!(r.cluster_role_rules(), want, "{ctx}");
+        assert_eq!(r.cluster_role_rules(), host, "{ctx}: host cluster rules");
+        assert_eq!(
+            r.core_cluster_role_rules(),
+            core,
+            "{ctx}: rules for the core"
+        );
         assert!(
             !r.has("Role") && !r.has("RoleBinding"),
             "{ctx}: only cluster-scoped RBAC is needed"
         );
-        if want.is_empty() {
-            assert!(
-                !r.has("ClusterRole") && !r.has("ClusterRoleBinding"),
-                "{ctx}: an empty role is noise"
-            );
-            continue;
-        }
-        let binding: ClusterRoleBinding = r.get("ClusterRoleBinding", FULLNAME);
-        assert_eq!(
-            (
-                binding.role_ref.kind.as_str(),
-                binding.role_ref.name.as_str()
-            ),
-            ("ClusterRole", FULLNAME),
-            "{ctx}"
-        );
-        let subjects = binding.subjects.unwrap();
-        assert_eq!(subjects.len(), 1, "{ctx}");
-        assert_eq!(
-            (
-                subjects[0].kind.as_str(),
-                subjects[0].name.as_str(),
-                subjects[0].namespace.as_deref()
-            ),
-            ("ServiceAccount", FULLNAME, Some(NAMESPACE)),
-            "{ctx}"
-        );
         let pod = r.deployment().spec.template.spec.unwrap();
         assert_eq!(pod.service_account_name.as_deref(), Some(FULLNAME), "{ctx}");
+
+        // Host-cluster RBAC exists exactly when the ServiceAccount token is mounted and is the
+        // token the gateway sends; a grant to a token the gateway never presents is an over-grant.
+        let token_in_use = r.config()["coreTokenFile"] == format!("{SA_DIR}/token");
+        assert_eq!(
+            pod.automount_service_account_token,
+            Some(token_in_use),
+            "{ctx}"
+        );
+        if host.is_empty() {
+            assert!(
+                !r.has("ClusterRole") && !r.has("ClusterRoleBinding"),
+                "{ctx}: no RBAC in the host cluster, not even an empty role"
+            );
+        } else {
+            assert!(
+                token_in_use,
+                "{ctx}: host RBAC for an unused ServiceAccount"
+            );
+            let binding: ClusterRoleBinding = r.get("ClusterRoleBinding", FULLNAME);
+            assert_eq!(
+                (
+                    binding.role_ref.kind.as_str(),
+                    binding.role_ref.name.as_str()
+                ),
+                ("ClusterRole", FULLNAME),
+                "{ctx}"
+            );
+            let subjects = binding.subjects.unwrap();
+            assert_eq!(subjects.len(), 1, "{ctx}");
+            assert_eq!(
+                (
+                    subjects[0].kind.as_str(),
+                    subjects[0].name.as_str(),
+                    subjects[0].namespace.as_deref()
+                ),
+                ("ServiceAccount", FULLNAME, Some(NAMESPACE)),
+                "{ctx}"
+            );
+        }
+        if core.is_empty() {
+            assert!(
+                !r.core_manifests().contains_key("rbac.yaml"),
+                "{ctx}: no RBAC for the core, not even an empty role"
+            );
+        }
     }
-    assert!(!Rendered::with(None, &["rbac.create=false"]).has("ClusterRole"));
+}
+
+/// On the core the gateway is whoever `rbac.coreSubjects` says (the token's user, the
+/// certificate's CN): the binding names them, with the apiGroup RBAC requires for users and groups.
+#[test]
+fn rbac_for_the_core_binds_the_configured_subjects() {
+    let manifests = Rendered::of(Some("sidecar-core")).core_manifests();
+    let docs = &manifests["rbac.yaml"];
+    let binding: ClusterRoleBinding = serde_json::from_value(
+        docs.iter()
+            .find(|d| d["kind"] == "ClusterRoleBinding")
+            .expect("a ClusterRoleBinding for the core")
+            .clone(),
+    )
+    .unwrap();
+    assert_eq!(
+        (
+            binding.role_ref.kind.as_str(),
+            binding.role_ref.name.as_str()
+        ),
+        ("ClusterRole", FULLNAME)
+    );
+    let subjects = binding.subjects.unwrap();
+    assert_eq!(
+        subjects
+            .iter()
+            .map(|s| (
+                s.kind.as_str(),
+                s.name.as_str(),
+                s.api_group.as_deref(),
+                s.namespace.as_deref()
+            ))
+            .collect::<Vec<_>>(),
+        [(
+            "User",
+            "edge-gateway",
+            Some("rbac.authorization.k8s.io"),
+            None
+        )]
+    );
+
+    let r = Rendered::with(
+        Some("sidecar-core"),
+        &[
+            "rbac.coreSubjects[0].kind=ServiceAccount",
+            "rbac.coreSubjects[0].name=gateway",
+            "rbac.coreSubjects[0].namespace=platform",
+        ],
+    );
+    let manifests = r.core_manifests();
+    let subject = &manifests["rbac.yaml"][1]["subjects"][0];
+    assert_eq!(
+        subject,
+        &json!({"kind": "ServiceAccount", "name": "gateway", "namespace": "platform"})
+    );
+    let err = helm_template(
+        &[example_file("sidecar-core")],
+        &[
+            "rbac.coreSubjects[0].kind=ServiceAccount",
+            "rbac.coreSubjects[0].name=gateway",
+        ],
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("ServiceAccount gateway needs a namespace"),
+        "{err}"
+    );
+
+    // Without subjects only the role is rendered; binding it is left to the user.
+    let manifests = Rendered::of(Some("external-core")).core_manifests();
+    let kinds: Vec<&Value> = manifests["rbac.yaml"].iter().map(|d| &d["kind"]).collect();
+    assert_eq!(kinds, [&json!("ClusterRole")]);
 }
 
 #[test]
@@ -1137,17 +1356,33 @@ fn cert_manager_certificates_are_rendered_only_when_enabled_and_are_the_ones_mou
     assert!(config.get("tlsCertFile").is_none() && config.get("proxyClientCertFile").is_none());
 }
 
+/// The CRD is for a core without apiregistration.k8s.io, which Helm never reaches: it is rendered
+/// into `<fullname>-core` for the user to apply there, and never installed into the host cluster,
+/// whose kube-apiserver has APIService built in.
 #[test]
-fn the_apiservice_crd_is_rendered_only_when_enabled_with_status_and_printer_columns() {
+fn the_apiservice_crd_is_rendered_for_the_core_only_with_status_and_printer_columns() {
     for example in EXAMPLES {
         let r = Rendered::of(example);
-        if example != Some("file-apiservices-crd") {
-            assert!(!r.has("CustomResourceDefinition"), "{}", label(example));
+        assert!(
+            !r.has("CustomResourceDefinition"),
+            "{}: a CRD in the host cluster",
+            label(example)
+        );
+        let manifests = r.core_manifests();
+        if example != Some("sidecar-core") {
+            assert!(
+                !manifests.contains_key("apiservice-crd.yaml"),
+                "{}",
+                label(example)
+            );
             continue;
         }
-        let crd: CustomResourceDefinition = r.get(
-            "CustomResourceDefinition",
-            "apiservices.apiregistration.k8s.io",
+        let docs = &manifests["apiservice-crd.yaml"];
+        assert_eq!(docs.len(), 1);
+        let crd: CustomResourceDefinition = serde_json::from_value(docs[0].clone()).unwrap();
+        assert_eq!(
+            crd.metadata.name.as_deref(),
+            Some("apiservices.apiregistration.k8s.io")
         );
         assert_eq!(crd.spec.group, "apiregistration.k8s.io");
         assert_eq!(crd.spec.scope, "Cluster");
@@ -1157,7 +1392,14 @@ fn the_apiservice_crd_is_rendered_only_when_enabled_with_status_and_printer_colu
             annotations["api-approved.kubernetes.io"].starts_with("unapproved"),
             "*.k8s.io groups need it"
         );
-        assert_eq!(annotations["helm.sh/resource-policy"], "keep");
+        // Helm does not manage it on the core, so nothing claims it does.
+        assert!(!annotations.contains_key("helm.sh/resource-policy"));
+        let labels = crd.metadata.labels.unwrap();
+        assert!(
+            !labels.contains_key("app.kubernetes.io/managed-by")
+                && !labels.contains_key("helm.sh/chart")
+        );
+        assert_eq!(labels["app.kubernetes.io/instance"], RELEASE);
         let v1 = &crd.spec.versions[0];
         assert_eq!(
             (v1.name.as_str(), v1.served, v1.storage),
@@ -1207,11 +1449,38 @@ fn the_apiservice_crd_is_rendered_only_when_enabled_with_status_and_printer_colu
             assert!(spec[field].is_object(), "CRD schema lacks spec.{field}");
         }
     }
+
+    // Where it makes no sense it is refused, saying why.
+    let cases: [(Option<&str>, &[&str], &str); 3] = [
+        (
+            None,
+            &["crd.create=true"],
+            "is this cluster's kube-apiserver, which serves APIService itself",
+        ),
+        (
+            Some("external-core"),
+            &[
+                "crd.create=true",
+                "core.url=https://kubernetes.default.svc.cluster.local:443",
+            ],
+            "is this cluster's kube-apiserver",
+        ),
+        (
+            Some("file-apiservices"),
+            &["crd.create=true"],
+            "crd.create needs apiServices.source kube",
+        ),
+    ];
+    for (example, sets, want) in cases {
+        let files: Vec<PathBuf> = example.map(example_file).into_iter().collect();
+        let err = helm_template(&files, sets).expect_err(&format!("{sets:?} must be refused"));
+        assert!(err.contains(want), "{sets:?}: expected {want:?} in:\n{err}");
+    }
 }
 
 #[test]
 fn file_source_apiservices_are_rendered_into_a_mounted_configmap() {
-    let r = Rendered::of(Some("file-apiservices-crd"));
+    let r = Rendered::of(Some("file-apiservices"));
     assert!(
         !r.has("APIService"),
         "file source: APIServices are files, not objects"
@@ -1271,7 +1540,7 @@ fn file_source_apiservices_are_rendered_into_a_mounted_configmap() {
     assert_eq!(config["services"][0]["urls"][1], "https://10.0.0.8:8443");
     // The gateway reloads the directory; changing an APIService must not roll the Pods.
     let changed = Rendered::with(
-        Some("file-apiservices-crd"),
+        Some("file-apiservices"),
         &["apiServices.items[0].versionPriority=99"],
     );
     let checksum = |r: &Rendered| {
@@ -1306,6 +1575,67 @@ fn kube_source_apiservices_can_be_rendered_as_objects() {
         !Rendered::with(Some("cert-manager"), &["apiServices.createObjects=false"])
             .has("APIService")
     );
+
+    // A core Helm does not reach gets them in `<fullname>-core`; in the host cluster its own
+    // kube-aggregator would start routing them.
+    for (example, sets, want) in [
+        (Some("sidecar-core"), &[][..], "v1alpha1.wardle.example.com"),
+        (
+            Some("external-core"),
+            &[
+                "apiServices.createObjects=true",
+                "apiServices.items[0].group=metrics.example.com",
+                "apiServices.items[0].version=v1beta1",
+            ][..],
+            "v1beta1.metrics.example.com",
+        ),
+    ] {
+        let r = Rendered::with(example, sets);
+        let ctx = label(example);
+        assert!(
+            !r.has("APIService"),
+            "{ctx}: APIService in the host cluster"
+        );
+        let manifests = r.core_manifests();
+        let docs = &manifests["apiservices.yaml"];
+        assert_eq!(docs.len(), 1, "{ctx}");
+        round_trip::<APIService>(&docs[0]).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+        assert_eq!(docs[0]["metadata"]["name"], want, "{ctx}");
+    }
+}
+
+/// Everything in `<fullname>-core` is a valid object of its kind, cluster-scoped, and not labelled
+/// as managed by Helm (Helm never sees the core).
+#[test]
+fn manifests_for_the_core_round_trip_and_do_not_claim_helm_manages_them() {
+    for example in EXAMPLES {
+        let r = Rendered::of(example);
+        let manifests = r.core_manifests();
+        let want: &[&str] = match example {
+            Some("sidecar-core") => &["apiservice-crd.yaml", "apiservices.yaml", "rbac.yaml"],
+            Some("external-core") => &["rbac.yaml"],
+            _ => &[],
+        };
+        assert_eq!(
+            manifests.keys().collect::<Vec<_>>(),
+            want,
+            "{}",
+            label(example)
+        );
+        for (key, docs) in &manifests {
+            for doc in docs {
+                let ctx = format!("{} {key} {}", label(example), doc["kind"]);
+                round_trip_by_kind(doc).unwrap_or_else(|e| panic!("{ctx}:\n  {e}"));
+                assert!(doc["metadata"]["namespace"].is_null(), "{ctx}");
+                let labels = doc["metadata"]["labels"].as_object().unwrap();
+                assert_eq!(labels["app.kubernetes.io/instance"], RELEASE, "{ctx}");
+                assert!(
+                    !labels.contains_key("app.kubernetes.io/managed-by"),
+                    "{ctx}"
+                );
+            }
+        }
+    }
 }
 
 #[test]
@@ -1593,7 +1923,7 @@ fn rendered_config_is_accepted_by_the_gateway_options_parser_and_validation() {
             .unwrap_or_else(|e| panic!("{ctx}: {e}\n{text}"));
         assert_eq!(config.listen.port(), 8443, "{ctx}");
         let want_source = match example {
-            Some("file-apiservices-crd") => "File",
+            Some("file-apiservices") => "File",
             _ => "Kube",
         };
         assert!(
@@ -1676,4 +2006,356 @@ fn rendered_config_passes_the_gateway_binarys_check_config() {
         "a misspelled key must be refused: {stderr}"
     );
     assert!(stderr.contains("securPort"), "{stderr}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// values.yaml documentation
+// ---------------------------------------------------------------------------------------------
+
+/// Keys at the top level and one level down (`core:`, `core.sidecar:`, `probes.liveness:`) whose
+/// comment block directly above has no `# --` doc line, as `line N: key`.
+fn undocumented_values_keys(text: &str) -> Vec<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut missing = Vec::new();
+    let mut parent = "";
+    for (i, line) in lines.iter().enumerate() {
+        let indent = line.len() - line.trim_start().len();
+        let rest = line.trim_start();
+        if indent > 2 || rest.starts_with('#') || rest.starts_with('-') {
+            continue;
+        }
+        let Some((key, _)) = rest.split_once(':') else {
+            continue;
+        };
+        if key.is_empty()
+            || !key
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+        {
+            continue;
+        }
+        let path = if indent == 0 {
+            parent = key;
+            key.to_owned()
+        } else {
+            format!("{parent}.{key}")
+        };
+        let documented = lines[..i]
+            .iter()
+            .rev()
+            .take_while(|l| l.trim_start().starts_with('#'))
+            .any(|l| l.trim_start().starts_with("# -- "));
+        if !documented {
+            missing.push(format!("line {}: {path}", i + 1));
+        }
+    }
+    missing
+}
+
+#[test]
+fn every_top_and_second_level_values_key_has_a_doc_comment() {
+    let text = std::fs::read_to_string(chart_dir().join("values.yaml")).unwrap();
+    let missing = undocumented_values_keys(&text);
+    assert!(
+        missing.is_empty(),
+        "values.yaml keys without a `# -- ` doc comment directly above:\n  {}",
+        missing.join("\n  ")
+    );
+
+    // The check sees through a plain comment, a blank line and nesting, and skips commented-out
+    // examples and list items.
+    let sample = "\
+# -- Documented.
+replicaCount: 2
+
+# A section comment, but not a doc comment.
+probes:
+  # -- Documented.
+  liveness:
+    periodSeconds: 10
+  readiness:
+    periodSeconds: 5
+# -- Documented.
+
+items:
+  # - group: x
+  - name: y
+";
+    assert_eq!(
+        undocumented_values_keys(sample),
+        [
+            "line 5: probes",
+            "line 9: probes.readiness",
+            "line 13: items"
+        ]
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The Dockerfile behind the chart's default image
+// ---------------------------------------------------------------------------------------------
+
+/// Every instruction keyword BuildKit's Dockerfile frontend knows.
+const DOCKERFILE_INSTRUCTIONS: [&str; 18] = [
+    "ADD",
+    "ARG",
+    "CMD",
+    "COPY",
+    "ENTRYPOINT",
+    "ENV",
+    "EXPOSE",
+    "FROM",
+    "HEALTHCHECK",
+    "LABEL",
+    "MAINTAINER",
+    "ONBUILD",
+    "RUN",
+    "SHELL",
+    "STOPSIGNAL",
+    "USER",
+    "VOLUME",
+    "WORKDIR",
+];
+
+/// One instruction with its continuation lines joined, and the line it starts on.
+#[derive(Debug)]
+struct Instruction {
+    line: usize,
+    keyword: String,
+    args: String,
+}
+
+/// Splits a Dockerfile into instructions the way the frontend does: comment and blank lines are
+/// dropped (also inside a continuation), a line ending in the escape character continues onto the
+/// next, heredoc bodies (`<<EOF` ... `EOF`) belong to their instruction. Any other line must start
+/// with an instruction keyword: a line that does not is what a forgotten trailing backslash leaves.
+fn parse_dockerfile(text: &str) -> Result<Vec<Instruction>, String> {
+    let mut escape = '\\';
+    // Parser directives (`# syntax=`, `# escape=`) are only recognized before anything else.
+    for line in text.lines() {
+        let Some(directive) = line.trim().strip_prefix('#') else {
+            break;
+        };
+        match directive.trim().split_once('=') {
+            Some((name, value)) if name.trim().eq_ignore_ascii_case("escape") => {
+                escape = value.trim().chars().next().unwrap_or('\\');
+            }
+            Some((name, _)) if !name.trim().contains(' ') => {}
+            _ => break,
+        }
+    }
+
+    let mut out: Vec<Instruction> = Vec::new();
+    let mut open: Option<Instruction> = None;
+    let mut heredocs: Vec<(String, bool)> = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        let n = i + 1;
+        if let Some((end, strip_tabs)) = heredocs.first() {
+            let body = if *strip_tabs {
+                raw.trim_start_matches('\t')
+            } else {
+                raw
+            };
+            if body == end {
+                heredocs.remove(0);
+            }
+            continue;
+        }
+        let trimmed = raw.trim();
+        if trimmed.is_empty() || trimmed.starts_with('#') {
+            continue;
+        }
+        let (content, continues) = match trimmed.strip_suffix(escape) {
+            Some(head) => (head, true),
+            None => (trimmed, false),
+        };
+        let mut current = match open.take() {
+            Some(mut current) => {
+                current.args.push(' ');
+                current.args.push_str(content.trim());
+                current
+            }
+            None => {
+                let (word, args) = content
+                    .split_once(char::is_whitespace)
+                    .unwrap_or((content, ""));
+                let keyword = word.to_ascii_uppercase();
+                if !DOCKERFILE_INSTRUCTIONS.contains(&keyword.as_str()) {
+                    let after = out
+                        .last()
+                        .map(|p| format!(" (line {} ends without {escape:?})", p.line))
+                        .unwrap_or_default();
+                    return Err(format!(
+                        "line {n}: {word:?} is not a Dockerfile instruction nor a continuation{after}: {trimmed}"
+                    ));
+                }
+                Instruction {
+                    line: n,
+                    keyword,
+                    args: args.trim().to_owned(),
+                }
+            }
+        };
+        if continues {
+            open = Some(current);
+            continue;
+        }
+        if matches!(current.keyword.as_str(), "RUN" | "COPY" | "ADD") {
+            heredocs = heredoc_terminators(&current.args);
+        }
+        current.args = current.args.trim().to_owned();
+        out.push(current);
+    }
+    if let Some(current) = open {
+        return Err(format!(
+            "line {}: {} continues past the end of the file",
+            current.line, current.keyword
+        ));
+    }
+    if let Some((end, _)) = heredocs.first() {
+        return Err(format!("heredoc {end:?} is never closed"));
+    }
+    Ok(out)
+}
+
+/// The terminators of the heredocs an instruction opens (`<<EOF`, `<<-EOF`, `<<"EOF"`), in order,
+/// with whether leading tabs are stripped before comparing.
+fn heredoc_terminators(args: &str) -> Vec<(String, bool)> {
+    let mut out = Vec::new();
+    let mut rest = args;
+    while let Some(at) = rest.find("<<") {
+        rest = &rest[at + 2..];
+        let strip_tabs = rest.starts_with('-');
+        let word = rest.trim_start_matches('-').trim_start_matches(['"', '\'']);
+        let end: String = word
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        if !end.is_empty() {
+            out.push((end, strip_tabs));
+        }
+    }
+    out
+}
+
+fn read_dockerfile() -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../Dockerfile"))
+        .expect("read the Dockerfile at the repository root")
+}
+
+/// The final stage (what the image runs) must agree with the chart's defaults: the USER is the
+/// numeric uid/gid the Pod's securityContext runs as (numeric, or the kubelet cannot check
+/// runAsNonRoot against it), EXPOSE is the gateway's container port, and the exec-form ENTRYPOINT
+/// runs the binary the stage copies in (distroless has no shell for a shell-form one).
+#[test]
+fn dockerfile_parses_and_its_final_stage_matches_the_charts_defaults() {
+    let instructions =
+        parse_dockerfile(&read_dockerfile()).unwrap_or_else(|e| panic!("Dockerfile: {e}"));
+    let last_from = instructions
+        .iter()
+        .rposition(|i| i.keyword == "FROM")
+        .expect("a FROM");
+    assert!(
+        instructions[..last_from].iter().any(|i| i.keyword == "RUN"),
+        "a multi-stage build: the binary is built in an earlier stage"
+    );
+    let stage = &instructions[last_from..];
+    let only = |keyword: &str| -> &Instruction {
+        let found: Vec<&Instruction> = stage.iter().filter(|i| i.keyword == keyword).collect();
+        assert_eq!(
+            found.len(),
+            1,
+            "the final stage needs exactly one {keyword}: {found:?}"
+        );
+        found[0]
+    };
+
+    let pod = Rendered::of(None).deployment().spec.template.spec.unwrap();
+    let gateway = pod.containers.iter().find(|c| c.name == "gateway").unwrap();
+    let pod_sc = pod.security_context.clone().unwrap_or_default();
+    let container_sc = gateway.security_context.clone().unwrap_or_default();
+    let run_as_user = container_sc
+        .run_as_user
+        .or(pod_sc.run_as_user)
+        .expect("runAsUser");
+    let run_as_group = container_sc.run_as_group.or(pod_sc.run_as_group);
+
+    let user = &only("USER").args;
+    let (uid, gid) = user
+        .split_once(':')
+        .map_or((user.as_str(), None), |(u, g)| (u, Some(g)));
+    let uid: i64 = uid
+        .parse()
+        .unwrap_or_else(|_| panic!("USER {user}: the uid must be numeric"));
+    assert_eq!(
+        uid, run_as_user,
+        "the image's USER vs the chart's runAsUser"
+    );
+    if let (Some(gid), Some(group)) = (gid, run_as_group) {
+        assert_eq!(
+            gid.parse::<i64>().ok(),
+            Some(group),
+            "the image's group vs the chart's runAsGroup"
+        );
+    }
+
+    let port = gateway.ports.as_ref().unwrap()[0].container_port;
+    let exposed: Vec<&str> = only("EXPOSE").args.split_whitespace().collect();
+    assert_eq!(
+        exposed
+            .iter()
+            .map(|p| p.trim_end_matches("/tcp").parse::<i32>().ok())
+            .collect::<Vec<_>>(),
+        [Some(port)],
+        "the image's EXPOSE vs the chart's container port"
+    );
+
+    let entrypoint: Vec<String> = serde_json::from_str(&only("ENTRYPOINT").args)
+        .expect("ENTRYPOINT in exec (JSON array) form");
+    let copied: Vec<&str> = stage
+        .iter()
+        .filter(|i| i.keyword == "COPY")
+        .filter_map(|i| i.args.split_whitespace().last())
+        .collect();
+    assert!(
+        copied.contains(&entrypoint[0].as_str()),
+        "ENTRYPOINT {} is not copied into the final stage ({copied:?})",
+        entrypoint[0]
+    );
+}
+
+#[test]
+fn dockerfile_parser_catches_a_missing_continuation_backslash() {
+    // The runtime LABEL as it once was: its second and third lines lost their backslash.
+    let broken = "\
+# syntax=docker/dockerfile:1.7
+FROM gcr.io/distroless/cc-debian12:nonroot AS runtime
+LABEL org.opencontainers.image.title=\"aggregation-gateway\"
+      org.opencontainers.image.description=\"A front proxy.\"
+      org.opencontainers.image.licenses=\"Apache-2.0\"
+USER 65532:65532
+";
+    let err = parse_dockerfile(broken).unwrap_err();
+    assert!(
+        err.starts_with("line 4: \"org.opencontainers.image.description=\\\"A\" is not a Dockerfile instruction")
+            && err.contains("(line 3 ends without '\\\\')"),
+        "{err}"
+    );
+
+    let fixed = broken
+        .replace("\"aggregation-gateway\"\n", "\"aggregation-gateway\" \\\n")
+        .replace("proxy.\"\n", "proxy.\" \\\n");
+    let instructions = parse_dockerfile(&fixed).unwrap();
+    let keywords: Vec<&str> = instructions.iter().map(|i| i.keyword.as_str()).collect();
+    assert_eq!(keywords, ["FROM", "LABEL", "USER"]);
+    assert!(instructions[1]
+        .args
+        .ends_with("org.opencontainers.image.licenses=\"Apache-2.0\""));
+
+    // A continuation into the end of the file, and heredoc bodies, are handled too.
+    assert!(parse_dockerfile("FROM x\nRUN true \\\n")
+        .unwrap_err()
+        .contains("past the end"));
+    let heredoc = "FROM x\nRUN <<EOF\nset -e\necho hi\nEOF\nUSER 1\n";
+    assert_eq!(parse_dockerfile(heredoc).unwrap().len(), 3);
 }

@@ -65,3 +65,60 @@ volumeMounts:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end }}
+
+{{/*
+The manifests meant for the core server, as a YAML map of ConfigMap key to manifest text ("" when
+there are none); see core-manifests.yaml. Also validates crd.create and rbac.coreSubjects.
+*/}}
+{{- define "aggregation-gateway.coreManifests" -}}
+{{- $root := . }}
+{{- $thisCluster := include "aggregation-gateway.coreIsThisCluster" . }}
+{{- $kube := eq .Values.apiServices.source "kube" }}
+{{- $data := dict }}
+{{- if .Values.crd.create }}
+{{- if not $kube }}
+{{- fail (printf "crd.create needs apiServices.source kube: the CRD stores the APIService objects the gateway watches on the core, and with source %s nothing reads them" .Values.apiServices.source) }}
+{{- end }}
+{{- if $thisCluster }}
+{{- fail (printf "crd.create: the core (%s) is this cluster's kube-apiserver, which serves APIService itself; the CRD is for a core server that lacks apiregistration.k8s.io" .Values.core.url) }}
+{{- end }}
+{{- $_ := set $data "apiservice-crd.yaml" (include "aggregation-gateway.apiServiceCRD" .) }}
+{{- end }}
+{{- if and .Values.rbac.create (not (include "aggregation-gateway.useServiceAccountToken" .)) }}
+{{- with include "aggregation-gateway.rbacRules" . }}
+{{- $rbac := list (dict
+  "apiVersion" "rbac.authorization.k8s.io/v1"
+  "kind" "ClusterRole"
+  "metadata" (dict "name" (include "aggregation-gateway.fullname" $root) "labels" (include "aggregation-gateway.coreLabels" $root | fromYaml))
+  "rules" (printf "rules:\n%s" . | fromYaml).rules) }}
+{{- with $root.Values.rbac.coreSubjects }}
+{{- $subjects := list }}
+{{- range . }}
+{{- $s := deepCopy . }}
+{{- if and (has .kind (list "User" "Group")) (not .apiGroup) }}{{ $_ := set $s "apiGroup" "rbac.authorization.k8s.io" }}{{ end }}
+{{- if and (eq .kind "ServiceAccount") (not .namespace) }}
+{{- fail (printf "rbac.coreSubjects: ServiceAccount %s needs a namespace (the core's namespace of that ServiceAccount)" .name) }}
+{{- end }}
+{{- $subjects = append $subjects $s }}
+{{- end }}
+{{- $rbac = append $rbac (dict
+  "apiVersion" "rbac.authorization.k8s.io/v1"
+  "kind" "ClusterRoleBinding"
+  "metadata" (dict "name" (include "aggregation-gateway.fullname" $root) "labels" (include "aggregation-gateway.coreLabels" $root | fromYaml))
+  "roleRef" (dict "apiGroup" "rbac.authorization.k8s.io" "kind" "ClusterRole" "name" (include "aggregation-gateway.fullname" $root))
+  "subjects" $subjects) }}
+{{- end }}
+{{- $docs := list }}
+{{- range $rbac }}{{ $docs = append $docs (toYaml .) }}{{ end }}
+{{- $_ := set $data "rbac.yaml" (join "\n---\n" $docs) }}
+{{- end }}
+{{- end }}
+{{- if and $kube .Values.apiServices.createObjects .Values.apiServices.items (not $thisCluster) }}
+{{- $docs := list }}
+{{- range .Values.apiServices.items }}
+{{- $docs = append $docs (include "aggregation-gateway.apiService" (dict "item" . "root" $root "core" true)) }}
+{{- end }}
+{{- $_ := set $data "apiservices.yaml" (join "\n---\n" $docs) }}
+{{- end }}
+{{- if $data }}{{ toYaml $data }}{{ end }}
+{{- end }}

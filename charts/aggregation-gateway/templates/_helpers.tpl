@@ -36,6 +36,16 @@ app.kubernetes.io/part-of: aggregation-gateway
 {{- end }}
 {{- end }}
 
+{{/*
+Labels on objects meant for the core server (the <fullname>-core ConfigMap's manifests): Helm does not
+manage them there, so no managed-by or chart label claims it does.
+*/}}
+{{- define "aggregation-gateway.coreLabels" -}}
+{{ include "aggregation-gateway.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: aggregation-gateway
+{{- end }}
+
 {{/* Labels that select the gateway Pods (immutable once installed). */}}
 {{- define "aggregation-gateway.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "aggregation-gateway.name" . }}
@@ -94,9 +104,45 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if hasPrefix "https://" (include "aggregation-gateway.coreUrl" .) }}true{{ end }}
 {{- end }}
 
-{{/* "true" when the ServiceAccount token must be in the Pod (automount). */}}
+{{/*
+"true" when the Pod's ServiceAccount token is the gateway's credential towards the core (and so
+must be mounted). That is also the one case where RBAC in the cluster the chart is installed into
+authorizes the gateway's own requests: nothing else of the gateway talks to this cluster's API.
+*/}}
 {{- define "aggregation-gateway.useServiceAccountToken" -}}
 {{- if and .Values.core.serviceAccountAuth (not .Values.core.tokenSecret) }}true{{ end }}
+{{- end }}
+
+{{/*
+"true" when the core is the API server of the cluster the chart is installed into, i.e. core.url
+names the in-cluster kubernetes Service. Only then can objects meant for the core (APIServices) be
+installed by Helm itself; any other core is a server Helm never talks to.
+*/}}
+{{- define "aggregation-gateway.coreIsThisCluster" -}}
+{{- if and (not .Values.core.sidecar.enabled) (regexMatch "^https://kubernetes\\.default(\\.svc(\\.[a-z0-9.-]+)?)?(:443)?/?$" (toString .Values.core.url)) }}true{{ end }}
+{{- end }}
+
+{{/*
+The RBAC rules for the gateway's own requests to the core, each only when the feature needing it
+is on, as a YAML list ("" when there are none).
+*/}}
+{{- define "aggregation-gateway.rbacRules" -}}
+{{- $rules := list }}
+{{- if eq .Values.apiServices.source "kube" }}
+{{- $rules = append $rules (dict "apiGroups" (list "apiregistration.k8s.io") "resources" (list "apiservices") "verbs" (list "get" "list" "watch")) }}
+{{- $rules = append $rules (dict "apiGroups" (list "apiregistration.k8s.io") "resources" (list "apiservices/status") "verbs" (list "update" "patch")) }}
+{{- end }}
+{{- if and .Values.serviceResolution.enabled (ne .Values.apiServices.source "none") }}
+{{- $rules = append $rules (dict "apiGroups" (list "") "resources" (list "services") "verbs" (list "get" "list" "watch")) }}
+{{- $rules = append $rules (dict "apiGroups" (list "discovery.k8s.io") "resources" (list "endpointslices") "verbs" (list "get" "list" "watch")) }}
+{{- end }}
+{{- if .Values.authentication.tokenWebhook.enabled }}
+{{- $rules = append $rules (dict "apiGroups" (list "authentication.k8s.io") "resources" (list "tokenreviews") "verbs" (list "create")) }}
+{{- end }}
+{{- if .Values.authorization.webhook.enabled }}
+{{- $rules = append $rules (dict "apiGroups" (list "authorization.k8s.io") "resources" (list "subjectaccessreviews") "verbs" (list "create")) }}
+{{- end }}
+{{- if $rules }}{{ toYaml $rules }}{{ end }}
 {{- end }}
 
 {{/*
@@ -134,7 +180,10 @@ terminationGracePeriodSeconds and the core's preStop sleep from the gateway's sh
 {{- default (printf "%s.%s" $version $group) .name }}
 {{- end }}
 
-{{/* An APIService manifest from an apiServices.items entry. Context: dict "item" "root". */}}
+{{/*
+An APIService manifest from an apiServices.items entry. Context: dict "item" "root" ["core" true];
+with core, labelled for applying to the core rather than as a release object.
+*/}}
 {{- define "aggregation-gateway.apiService" -}}
 {{- $item := .item -}}
 apiVersion: apiregistration.k8s.io/v1
@@ -142,7 +191,7 @@ kind: APIService
 metadata:
   name: {{ include "aggregation-gateway.apiServiceName" $item }}
   labels:
-    {{- include "aggregation-gateway.labels" .root | nindent 4 }}
+    {{- include (ternary "aggregation-gateway.coreLabels" "aggregation-gateway.labels" (default false .core)) .root | nindent 4 }}
     {{- with $item.labels }}
     {{- toYaml . | nindent 4 }}
     {{- end }}

@@ -1,21 +1,23 @@
-{{- /*
+{{/*
 The APIService CustomResourceDefinition, for core servers that serve CRDs but not
-apiregistration.k8s.io themselves. It mirrors the built-in apiregistration.k8s.io/v1 type (a real
-kube-apiserver already has it and refuses this CRD). Groups ending in k8s.io need the
-api-approved.kubernetes.io annotation; "unapproved, ..." is the documented value for such a mirror.
-*/ -}}
-{{- if .Values.crd.create }}
+apiregistration.k8s.io themselves. It mirrors the built-in apiregistration.k8s.io/v1 type. Groups
+ending in k8s.io need the api-approved.kubernetes.io annotation; "unapproved, ..." is the documented
+value for such a mirror.
+
+It is never an object of the release: Helm installs into the cluster it talks to, whose
+kube-apiserver has APIService built in (a CRD of the same group and resource would collide with it),
+while the core that needs the CRD is a sidecar or an external server Helm never reaches. So
+core-manifests.yaml renders it into the <fullname>-core ConfigMap, to be applied to the core.
+*/}}
+{{- define "aggregation-gateway.apiServiceCRD" -}}
 apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
 metadata:
   name: apiservices.apiregistration.k8s.io
   labels:
-    {{- include "aggregation-gateway.labels" . | nindent 4 }}
+    {{- include "aggregation-gateway.coreLabels" . | nindent 4 }}
   annotations:
     api-approved.kubernetes.io: "unapproved, mirrors the built-in apiregistration.k8s.io/v1 APIService for servers that lack it"
-    {{- if .Values.crd.keep }}
-    helm.sh/resource-policy: keep
-    {{- end }}
 spec:
   group: apiregistration.k8s.io
   scope: Cluster
