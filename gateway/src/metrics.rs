@@ -58,13 +58,13 @@ impl Metrics {
         let duration = HistogramVec::new(
             HistogramOpts::new(
                 "apiserver_request_duration_seconds",
-                "Time to response headers by verb and route target",
+                "Time to response headers by verb, route target and HTTP code",
             )
             .buckets(vec![
                 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                 10.0, 30.0, 60.0,
             ]),
-            &["verb", "target"],
+            &["verb", "target", "code"],
         )
         .expect("valid metric definition");
         registry
@@ -108,7 +108,7 @@ mod tests {
         let m = Metrics::new();
         m.requests.with_label_values(&["GET", "core", "200"]).inc();
         m.duration
-            .with_label_values(&["GET", "core"])
+            .with_label_values(&["GET", "core", "200"])
             .observe(0.002);
         m.unavailable_apiservice
             .with_label_values(&["v1alpha1.wardle.example.com"])
@@ -123,6 +123,12 @@ mod tests {
         );
         assert!(
             text.contains("# TYPE apiserver_request_duration_seconds histogram"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "apiserver_request_duration_seconds_count{code=\"200\",target=\"core\",verb=\"GET\"} 1"
+            ),
             "{text}"
         );
         assert!(

@@ -404,7 +404,9 @@ async fn metrics_count_requests_by_target_and_code() {
         "{text}"
     );
     assert!(
-        text.contains("apiserver_request_duration_seconds_bucket"),
+        text.contains(
+            r#"apiserver_request_duration_seconds_count{code="200",target="core",verb="GET"}"#
+        ),
         "{text}"
     );
 }

@@ -65,7 +65,7 @@ where
                 .inc();
             metrics
                 .duration
-                .with_label_values(&[method.as_str(), target])
+                .with_label_values(&[method.as_str(), target, resp.status().as_str()])
                 .observe(elapsed.as_secs_f64());
             tracing::info!(
                 target: "access",
