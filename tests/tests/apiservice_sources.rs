@@ -1,7 +1,8 @@
 //! Where routes come from, seen by a user: a manifest directory with one bad APIService (or one
 //! unreadable file) still serves everything else and says what is wrong, and a Service or
 //! EndpointSlice appearing on the core makes its APIService available at once rather than at the
-//! next availability interval.
+//! next availability interval. With the `kube` source, routes stay up while the APIService watch
+//! expires (410) and relists, and while the core restarts, and later changes still arrive.
 
 use std::path::Path;
 use std::time::Duration;
@@ -276,4 +277,266 @@ async fn a_new_service_and_endpointslice_make_the_apiservice_available_without_w
     )
     .await;
     assert_eq!(status, StatusCode::OK, "{body}");
+}
+
+/// What a client polling one path saw: how many answers, and every one that was not the
+/// backend's list (time since start, status, and the body's `kind` or message).
+#[derive(Debug, Default)]
+struct PollReport {
+    answers: usize,
+    failures: Vec<(Duration, StatusCode, String)>,
+}
+
+/// A user who GETs `path` every 50 ms until stopped, as a controller would during an outage of
+/// the core: any answer that is not the backend's `FlunderList` is a dropped route.
+struct Poller {
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<PollReport>,
+}
+
+impl Poller {
+    fn start(gateway: &Gateway, user: &e2e::certs::CertifiedPair, path: &str) -> Poller {
+        let client = harness::http2_client(&gateway.ca_pem().unwrap(), Some(user)).unwrap();
+        let url = format!("{}{path}", gateway.url());
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(async move {
+            let started = tokio::time::Instant::now();
+            let mut report = PollReport::default();
+            while !*stopped.borrow() {
+                let answer =
+                    tokio::time::timeout(Duration::from_secs(5), harness::get(&client, &url)).await;
+                report.answers += 1;
+                match answer {
+                    Ok(Ok((status, _, body))) => {
+                        let body = scenario::json_or_null(&body);
+                        if status != StatusCode::OK || body["kind"] != "FlunderList" {
+                            let what = body["message"]
+                                .as_str()
+                                .unwrap_or(body["kind"].as_str().unwrap_or(""));
+                            report
+                                .failures
+                                .push((started.elapsed(), status, what.to_owned()));
+                        }
+                    }
+                    Ok(Err(e)) => report.failures.push((
+                        started.elapsed(),
+                        StatusCode::BAD_GATEWAY,
+                        format!("no answer: {e}"),
+                    )),
+                    Err(_) => report.failures.push((
+                        started.elapsed(),
+                        StatusCode::GATEWAY_TIMEOUT,
+                        "no answer within 5s".into(),
+                    )),
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                    _ = stopped.changed() => {}
+                }
+            }
+            report
+        });
+        Poller { stop, task }
+    }
+
+    async fn stop(self) -> PollReport {
+        let _ = self.stop.send(true);
+        self.task.await.unwrap()
+    }
+}
+
+/// The core's recorded GETs of the APIService collection: `(path, is_watch)`.
+async fn apiservice_reads(core: &FixtureCore) -> Vec<(String, bool)> {
+    scenario::core_requests(core)
+        .await
+        .into_iter()
+        .filter(|r| r["method"] == "GET")
+        .filter_map(|r| r["path"].as_str().map(str::to_owned))
+        .filter(|p| p.split('?').next() == Some("/apis/apiregistration.k8s.io/v1/apiservices"))
+        .map(|p| {
+            let watch = p.contains("watch=true") || p.contains("watch=1");
+            (p, watch)
+        })
+        .collect()
+}
+
+async fn post_to_core(core: &FixtureCore, path: &str) -> StatusCode {
+    let req = http::Request::post(format!("{}{path}", core.url()))
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    harness::send(&scenario::core_client(), req)
+        .await
+        .unwrap()
+        .0
+}
+
+const ALPHA_FLUNDERS: &str = "/apis/wardle.example.com/v1alpha1/namespaces/default/flunders";
+const BETA_FLUNDERS: &str = "/apis/wardle.example.com/v1beta1/namespaces/default/flunders";
+
+#[tokio::test]
+async fn routes_stay_up_while_an_expired_watch_relists_and_later_changes_still_arrive() {
+    let pki = Pki::new();
+    let core = FixtureCore::start(&[]).await.unwrap();
+    let backend = pki.start_backend(GROUP, "v1alpha1,v1beta1", &[]).await;
+    let config = pki.gateway_config(&[("wardle", &backend)], "");
+    let gateway = pki.start_gateway(&core, &config, &[]).await;
+    let alice = pki.user("alice", &[]);
+    let kubectl = scenario::kubectl_as(&gateway, KubectlVersion::V1_32, &alice);
+    kubectl
+        .apply_yaml(&pki.apiservice(GROUP, "v1alpha1", "wardle").yaml())
+        .await;
+    assert!(
+        serves(
+            &gateway,
+            &alice,
+            ALPHA_FLUNDERS,
+            "FlunderList",
+            Duration::from_secs(2)
+        )
+        .await,
+        "{}",
+        gateway.process.logs()
+    );
+
+    scenario::clear_core_requests(&core).await;
+    let poller = Poller::start(&gateway, &alice, ALPHA_FLUNDERS);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The core forgets its watch history and closes the gateway's watch, like an etcd
+    // compaction: resuming answers 410 Expired, and only a fresh list gets the gateway going.
+    assert_eq!(
+        post_to_core(&core, "/fixture/compact").await,
+        StatusCode::OK
+    );
+    let relisted = harness::wait_until(Duration::from_secs(10), || async {
+        let reads = apiservice_reads(&core).await;
+        // A re-watch, then a list after its 410, then a new watch.
+        reads.iter().any(|(_, watch)| !watch) && reads.last().is_some_and(|(_, watch)| *watch)
+    })
+    .await;
+    assert!(
+        relisted,
+        "the gateway never relisted APIServices after the compaction: {:?}\n{}",
+        apiservice_reads(&core).await,
+        gateway.process.logs()
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let report = poller.stop().await;
+    assert!(
+        report.failures.is_empty() && report.answers >= 10,
+        "requests to {NAME} failed during the relist ({} answers): {:?}\n{}",
+        report.answers,
+        report.failures,
+        gateway.process.logs()
+    );
+
+    // The new watch is live: changes made after the compaction reach the route table.
+    kubectl
+        .apply_yaml(&pki.apiservice(GROUP, "v1beta1", "wardle").yaml())
+        .await;
+    assert!(
+        serves(
+            &gateway,
+            &alice,
+            BETA_FLUNDERS,
+            "FlunderList",
+            Duration::from_secs(5)
+        )
+        .await,
+        "{BETA} was not routed after the relist:\n{}",
+        gateway.process.logs()
+    );
+    kubectl.run_ok(&["delete", "apiservice", NAME]).await;
+    let back_to_core = harness::wait_until(Duration::from_secs(5), || async {
+        get_as(&gateway, &alice, ALPHA_FLUNDERS, &[]).await.0 == StatusCode::NOT_FOUND
+    })
+    .await;
+    assert!(
+        back_to_core,
+        "deleting {NAME} after the relist did not send it back to the core:\n{}",
+        gateway.process.logs()
+    );
+}
+
+#[tokio::test]
+async fn routes_stay_up_while_the_core_restarts_and_follow_the_restarted_core() {
+    let pki = Pki::new();
+    let mut core = FixtureCore::start(&[]).await.unwrap();
+    let backend = pki.start_backend(GROUP, "v1alpha1", &[]).await;
+    let config = pki.gateway_config(&[("wardle", &backend)], "");
+    let gateway = pki.start_gateway(&core, &config, &[]).await;
+    let alice = pki.user("alice", &[]);
+    let kubectl = scenario::kubectl_as(&gateway, KubectlVersion::V1_32, &alice);
+    let alpha = pki.apiservice(GROUP, "v1alpha1", "wardle");
+    kubectl.apply_yaml(&alpha.yaml()).await;
+    assert!(
+        serves(
+            &gateway,
+            &alice,
+            ALPHA_FLUNDERS,
+            "FlunderList",
+            Duration::from_secs(2)
+        )
+        .await,
+        "{}",
+        gateway.process.logs()
+    );
+    // What the restarted core finds in its (here: seeded) storage.
+    let stored: serde_json::Value = serde_saphyr::from_str(&alpha.yaml()).unwrap();
+    let seed = pki.write("core-seed.json", &stored.to_string());
+
+    let poller = Poller::start(&gateway, &alice, ALPHA_FLUNDERS);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let addr = core.addr.to_string();
+    core.process.kill();
+    // Long enough for the watch to fail and be retried a few times against a closed port.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let down = poller.stop().await;
+    assert!(
+        down.failures.is_empty() && down.answers >= 10,
+        "requests to {NAME} failed while the core was down ({} answers): {:?}\n{}",
+        down.answers,
+        down.failures,
+        gateway.process.logs()
+    );
+    let logs = gateway.process.logs();
+    assert!(logs.contains("APIService watch failed"), "{logs}");
+
+    let poller = Poller::start(&gateway, &alice, ALPHA_FLUNDERS);
+    let seed = scenario::path_arg(&seed);
+    let core = FixtureCore::start(&["--listen", &addr, "--seed", &seed])
+        .await
+        .unwrap();
+    let resynced = harness::wait_until(Duration::from_secs(20), || async {
+        apiservice_reads(&core)
+            .await
+            .iter()
+            .any(|(_, watch)| *watch)
+    })
+    .await;
+    assert!(
+        resynced,
+        "the gateway never watched the restarted core:\n{}",
+        gateway.process.logs()
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let up = poller.stop().await;
+    assert!(
+        up.failures.is_empty(),
+        "requests to {NAME} failed while the gateway reconnected ({} answers): {:?}\n{}",
+        up.answers,
+        up.failures,
+        gateway.process.logs()
+    );
+
+    // The restarted core is the source of truth again: deleting there sends the group back.
+    kubectl.run_ok(&["delete", "apiservice", NAME]).await;
+    let back_to_core = harness::wait_until(Duration::from_secs(5), || async {
+        get_as(&gateway, &alice, ALPHA_FLUNDERS, &[]).await.0 == StatusCode::NOT_FOUND
+    })
+    .await;
+    assert!(
+        back_to_core,
+        "deleting {NAME} on the restarted core did not send it back to the core:\n{}",
+        gateway.process.logs()
+    );
 }

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 use e2e::fixture::{core_server, Policy, Server, TlsFiles};
+use serde_json::Value;
 
 #[derive(Parser, Debug)]
 #[command(about = "In-memory core API server fixture for end-to-end tests")]
@@ -31,6 +32,28 @@ struct Args {
     /// Also serve plain HTTP on this Unix domain socket.
     #[arg(long)]
     unix_socket: Option<PathBuf>,
+    /// Store these objects at start (JSON: one object, an array, or a `List`), e.g. what a
+    /// restarted core finds in etcd.
+    #[arg(long)]
+    seed: Option<PathBuf>,
+}
+
+fn load_seed(path: Option<&PathBuf>) -> Result<Vec<Value>, String> {
+    let Some(path) = path else {
+        return Ok(Vec::new());
+    };
+    let text = std::fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    let value: Value =
+        serde_json::from_slice(&text).map_err(|e| format!("parsing {}: {e}", path.display()))?;
+    Ok(match value {
+        Value::Array(items) => items,
+        Value::Object(ref o) if o.get("kind").and_then(Value::as_str) == Some("List") => o
+            .get("items")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default(),
+        object => vec![object],
+    })
 }
 
 fn load_policy(path: Option<&PathBuf>) -> Result<Policy, String> {
@@ -46,7 +69,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let args = Args::parse();
     let policy = load_policy(args.policy.as_ref())?;
-    let config = core_server::config(&args.minor, !args.no_aggregated_discovery, policy);
+    let seed = load_seed(args.seed.as_ref())?;
+    let mut config = core_server::config(&args.minor, !args.no_aggregated_discovery, policy);
+    config.seed.extend(seed);
     let tls = match (args.tls_cert_file, args.tls_private_key_file) {
         (Some(cert), Some(key)) => Some(TlsFiles {
             cert,
