@@ -7,8 +7,11 @@
 use std::path::Path;
 use std::time::Duration;
 
-use e2e::harness::{self, FixtureCore, Gateway, GatewayOptions, KubectlVersion};
-use e2e::scenario::{self, create_on_core, get_as, path_arg, Pki};
+use e2e::certs::CertifiedPair;
+use e2e::harness::{
+    self, FixtureAggregated, FixtureCore, Gateway, GatewayOptions, Kubectl, KubectlVersion,
+};
+use e2e::scenario::{self, create_on_core, get_as, path_arg, ApiService, Pki};
 use http::StatusCode;
 
 const GROUP: &str = "wardle.example.com";
@@ -373,18 +376,19 @@ async fn post_to_core(core: &FixtureCore, path: &str) -> StatusCode {
 const ALPHA_FLUNDERS: &str = "/apis/wardle.example.com/v1alpha1/namespaces/default/flunders";
 const BETA_FLUNDERS: &str = "/apis/wardle.example.com/v1beta1/namespaces/default/flunders";
 
-#[tokio::test]
-async fn routes_stay_up_while_an_expired_watch_relists_and_later_changes_still_arrive() {
-    let pki = Pki::new();
-    let core = FixtureCore::start(&[]).await.unwrap();
-    let backend = pki.start_backend(GROUP, "v1alpha1,v1beta1", &[]).await;
-    let config = pki.gateway_config(&[("wardle", &backend)], "");
-    let gateway = pki.start_gateway(&core, &config, &[]).await;
+/// A gateway watching `core`'s APIServices, and alice applying v1alpha1 (backed by `backend`)
+/// with kubectl: served through the gateway within 2 s.
+async fn wardle_applied_with_kubectl(
+    pki: &Pki,
+    core: &FixtureCore,
+    backend: &FixtureAggregated,
+) -> (Gateway, CertifiedPair, Kubectl, ApiService) {
+    let config = pki.gateway_config(&[("wardle", backend)], "");
+    let gateway = pki.start_gateway(core, &config, &[]).await;
     let alice = pki.user("alice", &[]);
     let kubectl = scenario::kubectl_as(&gateway, KubectlVersion::V1_32, &alice);
-    kubectl
-        .apply_yaml(&pki.apiservice(GROUP, "v1alpha1", "wardle").yaml())
-        .await;
+    let alpha = pki.apiservice(GROUP, "v1alpha1", "wardle");
+    kubectl.apply_yaml(&alpha.yaml()).await;
     assert!(
         serves(
             &gateway,
@@ -397,6 +401,15 @@ async fn routes_stay_up_while_an_expired_watch_relists_and_later_changes_still_a
         "{}",
         gateway.process.logs()
     );
+    (gateway, alice, kubectl, alpha)
+}
+
+#[tokio::test]
+async fn routes_stay_up_while_an_expired_watch_relists_and_later_changes_still_arrive() {
+    let pki = Pki::new();
+    let core = FixtureCore::start(&[]).await.unwrap();
+    let backend = pki.start_backend(GROUP, "v1alpha1,v1beta1", &[]).await;
+    let (gateway, alice, kubectl, _) = wardle_applied_with_kubectl(&pki, &core, &backend).await;
 
     scenario::clear_core_requests(&core).await;
     let poller = Poller::start(&gateway, &alice, ALPHA_FLUNDERS);
@@ -462,24 +475,7 @@ async fn routes_stay_up_while_the_core_restarts_and_follow_the_restarted_core() 
     let pki = Pki::new();
     let mut core = FixtureCore::start(&[]).await.unwrap();
     let backend = pki.start_backend(GROUP, "v1alpha1", &[]).await;
-    let config = pki.gateway_config(&[("wardle", &backend)], "");
-    let gateway = pki.start_gateway(&core, &config, &[]).await;
-    let alice = pki.user("alice", &[]);
-    let kubectl = scenario::kubectl_as(&gateway, KubectlVersion::V1_32, &alice);
-    let alpha = pki.apiservice(GROUP, "v1alpha1", "wardle");
-    kubectl.apply_yaml(&alpha.yaml()).await;
-    assert!(
-        serves(
-            &gateway,
-            &alice,
-            ALPHA_FLUNDERS,
-            "FlunderList",
-            Duration::from_secs(2)
-        )
-        .await,
-        "{}",
-        gateway.process.logs()
-    );
+    let (gateway, alice, kubectl, alpha) = wardle_applied_with_kubectl(&pki, &core, &backend).await;
     // What the restarted core finds in its (here: seeded) storage.
     let stored: serde_json::Value = serde_saphyr::from_str(&alpha.yaml()).unwrap();
     let seed = pki.write("core-seed.json", &stored.to_string());
