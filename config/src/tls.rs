@@ -120,20 +120,10 @@ pub fn load_roots(paths: &[&Path]) -> Result<RootCertStore, TlsError> {
 
 /// Root store from PEM bytes, e.g. an APIService's `spec.caBundle`.
 pub fn roots_from_pem(pem: &[u8], origin: &str) -> Result<RootCertStore, TlsError> {
-    let err = |message: String| TlsError::RootsPem {
+    ca_roots(pem).map_err(|message| TlsError::RootsPem {
         origin: origin.to_owned(),
         message,
-    };
-    let mut roots = RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(pem) {
-        roots
-            .add(cert.map_err(|e| err(e.to_string()))?)
-            .map_err(|e| err(e.to_string()))?;
-    }
-    if roots.is_empty() {
-        return Err(err("no PEM certificate found".to_owned()));
-    }
-    Ok(roots)
+    })
 }
 
 /// Why PEM material a user supplied cannot be used, worded for a refusal at start: what is wrong
@@ -191,9 +181,14 @@ pub fn key_from_pem(pem: &[u8]) -> Result<PrivateKeyDer<'static>, String> {
     })
 }
 
-/// Checks a CA bundle the way it is used at run time: every certificate must be a usable trust
-/// anchor, and there must be at least one.
+/// Checks a CA bundle the way it is used at run time (see [`ca_roots`]).
 pub fn check_ca_pem(pem: &[u8]) -> Result<(), String> {
+    ca_roots(pem).map(drop)
+}
+
+/// Every certificate in a CA bundle as a trust anchor; at least one, or a message saying why
+/// not. One reading for the bundles checked at start and the `caBundle`s read at run time.
+fn ca_roots(pem: &[u8]) -> Result<RootCertStore, String> {
     let mut roots = RootCertStore::empty();
     for (i, cert) in certs_from_pem(pem)?.into_iter().enumerate() {
         roots.add(cert).map_err(|e| {
@@ -203,7 +198,7 @@ pub fn check_ca_pem(pem: &[u8]) -> Result<(), String> {
             )
         })?;
     }
-    Ok(())
+    Ok(roots)
 }
 
 /// Checks that a key belongs to a certificate chain (and that its algorithm is supported): the

@@ -273,6 +273,18 @@ mod tests {
     }
 
     #[test]
+    fn strip_removes_every_remote_header() {
+        let mut h = crate::test_util::headers(&[
+            ("X-Remote-User", "a"),
+            ("X-Remote-Extra-x", "1"),
+            ("X-Remote-Uid", "1"),
+            ("Accept", "*/*"),
+        ]);
+        strip_identity_headers(&mut h);
+        assert_eq!(h.len(), 1);
+    }
+
+    #[test]
     fn underscore_and_case_variants_are_identity_headers_too() {
         for name in [
             "x_remote_user",

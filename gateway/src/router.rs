@@ -99,19 +99,13 @@ impl Service<Request> for Router {
                 return Ok(tagged(resp, RoutedTo::Gateway));
             }
             let client = req.extensions().get::<ConnInfo>().map(|c| c.remote);
-            let long_running = req
-                .extensions()
-                .get::<RequestInfo>()
-                .is_some_and(|i| i.long_running);
-
+            let info = req.extensions().get::<RequestInfo>();
+            let long_running = info.is_some_and(|i| i.long_running);
             // Routes are matched on the decoded path, as kube-aggregator's mux matches
             // `URL.Path`; the request itself goes on with the path the client wrote.
-            let decoded = req
-                .extensions()
-                .get::<RequestInfo>()
-                .map(|i| i.path.clone());
+            let route_path = info.map_or(path, |i| i.path.as_str());
             let table = routes_for(&req, &gw.routing);
-            let route = match table.lookup(decoded.as_deref().unwrap_or(path)) {
+            let route = match table.lookup(route_path) {
                 Lookup::GroupVersion(route) | Lookup::LegacyCore(route) => Some(route),
                 Lookup::Group(_) | Lookup::None => None,
             };

@@ -177,7 +177,6 @@ impl Authenticator {
         };
 
         let headers = req.headers_mut();
-        requestheader::strip(headers);
         let authorization = headers.remove(AUTHORIZATION).map(|mut v| {
             v.set_sensitive(true);
             v
@@ -202,8 +201,9 @@ impl Authenticator {
                 Ok(None) => impersonation_headers.clear(),
             }
         }
-        // What is left that some backend could still read as an identity (`X_Remote_User`,
-        // `impersonate_group`): kube never reads those spellings, so they are dropped unread.
+        // Every request-header identity (read above or not, trusted or not) and whatever else
+        // some backend could read as one (`X_Remote_User`, `impersonate_group`) goes: nobody
+        // downstream should see them.
         strip_identity_headers(headers);
 
         let auth = Authenticated {

@@ -67,23 +67,6 @@ pub fn user_from_headers(headers: &HeaderMap) -> Option<UserInfo> {
     })
 }
 
-/// Removes every request-header identity header, trusted or not: once read (or refused), nobody
-/// downstream should see them.
-pub fn strip(headers: &mut HeaderMap) {
-    strip_prefixed(headers, "x-remote-");
-}
-
-pub(crate) fn strip_prefixed(headers: &mut HeaderMap, prefix: &str) {
-    let doomed: Vec<_> = headers
-        .keys()
-        .filter(|k| k.as_str().starts_with(prefix))
-        .cloned()
-        .collect();
-    for name in doomed {
-        headers.remove(name);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -125,17 +108,5 @@ mod tests {
     fn undecodable_keys_are_kept_as_sent() {
         assert_eq!(decode_extra_key("a%ffb"), "a%ffb");
         assert_eq!(decode_extra_key("Foo%2Fbar"), "foo/bar");
-    }
-
-    #[test]
-    fn strip_removes_every_remote_header() {
-        let mut h = headers(&[
-            ("X-Remote-User", "a"),
-            ("X-Remote-Extra-x", "1"),
-            ("X-Remote-Uid", "1"),
-            ("Accept", "*/*"),
-        ]);
-        strip(&mut h);
-        assert_eq!(h.len(), 1);
     }
 }
