@@ -35,9 +35,9 @@ use crate::stack::{
     authn::Authn,
     authz::{Authorizer, Authz},
     limits::LimitsService,
-    request_info::RequestInfoService,
     rescue::Rescue,
     timeout::TimeoutService,
+    with_request_info::RequestInfoService,
 };
 
 #[derive(Debug, thiserror::Error)]

@@ -17,6 +17,7 @@ pub mod listener;
 pub mod logging;
 pub mod metrics;
 pub mod proxy;
+pub mod request;
 pub mod request_info;
 pub mod router;
 pub mod routing;

@@ -30,7 +30,7 @@ use tokio::time::Sleep;
 use tower::Service;
 
 use crate::body::{self, Request, Response};
-use crate::stack::ConnInfo;
+use crate::request::ConnInfo;
 
 pub struct ListenerSettings {
     pub header_read_timeout: Duration,

@@ -17,9 +17,9 @@ use crate::error::GatewayError;
 use crate::health::Health;
 use crate::identity::UserInfo;
 use crate::metrics::Metrics;
+use crate::request::{BoxFuture, ConnInfo, RoutedTo};
 use crate::request_info::RequestInfo;
 use crate::routing::{Routes, Routing, Target};
-use crate::stack::{BoxFuture, ConnInfo, RoutedTo};
 
 /// What the router reads on every request; built once at start.
 pub struct Gateway {

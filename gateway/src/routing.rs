@@ -20,7 +20,7 @@ use tokio::sync::{watch, Notify};
 use crate::backend::remote::RemoteBackend;
 use crate::health::Check;
 use crate::metrics::Metrics;
-use crate::stack::RoutedTo;
+use crate::request::RoutedTo;
 
 /// What a route leads to.
 pub enum Target {

@@ -51,7 +51,7 @@ use crate::body::{Request, Response};
 use crate::identity::{
     strip_identity_headers, UserInfo, ANONYMOUS, AUTHENTICATED, UNAUTHENTICATED,
 };
-use crate::stack::ConnInfo;
+use crate::request::ConnInfo;
 use crate::status::{status_response, StatusDetails};
 
 use self::sar::{cached_review, Attributes, DecisionCache};

@@ -9,7 +9,7 @@ use tower::Service;
 
 use super::core::CoreBackend;
 use crate::body::{self, BoxError};
-use crate::stack::BoxFuture;
+use crate::request::BoxFuture;
 
 #[derive(Clone)]
 pub struct CoreTransport(pub Arc<CoreBackend>);

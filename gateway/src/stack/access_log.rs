@@ -9,9 +9,9 @@ use std::time::Instant;
 use tower::layer::layer_fn;
 use tower::{Layer, Service};
 
-use super::{BoxFuture, RoutedTo};
 use crate::body::{Request, Response};
 use crate::metrics::Metrics;
+use crate::request::{BoxFuture, RoutedTo};
 
 #[derive(Clone)]
 pub struct AccessLog<S> {
@@ -47,7 +47,10 @@ where
         // Cloning the path and query only bumps a reference count; the log line formats it if it
         // is written. (HTTP/2 requests carry an absolute URI; the log shows the path either way.)
         let uri = req.uri().path_and_query().cloned();
-        let client = req.extensions().get::<super::ConnInfo>().map(|c| c.remote);
+        let client = req
+            .extensions()
+            .get::<crate::request::ConnInfo>()
+            .map(|c| c.remote);
         let version = req.version();
         let fut = self.inner.call(req);
         let metrics = self.metrics.clone();

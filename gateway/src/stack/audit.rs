@@ -31,10 +31,10 @@ use tower::layer::layer_fn;
 use tower::{Layer, Service};
 
 use super::authz::AuthzOutcome;
-use super::{BoxFuture, ConnInfo, RoutedTo};
 use crate::auth::Authenticated;
 use crate::body::{self, BoxError, Request, Response};
 use crate::identity::UserInfo;
+use crate::request::{BoxFuture, ConnInfo, RoutedTo};
 use crate::request_info::RequestInfo;
 
 pub const AUDIT_ID: HeaderName = HeaderName::from_static("audit-id");

@@ -12,9 +12,10 @@ use std::task::{Context, Poll};
 use tower::layer::layer_fn;
 use tower::{Layer, Service};
 
-use super::{take_inner, BoxFuture};
+use super::take_inner;
 use crate::auth::Authenticator;
 use crate::body::{BoxError, Request, Response};
+use crate::request::BoxFuture;
 
 pub use crate::auth::x509::user_from_certificate;
 

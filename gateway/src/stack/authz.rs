@@ -34,12 +34,13 @@ use http::{Method, StatusCode};
 use tower::layer::layer_fn;
 use tower::{Layer, Service};
 
-use super::{take_inner, BoxFuture};
+use super::take_inner;
 use crate::auth::forbidden::forbidden;
 use crate::auth::sar::{self, Action, Attributes, DecisionCache};
 use crate::body::{BoxError, Request, Response};
 use crate::discovery::handler::classify;
 use crate::identity::UserInfo;
+use crate::request::BoxFuture;
 use crate::request_info::RequestInfo;
 use crate::router::PinnedRoutes;
 use crate::routing::{Routing, Target};

@@ -13,10 +13,10 @@ use prometheus::IntGauge as Gauge;
 use tower::layer::layer_fn;
 use tower::{Layer, Service};
 
-use super::BoxFuture;
 use crate::body::{self, BoxError, Request, Response};
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
+use crate::request::BoxFuture;
 use crate::request_info::RequestInfo;
 
 struct Slots {
@@ -184,7 +184,7 @@ mod tests {
     use tower::ServiceExt;
 
     use super::*;
-    use crate::stack::request_info::RequestInfoService;
+    use crate::stack::with_request_info::RequestInfoService;
 
     fn limits(readonly: u32, max_body: u64) -> gateway_config::Limits {
         gateway_config::Limits {

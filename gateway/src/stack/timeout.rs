@@ -9,9 +9,9 @@ use std::time::Duration;
 use tower::layer::layer_fn;
 use tower::{Layer, Service};
 
-use super::BoxFuture;
 use crate::body::{BoxError, Request, Response};
 use crate::error::GatewayError;
+use crate::request::BoxFuture;
 use crate::request_info::RequestInfo;
 
 #[derive(Clone)]
@@ -79,7 +79,7 @@ mod tests {
 
     use super::*;
     use crate::body;
-    use crate::stack::request_info::RequestInfoService;
+    use crate::stack::with_request_info::RequestInfoService;
 
     #[test]
     fn client_timeout_is_parsed() {

@@ -6,9 +6,9 @@ use std::task::{Context, Poll};
 use tower::layer::layer_fn;
 use tower::{Layer, Service};
 
-use super::BoxFuture;
 use crate::body::{BoxError, Request, Response};
 use crate::error::GatewayError;
+use crate::request::BoxFuture;
 use crate::request_info::parse;
 
 #[derive(Clone)]

@@ -1,0 +1,57 @@
+//! The types every part of the request path shares: what the listener knows of the connection,
+//! where the router sent a request, and the boxed future the services return. They sit below
+//! the listener, the stack and the router, so none of those imports from a layer above it.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// Where the router sent a request; set on the response for the access log, metrics and audit.
+#[derive(Clone, Debug)]
+pub enum RoutedTo {
+    Gateway,
+    Core,
+    /// An APIService's route, carrying its label `apiservice/<name>`. The label is built once
+    /// per route (see `routing::RouteTarget`), so tagging a response only clones an `Arc`.
+    ApiService(Arc<str>),
+}
+
+impl RoutedTo {
+    pub fn api_service(name: &str) -> Self {
+        Self::ApiService(format!("apiservice/{name}").into())
+    }
+
+    /// The `routed` field of the access log and the metrics label.
+    pub fn label(&self) -> &str {
+        match self {
+            Self::Gateway => "gateway",
+            Self::Core => "core",
+            Self::ApiService(label) => label,
+        }
+    }
+}
+
+/// Connection facts the listener attaches to every request.
+#[derive(Clone, Debug)]
+pub struct ConnInfo {
+    pub remote: std::net::SocketAddr,
+    /// The verified client certificate chain, leaf first, when the client presented one.
+    pub peer_certs: Option<Arc<Vec<rustls::pki_types::CertificateDer<'static>>>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_name_the_route() {
+        assert_eq!(RoutedTo::Gateway.label(), "gateway");
+        assert_eq!(RoutedTo::Core.label(), "core");
+        assert_eq!(
+            RoutedTo::api_service("v1alpha1.wardle.example.com").label(),
+            "apiservice/v1alpha1.wardle.example.com"
+        );
+    }
+}
