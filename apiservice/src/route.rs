@@ -18,9 +18,14 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIServiceCondition;
+
 use crate::model::{
-    available_condition, APIService, ConditionStatus, RegisteredAPIService, LEGACY_CORE_API_SERVICE,
+    available, available_condition, APIService, ConditionStatus, RegisteredAPIService,
+    LEGACY_CORE_API_SERVICE,
 };
+use crate::resolve::ResolveReason;
 
 /// Whether an APIService may receive traffic, from its `Available` condition.
 ///
@@ -31,12 +36,69 @@ use crate::model::{
 pub enum Availability {
     Available,
     Unavailable {
-        reason: String,
+        reason: UnavailableReason,
         message: String,
     },
     #[default]
     Unknown,
 }
+
+/// Why an APIService is not available, as the `Available` condition's `reason` names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum UnavailableReason {
+    /// The Service or its endpoints (kube-aggregator's resolve reasons).
+    Resolve(ResolveReason),
+    /// The discovery probe failed, or the backend's transport could not be built.
+    FailedDiscoveryCheck,
+    /// A reason read from a stored condition that is none of the above.
+    Recorded(String),
+}
+
+impl UnavailableReason {
+    /// The reason of a stored condition, typed where the gateway knows it.
+    pub fn recorded(reason: &str) -> Self {
+        const RESOLVE: [ResolveReason; 6] = [
+            ResolveReason::ServiceNotFound,
+            ResolveReason::ServiceAccessError,
+            ResolveReason::ServicePortError,
+            ResolveReason::EndpointsAccessError,
+            ResolveReason::EndpointsNotFound,
+            ResolveReason::MissingEndpoints,
+        ];
+        if reason == FAILED_DISCOVERY_CHECK {
+            return Self::FailedDiscoveryCheck;
+        }
+        match RESOLVE.into_iter().find(|r| r.as_str() == reason) {
+            Some(r) => Self::Resolve(r),
+            None => Self::Recorded(reason.to_owned()),
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        match self {
+            Self::Resolve(r) => r.as_str(),
+            Self::FailedDiscoveryCheck => FAILED_DISCOVERY_CHECK,
+            Self::Recorded(r) => r,
+        }
+    }
+
+    /// kube-aggregator says `Unknown` when it could not look (the Service or its endpoints could
+    /// not be read) and `False` when it looked and found something wrong.
+    pub fn condition_status(&self) -> ConditionStatus {
+        match self {
+            Self::Resolve(r) => r.condition_status(),
+            Self::FailedDiscoveryCheck | Self::Recorded(_) => ConditionStatus::False,
+        }
+    }
+}
+
+impl fmt::Display for UnavailableReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+const FAILED_DISCOVERY_CHECK: &str = "FailedDiscoveryCheck";
 
 impl Availability {
     /// Reads the `Available` condition: `True` → Available, `False` → Unavailable with its
@@ -45,15 +107,43 @@ impl Availability {
         match available_condition(api) {
             Some(c) if c.status == ConditionStatus::True.as_str() => Self::Available,
             Some(c) if c.status == ConditionStatus::False.as_str() => Self::Unavailable {
-                reason: c.reason.clone().unwrap_or_default(),
+                reason: UnavailableReason::recorded(c.reason.as_deref().unwrap_or_default()),
                 message: c.message.clone().unwrap_or_default(),
             },
             _ => Self::Unknown,
         }
     }
 
+    pub fn unavailable(reason: UnavailableReason, message: impl Into<String>) -> Self {
+        Self::Unavailable {
+            reason,
+            message: message.into(),
+        }
+    }
+
     pub fn is_available(&self) -> bool {
         matches!(self, Self::Available)
+    }
+
+    /// The `Available` condition kube-aggregator writes for this result (`local`: the APIService
+    /// is served by the core server).
+    pub fn condition(&self, local: bool, now: Time) -> APIServiceCondition {
+        match self {
+            Self::Available if local => available(
+                ConditionStatus::True,
+                "Local",
+                "Local APIServices are always available",
+                now,
+            ),
+            Self::Available => available(ConditionStatus::True, "Passed", "all checks passed", now),
+            Self::Unavailable { reason, message } => available(
+                reason.condition_status(),
+                reason.as_str(),
+                message.as_str(),
+                now,
+            ),
+            Self::Unknown => available(ConditionStatus::Unknown, "Unknown", "", now),
+        }
     }
 }
 
@@ -62,7 +152,9 @@ impl fmt::Display for Availability {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Available => f.write_str("True"),
-            Self::Unavailable { reason, .. } if !reason.is_empty() => write!(f, "False ({reason})"),
+            Self::Unavailable { reason, .. } if !reason.as_str().is_empty() => {
+                write!(f, "False ({reason})")
+            }
             Self::Unavailable { .. } => f.write_str("False"),
             Self::Unknown => f.write_str("Unknown"),
         }
@@ -616,7 +708,7 @@ mod tests {
         assert_eq!(
             a,
             Availability::Unavailable {
-                reason: "FailedDiscoveryCheck".into(),
+                reason: UnavailableReason::FailedDiscoveryCheck,
                 message: "boom".into()
             }
         );
@@ -634,11 +726,39 @@ mod tests {
         set_available_condition(&mut api, ConditionStatus::Unknown, "", "", now);
         assert_eq!(Availability::of(&api), Availability::Unknown);
         assert_eq!(Availability::Unknown.to_string(), "Unknown");
-        let bare = Availability::Unavailable {
-            reason: String::new(),
-            message: String::new(),
-        };
+        let bare = Availability::unavailable(UnavailableReason::Recorded(String::new()), "");
         assert_eq!(bare.to_string(), "False");
+    }
+
+    #[test]
+    fn conditions_use_kube_aggregators_statuses() {
+        let now = || Time(Timestamp::UNIX_EPOCH);
+        let c = Availability::Available.condition(true, now());
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_deref()),
+            ("True", Some("Local"))
+        );
+        let c = Availability::Available.condition(false, now());
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_deref()),
+            ("True", Some("Passed"))
+        );
+        // Could not look: Unknown. Looked and found it wrong: False.
+        for (reason, status) in [
+            ("ServiceAccessError", "Unknown"),
+            ("EndpointsAccessError", "Unknown"),
+            ("ServiceNotFound", "False"),
+            ("FailedDiscoveryCheck", "False"),
+            ("SomethingElse", "False"),
+        ] {
+            let a = Availability::unavailable(UnavailableReason::recorded(reason), "m");
+            let c = a.condition(false, now());
+            assert_eq!(
+                (c.status.as_str(), c.reason.as_deref(), c.message.as_deref()),
+                (status, Some(reason), Some("m")),
+                "{reason}"
+            );
+        }
     }
 
     #[test]

@@ -338,6 +338,7 @@ fn start_apiservices(
             routing,
             results: results_tx,
             interval: api.availability_interval,
+            backoff: crate::routing::availability::AVAILABILITY_BACKOFF,
             resolver,
             kube: kube_source.then_some(kube),
             metrics,

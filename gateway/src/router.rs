@@ -160,7 +160,7 @@ fn unavailable_reason(a: &apiservice::route::Availability) -> String {
         apiservice::route::Availability::Unavailable { reason, message } if !message.is_empty() => {
             format!("{message} ({reason})")
         }
-        apiservice::route::Availability::Unavailable { reason, .. } => reason.clone(),
+        apiservice::route::Availability::Unavailable { reason, .. } => reason.to_string(),
         _ => "availability not yet known; the first check is under way".into(),
     }
 }

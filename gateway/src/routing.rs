@@ -3,26 +3,27 @@
 //! of APIServices or their availability changes, and the availability controller probes remote
 //! backends and (with the kube source) writes the `Available` condition back to the core.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use apiservice::model::{Backend, RegisteredAPIService};
-use apiservice::resolve::{Changes, ResolveError, ResolveReason, ServiceResolver};
+use apiservice::resolve::ServiceResolver;
 use apiservice::route::{Availability, RouteTable};
 use apiservice::source::{refusal, ApiServiceSet, Refusal};
 use arc_swap::ArcSwap;
 use gateway_config::tls::Identity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIServiceCondition;
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 
 use crate::backend::remote::RemoteBackend;
+
+pub mod availability;
 use crate::health::Check;
 use crate::metrics::Metrics;
 use crate::request::RoutedTo;
+pub use availability::AvailabilityController;
 
 /// What a route leads to.
+#[derive(Clone)]
 pub enum Target {
     /// A local APIService: served by the core server.
     Local,
@@ -47,8 +48,9 @@ pub struct Routing {
     table: ArcSwap<Routes>,
     /// Readiness check `apiservice-sources-synced`: passes after the first complete set.
     pub synced: Arc<Check>,
-    /// Wakes the availability controller when the APIService specs changed.
-    specs_changed: Notify,
+    /// The same table for the controllers that follow it (availability, discovery): `None`
+    /// until the first complete set, then every table the route controller builds.
+    updates: watch::Sender<Option<Arc<Routes>>>,
 }
 
 impl Routing {
@@ -56,8 +58,20 @@ impl Routing {
         Arc::new(Self {
             table: ArcSwap::from_pointee(RouteTable::empty()),
             synced: Check::unhealthy("APIService source has not completed its first sync"),
-            specs_changed: Notify::new(),
+            updates: watch::channel(None).0,
         })
+    }
+
+    /// Every route table from the first complete one on; see [`Routing::publish`].
+    pub fn subscribe(&self) -> watch::Receiver<Option<Arc<Routes>>> {
+        self.updates.subscribe()
+    }
+
+    /// Installs `table` for the request path and hands it to the controllers that follow it.
+    fn publish(&self, table: Routes) {
+        let table = Arc::new(table);
+        self.table.store(table.clone());
+        self.updates.send_replace(Some(table));
     }
 
     pub fn load(&self) -> arc_swap::Guard<Arc<Routes>> {
@@ -272,7 +286,7 @@ impl RouteController {
         }
         self.backends = backends;
         let table_len = table.len();
-        self.routing.table.store(Arc::new(table));
+        self.routing.publish(table);
         if !self.routing.is_synced() {
             tracing::info!(apiservices = table_len, "APIService routes installed");
             self.routing.synced.pass();
@@ -280,309 +294,7 @@ impl RouteController {
         if specs != self.last_specs {
             tracing::debug!(apiservices = table_len, "APIService set changed");
             self.last_specs = specs;
-            self.routing.specs_changed.notify_one();
         }
-    }
-}
-
-/// Wait this long for a burst of Service/EndpointSlice events to end before re-checking.
-const RESOLVER_DEBOUNCE: Duration = Duration::from_millis(250);
-
-/// Waiting longer than this for the Service caches is logged.
-const RESOLVER_SYNC_SLOW: Duration = Duration::from_secs(10);
-
-/// Longest wait for the Service caches before the first check. After that, checks run anyway and
-/// say `ServiceAccessError` ("the Service cache has not synced yet"), which is the truth and more
-/// useful than no condition at all; they re-run as soon as the caches sync.
-const RESOLVER_SYNC_LIMIT: Duration = Duration::from_secs(60);
-
-/// Probes remote APIServices on every spec change and every interval, and re-checks the ones whose
-/// Service or endpoints changed as soon as that change is seen.
-pub struct AvailabilityController {
-    pub routing: Arc<Routing>,
-    pub results: watch::Sender<AvailabilityMap>,
-    pub interval: Duration,
-    /// Also the source of change notifications: see [`ServiceResolver::changes`].
-    pub resolver: Arc<dyn ServiceResolver>,
-    /// Present with the kube source: conditions are written back through the status subresource.
-    pub kube: Option<kube::Client>,
-    pub metrics: Arc<Metrics>,
-}
-
-/// What the controller knows between rounds.
-#[derive(Default)]
-struct ProbeState {
-    current: HashMap<String, Availability>,
-    /// The condition last written to the core, per APIService.
-    written: HashMap<String, Availability>,
-    /// The Service/endpoint pre-check each remote APIService's current result was based on. A
-    /// resolver change re-probes exactly the APIServices whose pre-check now answers differently.
-    prechecks: HashMap<String, Precheck>,
-}
-
-/// The outcome of [`ServiceResolver::check_endpoints`]; `None` for routes without one.
-type Precheck = Option<Result<(), ResolveError>>;
-
-impl AvailabilityController {
-    pub async fn run(self) {
-        let mut changes = self.resolver.changes();
-        self.wait_for_resolver(&mut changes).await;
-        let mut state = ProbeState::default();
-        let mut next_full = tokio::time::Instant::now();
-        let mut full_due = true;
-        loop {
-            if !self.routing.is_synced() {
-                // Nothing to check yet; the route controller's first table wakes us.
-                next_full = tokio::time::Instant::now() + self.interval;
-            } else if full_due {
-                full_due = false;
-                next_full = tokio::time::Instant::now() + self.interval;
-                self.round(&self.routing.load_full(), None, &mut state)
-                    .await;
-            } else {
-                let table = self.routing.load_full();
-                let affected = affected(&table, self.resolver.as_ref(), &state.prechecks);
-                if !affected.is_empty() {
-                    tracing::debug!(apiservices = ?affected, "Service or endpoints changed; re-checking");
-                    self.round(&table, Some(&affected), &mut state).await;
-                }
-            }
-            // A deadline, not a fresh sleep per wake-up: a steady stream of endpoint changes must
-            // not postpone the full round forever.
-            full_due |= tokio::select! {
-                _ = tokio::time::sleep_until(next_full) => true,
-                _ = self.routing.specs_changed.notified() => true,
-                _ = changes.changed() => {
-                    tokio::time::sleep(RESOLVER_DEBOUNCE).await;
-                    changes.mark_seen();
-                    false
-                }
-            };
-        }
-    }
-
-    /// Holds the first round until the resolver's caches are loaded, so startup does not publish
-    /// (and write to the core) `ServiceAccessError` for every remote APIService. Bounded: see
-    /// [`RESOLVER_SYNC_LIMIT`].
-    async fn wait_for_resolver(&self, changes: &mut Changes) {
-        let start = tokio::time::Instant::now();
-        let mut logged = false;
-        while !self.resolver.synced() {
-            let waited = start.elapsed();
-            if waited >= RESOLVER_SYNC_LIMIT {
-                tracing::warn!(
-                    waited = ?waited,
-                    "Service/EndpointSlice caches still not synced; checking APIService availability anyway (ServiceAccessError until they sync)"
-                );
-                return;
-            }
-            let next_log = if logged {
-                RESOLVER_SYNC_LIMIT
-            } else {
-                RESOLVER_SYNC_SLOW
-            };
-            tokio::select! {
-                _ = changes.changed() => {}
-                _ = tokio::time::sleep_until(start + next_log) => {
-                    if !logged && !self.resolver.synced() {
-                        tracing::warn!(
-                            waited = ?start.elapsed(),
-                            "waiting for the Service/EndpointSlice caches before checking APIService availability (RBAC list/watch on services and endpointslices? core reachable?)"
-                        );
-                        logged = true;
-                    }
-                }
-            }
-        }
-        if logged {
-            tracing::info!(waited = ?start.elapsed(), "Service/EndpointSlice caches synced");
-        }
-    }
-
-    /// Probes every route (`only == None`) or the named ones, then publishes, records and writes
-    /// back what changed. Results of routes not probed this time carry over.
-    async fn round(&self, table: &Routes, only: Option<&HashSet<String>>, state: &mut ProbeState) {
-        let probes = table
-            .routes()
-            .filter(|route| only.is_none_or(|o| o.contains(&route.api_service.name)))
-            .map(|route| {
-                let resolver = self.resolver.clone();
-                async move {
-                    let (precheck, result) = check(route, resolver.as_ref()).await;
-                    (route.api_service.name.clone(), precheck, result)
-                }
-            });
-        let probed = futures::future::join_all(probes).await;
-        let mut results: HashMap<String, Availability> = match only {
-            None => {
-                state.prechecks.clear();
-                HashMap::new()
-            }
-            Some(_) => table
-                .routes()
-                .filter_map(|r| {
-                    let name = &r.api_service.name;
-                    state.current.get(name).map(|a| (name.clone(), a.clone()))
-                })
-                .collect(),
-        };
-        for (name, precheck, result) in probed {
-            state.prechecks.insert(name.clone(), precheck);
-            results.insert(name, result);
-        }
-        state.prechecks.retain(|name, _| results.contains_key(name));
-        self.record(&state.current, &results);
-        if let Some(client) = &self.kube {
-            for route in table.routes() {
-                let name = &route.api_service.name;
-                let Some(result) = results.get(name) else {
-                    continue;
-                };
-                if state.written.get(name) == Some(result) {
-                    continue;
-                }
-                let condition = condition(result, route.api_service.is_local());
-                match apiservice::source::kube::write_available_condition(client, name, condition)
-                    .await
-                {
-                    Ok(()) => {
-                        state.written.insert(name.clone(), result.clone());
-                    }
-                    Err(e) => {
-                        tracing::warn!(apiservice = %name, error = %e, "cannot write the Available condition")
-                    }
-                }
-            }
-            state.written.retain(|name, _| results.contains_key(name));
-        }
-        if results != state.current {
-            state.current = results.clone();
-            let _ = self.results.send(Arc::new(results));
-        }
-    }
-
-    /// kube-aggregator's metrics: the gauge per APIService, and a counter per transition to
-    /// unavailable.
-    fn record(
-        &self,
-        before: &HashMap<String, Availability>,
-        after: &HashMap<String, Availability>,
-    ) {
-        for (name, now) in after {
-            let unavailable = !now.is_available();
-            self.metrics
-                .unavailable_apiservice
-                .with_label_values(&[name])
-                .set(unavailable as i64);
-            let was_unavailable = before
-                .get(name)
-                .is_some_and(|b| matches!(b, Availability::Unavailable { .. }));
-            if let Availability::Unavailable { reason, message } = now {
-                if !was_unavailable {
-                    let reason = if reason.is_empty() {
-                        "UnknownReason"
-                    } else {
-                        reason.as_str()
-                    };
-                    self.metrics
-                        .unavailable_apiservice_total
-                        .with_label_values(&[name, reason])
-                        .inc();
-                    tracing::warn!(apiservice = %name, reason, message = %message, "APIService unavailable");
-                }
-            } else if was_unavailable || !before.contains_key(name) {
-                tracing::info!(apiservice = %name, "APIService available");
-            }
-        }
-        for name in before.keys().filter(|n| !after.contains_key(*n)) {
-            let _ = self
-                .metrics
-                .unavailable_apiservice
-                .remove_label_values(&[name]);
-        }
-    }
-}
-
-/// The remote routes whose Service/endpoint pre-check answers differently from when they were
-/// last probed: those a resolver change can have made available or unavailable. In-memory reads
-/// only, so running it after every burst of cluster events is cheap.
-fn affected(
-    table: &Routes,
-    resolver: &dyn ServiceResolver,
-    prechecks: &HashMap<String, Precheck>,
-) -> HashSet<String> {
-    table
-        .routes()
-        .filter(|route| matches!(route.backend.target, Target::Remote(_)))
-        .filter_map(|route| {
-            let api = &route.api_service;
-            let now = api.service().map(|svc| resolver.check_endpoints(svc));
-            (prechecks.get(&api.name) != Some(&now)).then(|| api.name.clone())
-        })
-        .collect()
-}
-
-/// One availability decision: the Service and its endpoints first, then discovery. Also returns
-/// the pre-check's outcome, see [`ProbeState::prechecks`].
-async fn check(
-    route: &apiservice::route::Route<RouteTarget>,
-    resolver: &dyn ServiceResolver,
-) -> (Precheck, Availability) {
-    let unavailable = |reason: &str, message: String| Availability::Unavailable {
-        reason: reason.into(),
-        message,
-    };
-    match &route.backend.target {
-        Target::Local => (None, Availability::Available),
-        // The transport could not be built (e.g. a bad caBundle): the check fails before it starts.
-        Target::Broken(why) => (None, unavailable("FailedDiscoveryCheck", why.to_string())),
-        Target::Remote(backend) => {
-            let api = &route.api_service;
-            let precheck = api.service().map(|svc| resolver.check_endpoints(svc));
-            if let Some(Err(e)) = &precheck {
-                let result = unavailable(e.reason.as_str(), e.message.clone());
-                return (precheck, result);
-            }
-            let result = match backend.probe(&api.group, &api.version).await {
-                Ok(()) => Availability::Available,
-                Err(message) => unavailable("FailedDiscoveryCheck", message),
-            };
-            (precheck, result)
-        }
-    }
-}
-
-fn condition(a: &Availability, local: bool) -> APIServiceCondition {
-    let (status, reason, message) = match a {
-        Availability::Available if local => (
-            "True",
-            "Local",
-            "Local APIServices are always available".to_owned(),
-        ),
-        Availability::Available => ("True", "Passed", "all checks passed".to_owned()),
-        // kube-aggregator says Unknown when it could not look (the Service or its endpoints
-        // could not be read) and False when it looked and found something wrong.
-        Availability::Unavailable { reason, message }
-            if [
-                ResolveReason::ServiceAccessError,
-                ResolveReason::EndpointsAccessError,
-            ]
-            .iter()
-            .any(|r| r.as_str() == reason) =>
-        {
-            ("Unknown", reason.as_str(), message.clone())
-        }
-        Availability::Unavailable { reason, message } => {
-            ("False", reason.as_str(), message.clone())
-        }
-        Availability::Unknown => ("Unknown", "Unknown", String::new()),
-    };
-    APIServiceCondition {
-        type_: "Available".into(),
-        status: status.into(),
-        reason: Some(reason.into()),
-        message: Some(message),
-        last_transition_time: Some(Time(k8s_openapi::jiff::Timestamp::now())),
     }
 }
 
@@ -591,6 +303,9 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::Mutex;
+    use std::time::Duration;
+
+    use apiservice::resolve::{Changes, ResolveError, ResolveReason};
 
     use apiservice::model::{APIService, ServiceRef};
     use apiservice::resolve::Endpoint;
@@ -726,6 +441,12 @@ mod tests {
                 routing: routing.clone(),
                 results: results_tx,
                 interval: Duration::from_secs(3600),
+                // Failed checks are not retried within a test either: what is probed is what a
+                // change asked for.
+                backoff: crate::workqueue::Backoff {
+                    min: Duration::from_secs(3600),
+                    max: Duration::from_secs(3600),
+                },
                 resolver,
                 kube: None,
                 metrics: metrics.clone(),
@@ -743,7 +464,7 @@ mod tests {
 
     fn reason(results: &AvailabilityMap, name: &str) -> String {
         match results.get(name) {
-            Some(Availability::Unavailable { reason, .. }) => reason.clone(),
+            Some(Availability::Unavailable { reason, .. }) => reason.to_string(),
             other => format!("{other:?}"),
         }
     }
@@ -872,43 +593,5 @@ mod tests {
             "{text}"
         );
         assert_eq!(f.routing.load().routes().count(), 2);
-    }
-
-    fn unavailable(reason: &str) -> Availability {
-        Availability::Unavailable {
-            reason: reason.into(),
-            message: "m".into(),
-        }
-    }
-
-    #[test]
-    fn conditions_use_kube_aggregators_statuses() {
-        let c = condition(&Availability::Available, true);
-        assert_eq!(
-            (c.status.as_str(), c.reason.as_deref()),
-            ("True", Some("Local"))
-        );
-        let c = condition(&Availability::Available, false);
-        assert_eq!(
-            (c.status.as_str(), c.reason.as_deref()),
-            ("True", Some("Passed"))
-        );
-        // Could not look: Unknown. Looked and found it wrong: False.
-        assert_eq!(
-            condition(&unavailable("ServiceAccessError"), false).status,
-            "Unknown"
-        );
-        assert_eq!(
-            condition(&unavailable("EndpointsAccessError"), false).status,
-            "Unknown"
-        );
-        assert_eq!(
-            condition(&unavailable("ServiceNotFound"), false).status,
-            "False"
-        );
-        assert_eq!(
-            condition(&unavailable("FailedDiscoveryCheck"), false).status,
-            "False"
-        );
     }
 }

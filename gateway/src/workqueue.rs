@@ -102,7 +102,7 @@ pub struct WorkQueue<K, O> {
     running_keys: HashSet<K>,
     /// Keys that failed last time, with where they are in their backoff.
     failing: HashMap<K, ExponentialBackoff>,
-    backoff: fn(&K) -> Backoff,
+    backoff: Box<dyn Fn(&K) -> Backoff + Send>,
 }
 
 impl<K, O> WorkQueue<K, O>
@@ -111,7 +111,7 @@ where
     O: Send + 'static,
 {
     /// `backoff` gives each key's retry policy (several kinds of key can share one queue).
-    pub fn new(backoff: fn(&K) -> Backoff) -> Self {
+    pub fn new(backoff: impl Fn(&K) -> Backoff + Send + 'static) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         Self {
             queue: Queue { tx },
@@ -119,7 +119,7 @@ where
             running: FuturesUnordered::new(),
             running_keys: HashSet::new(),
             failing: HashMap::new(),
-            backoff,
+            backoff: Box::new(backoff),
         }
     }
 

@@ -4,9 +4,12 @@
 //! from its own state, because only it knows every APIService's backend. The gateway does the
 //! same, split the way the rest of the gateway is split:
 //!
-//! * [`controller`]: fetches what the core server and each remote backend say (revalidating with
-//!   `If-None-Match`, falling back to legacy discovery), and publishes new immutable snapshots
-//!   ([`DiscoveryCache`]) only when an input changed. All JSON work happens here.
+//! * [`fetch`]: one bounded GET of a document with the gateway's own credentials, and the OpenAPI
+//!   v3 root's revalidation.
+//! * [`core`]: the core server's documents (aggregated, or legacy ones converted).
+//! * [`backends`]: one backing Service's documents and what is cached of them.
+//! * [`controller`]: one work queue over those fetches; it publishes new immutable snapshots
+//!   ([`DiscoveryCache`]) only when an input changed. All JSON work happens there.
 //! * [`handler`]: the request path. One `ArcSwap` load, a header comparison, prepared bytes out;
 //!   anything it does not answer falls through to the router (`None`).
 //! * [`openapi`]: the OpenAPI v3 pieces: which backend owns which `/openapi/v3/<path>`, and the
@@ -16,7 +19,10 @@
 //! the core server serves its own documents: an empty `/apis` would make clients forget every
 //! group, which is worse than a document without the APIServices for a few seconds.
 
+pub mod backends;
 pub mod controller;
+pub mod core;
+pub mod fetch;
 pub mod handler;
 pub mod openapi;
 

@@ -1,0 +1,378 @@
+//! The availability controller: kube-aggregator's `remote_available_controller.go`, one work
+//! queue keyed by APIService name.
+//!
+//! * A new or edited route (the route controller's `watch` channel) and a Service or
+//!   EndpointSlice change that makes a route's pre-check answer differently (the resolver's
+//!   change channel) add its key; nothing waits for a debounce or a round.
+//! * Each key is checked on its own: the Service and its endpoints first, then the discovery
+//!   probe, then (with the kube source) the `Available` condition written back when it changed.
+//!   Keys run concurrently, so a backend that hangs until the probe timeout holds back nobody
+//!   else's result.
+//! * A failed check comes back with kube-aggregator's backoff (5 ms → 30 s); a passed one after
+//!   the availability interval (the informer resync upstream).
+//! * Every result is published at once on the results channel, which the route controller turns
+//!   into the next route table.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use apiservice::model::RegisteredAPIService;
+use apiservice::resolve::{Changes, ResolveError, ServiceResolver};
+use apiservice::route::{Availability, Route, UnavailableReason};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use tokio::sync::watch;
+use tracing::Instrument;
+
+use super::{AvailabilityMap, RouteTarget, Routes, Routing, Target};
+use crate::metrics::Metrics;
+use crate::workqueue::{Backoff, Next, WorkQueue};
+
+/// kube-aggregator's rate limiter for availability checks.
+pub const AVAILABILITY_BACKOFF: Backoff = Backoff {
+    min: Duration::from_millis(5),
+    max: Duration::from_secs(30),
+};
+
+/// Waiting longer than this for the Service caches is logged.
+const RESOLVER_SYNC_SLOW: Duration = Duration::from_secs(10);
+
+/// Longest wait for the Service caches before the first check. After that, checks run anyway and
+/// say `ServiceAccessError` ("the Service cache has not synced yet"), which is the truth and more
+/// useful than no condition at all; they re-run as soon as the caches sync.
+const RESOLVER_SYNC_LIMIT: Duration = Duration::from_secs(60);
+
+/// Checks APIServices one key at a time; see the module docs.
+pub struct AvailabilityController {
+    pub routing: Arc<Routing>,
+    pub results: watch::Sender<AvailabilityMap>,
+    /// The resync of a passed check.
+    pub interval: Duration,
+    /// The retry of a failed check ([`AVAILABILITY_BACKOFF`] outside tests).
+    pub backoff: Backoff,
+    /// Also the source of change notifications: see [`ServiceResolver::changes`].
+    pub resolver: Arc<dyn ServiceResolver>,
+    /// Present with the kube source: conditions are written back through the status subresource.
+    pub kube: Option<kube::Client>,
+    pub metrics: Arc<Metrics>,
+}
+
+/// The outcome of [`ServiceResolver::check_endpoints`]; `None` for routes without one.
+type Precheck = Option<Result<(), ResolveError>>;
+
+/// One route as the controller knows it between checks.
+struct Known {
+    api_service: Arc<RegisteredAPIService>,
+    target: Target,
+    /// The pre-check the current result was based on: a resolver change re-checks exactly the
+    /// APIServices whose pre-check now answers differently.
+    precheck: Precheck,
+    current: Option<Availability>,
+    /// The condition last written to the core.
+    written: Option<Availability>,
+    /// The last status write error, logged once per change.
+    write_error: Option<String>,
+}
+
+/// What one check found.
+pub struct Checked {
+    precheck: Precheck,
+    availability: Availability,
+    write: Write,
+}
+
+/// What became of the `Available` condition on the core.
+enum Write {
+    /// No kube source, or the condition on the core already says this.
+    NotNeeded,
+    Written,
+    Failed(String),
+}
+
+impl AvailabilityController {
+    pub async fn run(self) {
+        let mut changes = self.resolver.changes();
+        self.wait_for_resolver(&mut changes).await;
+        let mut routes = self.routing.subscribe();
+        let backoff = self.backoff;
+        let mut queue: WorkQueue<String, Checked> = WorkQueue::new(move |_| backoff);
+        let mut known: HashMap<String, Known> = HashMap::new();
+        if let Some(table) = routes.borrow_and_update().clone() {
+            self.follow_routes(&table, &mut known, &mut queue);
+        }
+        loop {
+            tokio::select! {
+                changed = routes.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    if let Some(table) = routes.borrow_and_update().clone() {
+                        self.follow_routes(&table, &mut known, &mut queue);
+                    }
+                }
+                _ = changes.changed() => {
+                    changes.mark_seen();
+                    for (name, k) in &known {
+                        if self.precheck(k) != k.precheck {
+                            tracing::debug!(apiservice = %name, "Service or endpoints changed; re-checking");
+                            queue.queue().add(name.clone());
+                        }
+                    }
+                }
+                next = queue.next() => match next {
+                    Next::Ready(name) => match known.get(&name) {
+                        Some(k) => {
+                            let check = self.check(k);
+                            let span = tracing::info_span!("availability_check", apiservice = %name);
+                            queue.start(name, check.instrument(span));
+                        }
+                        None => queue.forget(&name),
+                    },
+                    Next::Done(name, checked) => {
+                        let Some(k) = known.get_mut(&name) else {
+                            queue.forget(&name);
+                            continue;
+                        };
+                        let passed = checked.availability.is_available();
+                        let written = self.take_in(&name, k, checked);
+                        if passed && written {
+                            queue.resync(name, Some(self.interval));
+                        } else {
+                            queue.retry(name);
+                        }
+                        self.publish(&known);
+                    }
+                },
+            }
+        }
+    }
+
+    /// Takes in a new route table: new and edited routes are checked now, gone ones forgotten.
+    fn follow_routes(
+        &self,
+        table: &Routes,
+        known: &mut HashMap<String, Known>,
+        queue: &mut WorkQueue<String, Checked>,
+    ) {
+        let mut seen = HashMap::with_capacity(known.len());
+        for route in table.routes() {
+            let name = &route.api_service.name;
+            seen.insert(name.clone(), ());
+            match known.get_mut(name) {
+                Some(k) if same_route(k, route) => continue,
+                Some(k) => {
+                    k.api_service = route.api_service.clone();
+                    k.target = route.backend.target.clone();
+                }
+                None => {
+                    known.insert(
+                        name.clone(),
+                        Known {
+                            api_service: route.api_service.clone(),
+                            target: route.backend.target.clone(),
+                            precheck: None,
+                            current: None,
+                            written: None,
+                            write_error: None,
+                        },
+                    );
+                }
+            }
+            queue.queue().add(name.clone());
+        }
+        let before = known.len();
+        known.retain(|name, _| {
+            let keep = seen.contains_key(name);
+            if !keep {
+                queue.forget(name);
+                let _ = self
+                    .metrics
+                    .unavailable_apiservice
+                    .remove_label_values(&[name]);
+            }
+            keep
+        });
+        if known.len() != before {
+            self.publish(known);
+        }
+    }
+
+    fn precheck(&self, k: &Known) -> Precheck {
+        match &k.target {
+            Target::Remote(_) => k
+                .api_service
+                .service()
+                .map(|svc| self.resolver.check_endpoints(svc)),
+            Target::Local | Target::Broken(_) => None,
+        }
+    }
+
+    /// One availability decision for `k`'s route, and the condition written back when it changed.
+    fn check(&self, k: &Known) -> impl std::future::Future<Output = Checked> + Send + 'static {
+        let precheck = self.precheck(k);
+        let api = k.api_service.clone();
+        let target = k.target.clone();
+        let written = k.written.clone();
+        let kube = self.kube.clone();
+        async move {
+            let availability = match (&target, &precheck) {
+                (Target::Local, _) => Availability::Available,
+                // The transport could not be built (e.g. a bad caBundle): the check fails before
+                // it starts.
+                (Target::Broken(why), _) => {
+                    Availability::unavailable(UnavailableReason::FailedDiscoveryCheck, why.as_ref())
+                }
+                (Target::Remote(_), Some(Err(e))) => {
+                    Availability::unavailable(UnavailableReason::Resolve(e.reason), &e.message)
+                }
+                (Target::Remote(backend), _) => {
+                    match backend.probe(&api.group, &api.version).await {
+                        Ok(()) => Availability::Available,
+                        Err(message) => Availability::unavailable(
+                            UnavailableReason::FailedDiscoveryCheck,
+                            message,
+                        ),
+                    }
+                }
+            };
+            let write = match kube {
+                Some(client) if written.as_ref() != Some(&availability) => {
+                    write_condition(&client, &api, &availability).await
+                }
+                _ => Write::NotNeeded,
+            };
+            Checked {
+                precheck,
+                availability,
+                write,
+            }
+        }
+    }
+
+    /// Records a check's outcome; `false` when the status write failed (retry sooner).
+    fn take_in(&self, name: &str, k: &mut Known, checked: Checked) -> bool {
+        self.record(name, k.current.as_ref(), &checked.availability);
+        let ok = match checked.write {
+            Write::NotNeeded => true,
+            Write::Written => {
+                k.written = Some(checked.availability.clone());
+                if k.write_error.take().is_some() {
+                    tracing::info!(apiservice = %name, "Available condition written again");
+                }
+                true
+            }
+            Write::Failed(e) => {
+                if k.write_error.as_ref() != Some(&e) {
+                    tracing::warn!(apiservice = %name, error = %e, "cannot write the Available condition");
+                    k.write_error = Some(e);
+                }
+                false
+            }
+        };
+        k.precheck = checked.precheck;
+        k.current = Some(checked.availability);
+        ok
+    }
+
+    /// Publishes the current results when they differ from the last ones sent.
+    fn publish(&self, known: &HashMap<String, Known>) {
+        let next: HashMap<String, Availability> = known
+            .iter()
+            .filter_map(|(name, k)| Some((name.clone(), k.current.clone()?)))
+            .collect();
+        self.results.send_if_modified(|current| {
+            if **current == next {
+                return false;
+            }
+            *current = Arc::new(next);
+            true
+        });
+    }
+
+    /// kube-aggregator's metrics: the gauge per APIService, and a counter per transition to
+    /// unavailable; one log line per transition.
+    fn record(&self, name: &str, before: Option<&Availability>, now: &Availability) {
+        self.metrics
+            .unavailable_apiservice
+            .with_label_values(&[name])
+            .set(!now.is_available() as i64);
+        let was_unavailable = matches!(before, Some(Availability::Unavailable { .. }));
+        if let Availability::Unavailable { reason, message } = now {
+            if !was_unavailable {
+                let reason = match reason.as_str() {
+                    "" => "UnknownReason",
+                    r => r,
+                };
+                self.metrics
+                    .unavailable_apiservice_total
+                    .with_label_values(&[name, reason])
+                    .inc();
+                tracing::warn!(apiservice = %name, reason, message = %message, "APIService unavailable");
+            }
+        } else if was_unavailable || before.is_none() {
+            tracing::info!(apiservice = %name, "APIService available");
+        }
+    }
+
+    /// Holds the first check until the resolver's caches are loaded, so startup does not publish
+    /// (and write to the core) `ServiceAccessError` for every remote APIService. Bounded: see
+    /// [`RESOLVER_SYNC_LIMIT`].
+    async fn wait_for_resolver(&self, changes: &mut Changes) {
+        let start = tokio::time::Instant::now();
+        let mut logged = false;
+        while !self.resolver.synced() {
+            let waited = start.elapsed();
+            if waited >= RESOLVER_SYNC_LIMIT {
+                tracing::warn!(
+                    waited = ?waited,
+                    "Service/EndpointSlice caches still not synced; checking APIService availability anyway (ServiceAccessError until they sync)"
+                );
+                return;
+            }
+            let next_log = if logged {
+                RESOLVER_SYNC_LIMIT
+            } else {
+                RESOLVER_SYNC_SLOW
+            };
+            tokio::select! {
+                _ = changes.changed() => {}
+                _ = tokio::time::sleep_until(start + next_log) => {
+                    if !logged && !self.resolver.synced() {
+                        tracing::warn!(
+                            waited = ?start.elapsed(),
+                            "waiting for the Service/EndpointSlice caches before checking APIService availability (RBAC list/watch on services and endpointslices? core reachable?)"
+                        );
+                        logged = true;
+                    }
+                }
+            }
+        }
+        if logged {
+            tracing::info!(waited = ?start.elapsed(), "Service/EndpointSlice caches synced");
+        }
+    }
+}
+
+/// Whether `route` is checked the way `k` was: same APIService, same backend.
+fn same_route(k: &Known, route: &Route<RouteTarget>) -> bool {
+    let same_target = match (&k.target, &route.backend.target) {
+        (Target::Local, Target::Local) => true,
+        (Target::Remote(x), Target::Remote(y)) => Arc::ptr_eq(x, y),
+        (Target::Broken(x), Target::Broken(y)) => x == y,
+        _ => false,
+    };
+    same_target && k.api_service == route.api_service
+}
+
+async fn write_condition(
+    client: &kube::Client,
+    api: &RegisteredAPIService,
+    availability: &Availability,
+) -> Write {
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let condition = availability.condition(api.is_local(), now);
+    match apiservice::source::kube::write_available_condition(client, &api.name, condition).await {
+        Ok(()) => Write::Written,
+        Err(e) => Write::Failed(e.to_string()),
+    }
+}
