@@ -320,6 +320,8 @@ mod tests {
         /// namespace → probes that dialled it.
         dialled: Mutex<HashMap<String, usize>>,
         port: u16,
+        /// Namespaces whose Service resolves to a listener that never answers.
+        hanging: Mutex<Option<(String, std::net::TcpListener)>>,
         changed: watch::Sender<()>,
         checks: AtomicUsize,
     }
@@ -336,6 +338,7 @@ mod tests {
                 answers: Mutex::default(),
                 dialled: Mutex::default(),
                 port,
+                hanging: Mutex::default(),
                 changed: watch::Sender::new(()),
                 checks: AtomicUsize::new(0),
             })
@@ -367,6 +370,12 @@ mod tests {
                 .unwrap()
                 .entry(svc.namespace.clone())
                 .or_default() += 1;
+            if let Some((ns, listener)) = self.hanging.lock().unwrap().as_ref() {
+                if *ns == svc.namespace {
+                    let port = listener.local_addr().unwrap().port();
+                    return Ok(Endpoint::new("127.0.0.1", port));
+                }
+            }
             Ok(Endpoint::new("127.0.0.1", self.port))
         }
 
@@ -526,6 +535,38 @@ mod tests {
         let results = next_results(&mut f.results).await;
         assert_eq!(reason(&results, "v1.a.io"), "MissingEndpoints");
         drop(f.sets);
+    }
+
+    #[tokio::test]
+    async fn a_hung_backend_does_not_delay_another_apiservices_result() {
+        let resolver = FakeResolver::new(true);
+        // Service a/api accepts connections and never answers (the probe waits 5 s for it);
+        // b/api refuses at once.
+        let hang = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        *resolver.hanging.lock().unwrap() = Some(("a".into(), hang));
+        resolver.set("a", Ok(()));
+        resolver.set("b", Ok(()));
+        let started = std::time::Instant::now();
+        let mut f = start(resolver.clone(), vec![remote("a"), remote("b")]);
+        let results = next_results(&mut f.results).await;
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "the first result took {:?}",
+            started.elapsed()
+        );
+        assert_eq!(reason(&results, "v1.b.io"), "FailedDiscoveryCheck");
+        assert!(!results.contains_key("v1.a.io"), "{results:?}");
+
+        // The hung one is reported on its own once its probe times out.
+        let results = tokio::time::timeout(
+            Duration::from_secs(8),
+            f.results.wait_for(|r| r.contains_key("v1.a.io")),
+        )
+        .await
+        .expect("the hung backend's result within its probe timeout")
+        .unwrap()
+        .clone();
+        assert_eq!(reason(&results, "v1.a.io"), "FailedDiscoveryCheck");
     }
 
     fn refused(mut api: APIService, reason: &str, keep_spec: bool) -> APIService {
