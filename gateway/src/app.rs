@@ -13,6 +13,7 @@ use http::{Method, StatusCode};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tower::ServiceBuilder;
+use tracing::Instrument;
 
 use apiservice::resolve::{ChainResolver, KubeResolver, ServiceResolver, StaticResolver};
 use gateway_config::tls::Identity;
@@ -113,7 +114,10 @@ pub async fn run(config: Config) -> Result<(), StartError> {
     let core = Arc::new(
         CoreBackend::new(&config.core, first_identity.as_deref(), drain_rx.clone()).await?,
     );
-    tokio::spawn(follow_proxy_identity(core.clone(), proxy_identity.clone()));
+    tokio::spawn(
+        follow_proxy_identity(core.clone(), proxy_identity.clone())
+            .instrument(tracing::info_span!("proxy_identity")),
+    );
     let (authenticator, _ca_watch) =
         crate::auth::start(&config, kube_client::client(core.clone()))?;
     let mut health = Health::new();
@@ -167,7 +171,8 @@ pub async fn run(config: Config) -> Result<(), StartError> {
             metrics.clone(),
             config.apiservices.discovery_refresh_interval,
         )
-        .run(),
+        .run()
+        .instrument(tracing::info_span!("discovery_controller")),
     );
     let gateway = Arc::new(Gateway {
         core,
@@ -176,12 +181,14 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         routing,
         discovery,
     });
-    tokio::spawn(watch_core(gateway.clone(), core_check));
+    tokio::spawn(
+        watch_core(gateway.clone(), core_check).instrument(tracing::info_span!("core_readiness")),
+    );
 
     let stack = ServiceBuilder::new()
         .layer(AccessLog::layer(metrics.clone()))
         .layer(Audit::layer(audit))
-        .layer(Rescue::layer(config.limits.request_timeout))
+        .layer(Rescue::layer())
         .layer(RequestInfoService::layer())
         .layer(Authn::layer(authenticator))
         .layer(AuditCapture::layer())
@@ -203,9 +210,10 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         max_header_bytes: config.limits.max_header_bytes,
         http2_max_streams: config.serving.http2_max_streams,
     };
-    let server = tokio::spawn(listener::serve(
-        listener, server_tls, stack, settings, stop_rx,
-    ));
+    let server = tokio::spawn(
+        listener::serve(listener, server_tls, stack, settings, stop_rx)
+            .instrument(tracing::info_span!("listener")),
+    );
 
     shutdown_signal().await;
     shutdown_check.fail("the gateway is shutting down");
@@ -297,21 +305,23 @@ fn start_apiservices(
     let kube_source = matches!(api.source, ApiServiceSource::Kube { .. });
     if kube_source || api.static_services.is_empty() {
         let (resolver, run) = KubeResolver::start(kube.clone(), api.endpoint_routing);
-        tokio::spawn(run);
+        tokio::spawn(run.instrument(tracing::info_span!("service_resolver")));
         resolvers.push(Arc::new(resolver));
     }
     let resolver: Arc<dyn ServiceResolver> = Arc::new(ChainResolver(resolvers));
 
     match &api.source {
         ApiServiceSource::Kube { label_selector } => {
-            tokio::spawn(apiservice::source::kube::run(
-                kube.clone(),
-                label_selector.clone(),
-                set_tx,
-            ));
+            tokio::spawn(
+                apiservice::source::kube::run(kube.clone(), label_selector.clone(), set_tx)
+                    .instrument(tracing::info_span!("apiservice_source", source = "kube")),
+            );
         }
         ApiServiceSource::File { dir } => {
-            tokio::spawn(apiservice::source::file::run(dir.clone(), set_tx));
+            tokio::spawn(
+                apiservice::source::file::run(dir.clone(), set_tx)
+                    .instrument(tracing::info_span!("apiservice_source", source = "file")),
+            );
         }
         ApiServiceSource::None => {
             let _ = set_tx.send(Some(Arc::new(Vec::new())));
@@ -331,7 +341,8 @@ fn start_apiservices(
             factory,
             metrics.clone(),
         )
-        .run(),
+        .run()
+        .instrument(tracing::info_span!("route_controller")),
     );
     tokio::spawn(
         AvailabilityController {
@@ -343,7 +354,8 @@ fn start_apiservices(
             kube: kube_source.then_some(kube),
             metrics,
         }
-        .run(),
+        .run()
+        .instrument(tracing::info_span!("availability_controller")),
     );
     Ok(())
 }

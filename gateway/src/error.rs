@@ -92,18 +92,11 @@ impl GatewayError {
 }
 
 /// Turns whatever error reached the top of the stack into a Status.
-pub fn rescue(err: BoxError, request_timeout: Duration) -> Response {
+pub fn rescue(err: BoxError) -> Response {
     let err = match err.downcast::<GatewayError>() {
         Ok(e) => return e.into_response(),
         Err(e) => e,
     };
-    if err.is::<tower::timeout::error::Elapsed>() {
-        return GatewayError::Timeout(request_timeout).into_response();
-    }
-    if let Some(limit) = err.downcast_ref::<http_body_util::LengthLimitError>() {
-        let _ = limit;
-        return GatewayError::BodyTooLarge { limit: 0 }.into_response();
-    }
     tracing::error!(error = %chain(err.as_ref()), "unexpected error on the request path");
     GatewayError::Internal(format!("internal error: {}", chain(err.as_ref()))).into_response()
 }

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
+use tracing::Instrument;
 
 use arc_swap::ArcSwap;
 use hyper::server::conn::{http1, http2};
@@ -101,63 +102,71 @@ where
         let builders = builders.clone();
         let watcher = graceful.watcher();
         let mut stop = stop.clone();
-        tokio::spawn(async move {
-            let stream = match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => {
-                    tracing::debug!(client = %remote, error = %e, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!(client = %remote, "TLS handshake timed out");
-                    return;
-                }
-            };
-            let tls_conn = stream.get_ref().1;
-            let peer_certs = tls_conn
-                .peer_certificates()
-                .map(|c| Arc::new(c.iter().map(|c| c.clone().into_owned()).collect::<Vec<_>>()));
-            // Over TLS, HTTP/2 is only ever chosen by ALPN (RFC 9113 §3.3, and what Go's net/http
-            // and so kube-apiserver do); without it the client speaks HTTP/1.1. Not sniffing for
-            // a prior-knowledge preface leaves no read without a deadline before the request.
-            let is_h2 = tls_conn.alpn_protocol() == Some(b"h2".as_slice());
-            let info = ConnInfo { remote, peer_certs };
-            let request_seen = Arc::new(AtomicBool::new(false));
-            let seen = request_seen.clone();
-            let per_conn = tower::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                seen.store(true, Ordering::Relaxed);
-                let mut req = req.map(body::boxed);
-                req.extensions_mut().insert(info.clone());
-                service.clone().call(req)
-            });
-            let service = TowerToHyperService::new(per_conn);
-            let result = if is_h2 {
-                let io =
-                    FirstRequestDeadline::new(stream, builders.header_read_timeout, request_seen);
-                let conn = builders.http2.serve_connection(TokioIo::new(io), service);
-                watcher.watch(conn).await
-            } else {
-                // hyper-util's graceful watcher does not take an HTTP/1 connection with upgrades,
-                // so the drain signal is followed here; holding the watcher keeps the drain
-                // waiting for this connection.
-                let _draining_waits_for_us = watcher;
-                let conn = builders
-                    .http1
-                    .serve_connection(TokioIo::new(stream), service)
-                    .with_upgrades();
-                let mut conn = std::pin::pin!(conn);
-                tokio::select! {
-                    result = conn.as_mut() => result,
-                    _ = crate::proxy::drained(&mut stop) => {
-                        conn.as_mut().graceful_shutdown();
-                        conn.await
+        tokio::spawn(
+            async move {
+                let stream =
+                    match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
+                        Ok(Ok(s)) => s,
+                        Ok(Err(e)) => {
+                            tracing::debug!(error = %e, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::debug!("TLS handshake timed out");
+                            return;
+                        }
+                    };
+                let tls_conn = stream.get_ref().1;
+                let peer_certs = tls_conn.peer_certificates().map(|c| {
+                    Arc::new(c.iter().map(|c| c.clone().into_owned()).collect::<Vec<_>>())
+                });
+                // Over TLS, HTTP/2 is only ever chosen by ALPN (RFC 9113 §3.3, and what Go's net/http
+                // and so kube-apiserver do); without it the client speaks HTTP/1.1. Not sniffing for
+                // a prior-knowledge preface leaves no read without a deadline before the request.
+                let is_h2 = tls_conn.alpn_protocol() == Some(b"h2".as_slice());
+                let info = ConnInfo { remote, peer_certs };
+                let request_seen = Arc::new(AtomicBool::new(false));
+                let seen = request_seen.clone();
+                let per_conn =
+                    tower::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                        seen.store(true, Ordering::Relaxed);
+                        let mut req = req.map(body::boxed);
+                        req.extensions_mut().insert(info.clone());
+                        service.clone().call(req)
+                    });
+                let service = TowerToHyperService::new(per_conn);
+                let result = if is_h2 {
+                    let io = FirstRequestDeadline::new(
+                        stream,
+                        builders.header_read_timeout,
+                        request_seen,
+                    );
+                    let conn = builders.http2.serve_connection(TokioIo::new(io), service);
+                    watcher.watch(conn).await
+                } else {
+                    // hyper-util's graceful watcher does not take an HTTP/1 connection with upgrades,
+                    // so the drain signal is followed here; holding the watcher keeps the drain
+                    // waiting for this connection.
+                    let _draining_waits_for_us = watcher;
+                    let conn = builders
+                        .http1
+                        .serve_connection(TokioIo::new(stream), service)
+                        .with_upgrades();
+                    let mut conn = std::pin::pin!(conn);
+                    tokio::select! {
+                        result = conn.as_mut() => result,
+                        _ = crate::proxy::drained(&mut stop) => {
+                            conn.as_mut().graceful_shutdown();
+                            conn.await
+                        }
                     }
+                };
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, "connection ended with an error");
                 }
-            };
-            if let Err(e) = result {
-                tracing::debug!(client = %remote, error = %e, "connection ended with an error");
             }
-        });
+            .instrument(tracing::debug_span!("connection", client = %remote)),
+        );
     }
     graceful
 }

@@ -16,8 +16,9 @@
 //!    review is bounded by the timeout.
 //! 9. the router (`crate::router`).
 //!
-//! Every service here is always ready: back-pressure is an answer (429), not a stalled
-//! `poll_ready`, because a stalled accept loop is worse for an API server than a fast refusal.
+//! Every layer forwards `poll_ready` to the one below it, and the router at the bottom is always
+//! ready: back-pressure is an answer (429 from `limits`), not a stalled `poll_ready`, because a
+//! stalled connection is worse for an API server than a fast refusal.
 
 pub mod access_log;
 pub mod audit;

@@ -3,7 +3,6 @@
 
 use std::convert::Infallible;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use futures::FutureExt;
 use tower::layer::layer_fn;
@@ -16,16 +15,11 @@ use crate::request::BoxFuture;
 #[derive(Clone)]
 pub struct Rescue<S> {
     inner: S,
-    /// Named in the 504 a timeout becomes.
-    request_timeout: Duration,
 }
 
 impl<S> Rescue<S> {
-    pub fn layer(request_timeout: Duration) -> impl Layer<S, Service = Self> + Clone {
-        layer_fn(move |inner| Self {
-            inner,
-            request_timeout,
-        })
+    pub fn layer() -> impl Layer<S, Service = Self> + Clone {
+        layer_fn(|inner| Self { inner })
     }
 }
 
@@ -38,17 +32,18 @@ where
     type Error = Infallible;
     type Future = BoxFuture<Result<Response, Infallible>>;
 
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
+    /// Readiness is forwarded. A readiness error cannot be returned as `Infallible`; it is left
+    /// to `call`, whose error becomes a Status like any other.
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx).map(|_| Ok(()))
     }
 
     fn call(&mut self, req: Request) -> Self::Future {
         let fut = self.inner.call(req);
-        let timeout = self.request_timeout;
         Box::pin(async move {
             match std::panic::AssertUnwindSafe(fut).catch_unwind().await {
                 Ok(Ok(resp)) => Ok(resp),
-                Ok(Err(err)) => Ok(rescue(err, timeout)),
+                Ok(Err(err)) => Ok(rescue(err)),
                 Err(panic) => {
                     let what = panic
                         .downcast_ref::<&str>()
