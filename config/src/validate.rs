@@ -1,11 +1,18 @@
 //! `Options → validate → Config`: defaults applied, every value checked before anything starts, and
-//! a refusal that names the flag (and its YAML key) and says what to change.
+//! a refusal that names the flag (and its YAML key) and says what to change. The types it produces
+//! live in `config.rs`; the label-selector grammar it checks against lives in `selector.rs`.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::options::{Options, StaticService};
+use crate::config::{
+    ApiServiceConfig, ApiServiceSource, AuditConfig, AuditLevel, AuthnConfig, AuthzConfig,
+    CertKeyPair, Config, CoreConfig, CoreEndpoint, CoreIdentity, Limits, LogFormat, LoggingConfig,
+    ServingConfig,
+};
+use crate::options::Options;
+use crate::selector::check_label_selector;
 
 /// A refused setting: which one, and why. Printed as one line at start (exit code 64):
 /// `invalid configuration: --flag (yamlKey): message`.
@@ -55,136 +62,6 @@ fn yaml_key(flag: &str) -> String {
         }
     }
     out
-}
-
-/// The validated, complete configuration the gateway runs with.
-#[derive(Debug, Clone)]
-pub struct Config {
-    pub listen: SocketAddr,
-    pub serving: ServingConfig,
-    pub authn: AuthnConfig,
-    pub authz: AuthzConfig,
-    pub proxy_client: Option<CertKeyPair>,
-    pub core: CoreConfig,
-    pub apiservices: ApiServiceConfig,
-    pub limits: Limits,
-    pub shutdown_delay: Duration,
-    pub shutdown_timeout: Duration,
-    pub logging: LoggingConfig,
-    pub audit: AuditConfig,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CertKeyPair {
-    pub cert_file: PathBuf,
-    pub key_file: PathBuf,
-}
-
-#[derive(Debug, Clone)]
-pub struct ServingConfig {
-    /// Files given by the user; `None` means generate a self-signed pair into `cert_dir`.
-    pub cert: Option<CertKeyPair>,
-    pub cert_dir: PathBuf,
-    pub tls13_only: bool,
-    pub cipher_suites: Vec<String>,
-    pub http2_max_streams: u32,
-}
-
-#[derive(Debug, Clone)]
-pub struct AuthnConfig {
-    pub client_ca_file: Option<PathBuf>,
-    pub requestheader_client_ca_file: Option<PathBuf>,
-    pub requestheader_allowed_names: Vec<String>,
-    pub anonymous: bool,
-    pub token_webhook: bool,
-    pub token_cache_ttl: Duration,
-    pub token_cache_unauthorized_ttl: Duration,
-}
-
-#[derive(Debug, Clone)]
-pub struct AuthzConfig {
-    pub webhook: bool,
-    pub cache_authorized_ttl: Duration,
-    pub cache_unauthorized_ttl: Duration,
-    pub authorize_metrics: bool,
-}
-
-/// How the core server is reached.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CoreEndpoint {
-    /// `http://` or `https://` base URL, without a trailing slash.
-    Url(String),
-    /// A Unix domain socket; requests are plain HTTP over it.
-    Unix(PathBuf),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CoreIdentity {
-    Passthrough,
-    Impersonate,
-}
-
-#[derive(Debug, Clone)]
-pub struct CoreConfig {
-    /// `None` only when --core-kubeconfig supplies the server.
-    pub endpoint: Option<CoreEndpoint>,
-    pub ca_file: Option<PathBuf>,
-    pub client_cert: Option<CertKeyPair>,
-    pub token_file: Option<PathBuf>,
-    pub kubeconfig: Option<PathBuf>,
-    pub identity: CoreIdentity,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ApiServiceSource {
-    Kube { label_selector: Option<String> },
-    File { dir: PathBuf },
-    None,
-}
-
-#[derive(Debug, Clone)]
-pub struct ApiServiceConfig {
-    pub source: ApiServiceSource,
-    pub endpoint_routing: bool,
-    pub availability_interval: Duration,
-    pub discovery_refresh_interval: Duration,
-    pub static_services: Vec<StaticService>,
-}
-
-#[derive(Debug, Clone)]
-pub struct Limits {
-    /// 0 = unlimited.
-    pub max_readonly_inflight: u32,
-    pub max_mutating_inflight: u32,
-    pub request_timeout: Duration,
-    pub max_request_body_bytes: u64,
-    pub header_read_timeout: Duration,
-    pub max_header_bytes: u32,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogFormat {
-    Text,
-    Json,
-}
-
-#[derive(Debug, Clone)]
-pub struct LoggingConfig {
-    pub format: LogFormat,
-    pub level: String,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AuditLevel {
-    None,
-    Metadata,
-}
-
-#[derive(Debug, Clone)]
-pub struct AuditConfig {
-    /// `None`: no audit log; `Some("-")`: stdout.
-    pub path: Option<String>,
-    pub level: AuditLevel,
 }
 
 fn secs(d: Option<crate::GoDuration>, default: u64) -> Duration {
@@ -334,231 +211,6 @@ fn one_of<'a>(
 fn yaml_error_line(text: &str) -> &str {
     let first = text.lines().next().unwrap_or_default().trim();
     first.strip_prefix("error: ").unwrap_or(first)
-}
-
-/// Checks a label selector with the grammar the API server's `labelSelector` parser accepts, so a
-/// typo is refused at start instead of failing every APIService list forever:
-/// `key`, `!key`, `key=value`, `key==value`, `key!=value`, `key in (a,b)`, `key notin (a,b)`,
-/// `key>1`, `key<1`, comma-separated; keys and values validated as label keys and values.
-fn check_label_selector(selector: &str) -> Result<(), String> {
-    let tokens = selector_tokens(selector);
-    let mut pos = 0;
-    let next = |pos: &mut usize| {
-        let t = tokens.get(*pos).cloned().unwrap_or(Tok::End);
-        *pos += 1;
-        t
-    };
-    let peek = |pos: usize| tokens.get(pos).cloned().unwrap_or(Tok::End);
-    if peek(0) == Tok::End {
-        return Ok(());
-    }
-    loop {
-        let negated = peek(pos) == Tok::Sym("!");
-        if negated {
-            pos += 1;
-        }
-        let key = match next(&mut pos) {
-            Tok::Word(k) => k,
-            other => return Err(format!("expected a label key, found {}", other.describe())),
-        };
-        check_label_key(&key)?;
-        let ends = |t: &Tok| matches!(t, Tok::End | Tok::Sym(","));
-        if !negated && !ends(&peek(pos)) {
-            let op = match next(&mut pos) {
-                Tok::Word(w) if w == "in" || w == "notin" => w,
-                Tok::Sym(s) if ["=", "==", "!=", ">", "<"].contains(&s) => s.to_owned(),
-                other => {
-                    return Err(format!(
-                        "after {key:?} expected an operator (=, ==, !=, in, notin, >, <) or ',', \
-                         found {}",
-                        other.describe()
-                    ))
-                }
-            };
-            let mut values = Vec::new();
-            if op == "in" || op == "notin" {
-                if next(&mut pos) != Tok::Sym("(") {
-                    return Err(format!(
-                        "{key} {op} needs a parenthesized list: {key} {op} (a,b)"
-                    ));
-                }
-                // Empty items are empty values: "()", "(a,)" and "(a,,b)" are all valid.
-                loop {
-                    match next(&mut pos) {
-                        Tok::Word(v) => {
-                            values.push(v);
-                            match next(&mut pos) {
-                                Tok::Sym(",") => continue,
-                                Tok::Sym(")") => break,
-                                other => {
-                                    return Err(format!(
-                                        "in the values of {key:?} expected ',' or ')', found {}",
-                                        other.describe()
-                                    ))
-                                }
-                            }
-                        }
-                        Tok::Sym(",") => values.push(String::new()),
-                        Tok::Sym(")") => {
-                            values.push(String::new());
-                            break;
-                        }
-                        other => {
-                            return Err(format!(
-                                "in the values of {key:?} expected a value, ',' or ')', found {}",
-                                other.describe()
-                            ))
-                        }
-                    }
-                }
-            } else {
-                match peek(pos) {
-                    t if ends(&t) => values.push(String::new()),
-                    Tok::Word(v) => {
-                        pos += 1;
-                        values.push(v);
-                    }
-                    other => {
-                        return Err(format!(
-                            "after {key}{op} expected a value, found {}",
-                            other.describe()
-                        ))
-                    }
-                }
-                if (op == ">" || op == "<") && values[0].parse::<i64>().is_err() {
-                    return Err(format!(
-                        "{key}{op}{}: '>' and '<' compare with an integer",
-                        values[0]
-                    ));
-                }
-            }
-            for v in &values {
-                check_label_value(&key, v)?;
-            }
-        }
-        match next(&mut pos) {
-            Tok::End => return Ok(()),
-            Tok::Sym(",") => {
-                if !matches!(peek(pos), Tok::Word(_) | Tok::Sym("!")) {
-                    return Err(format!(
-                        "expected a requirement after ',', found {}",
-                        peek(pos).describe()
-                    ));
-                }
-            }
-            other => {
-                return Err(format!(
-                    "after the requirement on {key:?} expected ',' or the end, found {}",
-                    other.describe()
-                ))
-            }
-        }
-    }
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Tok {
-    Word(String),
-    Sym(&'static str),
-    End,
-}
-
-impl Tok {
-    fn describe(&self) -> String {
-        match self {
-            Tok::Word(w) => format!("{w:?}"),
-            Tok::Sym(s) => format!("'{s}'"),
-            Tok::End => "the end".to_owned(),
-        }
-    }
-}
-
-/// Words run until whitespace or an operator character; `==` and `!=` are the only two-character
-/// operators. "in" and "notin" stay words: whether they are operators depends on position.
-fn selector_tokens(selector: &str) -> Vec<Tok> {
-    const SYMBOLS: [&str; 7] = ["=", "!", "(", ")", ",", ">", "<"];
-    let is_space = |c: char| matches!(c, ' ' | '\t' | '\r' | '\n');
-    let is_symbol = |c: char| "=!(),<>".contains(c);
-    let mut tokens = Vec::new();
-    let mut chars = selector.char_indices().peekable();
-    while let Some(&(start, c)) = chars.peek() {
-        if is_space(c) {
-            chars.next();
-        } else if is_symbol(c) {
-            chars.next();
-            let two = chars.peek().map(|&(_, d)| (c, d));
-            let sym = match two {
-                Some(('=', '=')) => "==",
-                Some(('!', '=')) => "!=",
-                _ => SYMBOLS
-                    .into_iter()
-                    .find(|s| s.starts_with(c))
-                    .unwrap_or("="),
-            };
-            if sym.len() == 2 {
-                chars.next();
-            }
-            tokens.push(Tok::Sym(sym));
-        } else {
-            let mut end = selector.len();
-            while let Some(&(i, d)) = chars.peek() {
-                if is_space(d) || is_symbol(d) {
-                    end = i;
-                    break;
-                }
-                chars.next();
-            }
-            tokens.push(Tok::Word(selector[start..end].to_owned()));
-        }
-    }
-    tokens
-}
-
-/// `[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?`: label names and non-empty label values.
-fn label_name_chars_ok(s: &str) -> bool {
-    let alnum = |c: char| c.is_ascii_alphanumeric();
-    s.starts_with(alnum)
-        && s.ends_with(alnum)
-        && s.chars().all(|c| alnum(c) || matches!(c, '-' | '_' | '.'))
-}
-
-/// A label key: an optional DNS subdomain prefix and '/', then a name of at most 63 characters.
-fn check_label_key(key: &str) -> Result<(), String> {
-    let (prefix, name) = match key.split_once('/') {
-        Some((prefix, name)) => (Some(prefix), name),
-        None => (None, key),
-    };
-    if let Some(prefix) = prefix {
-        let label_ok = |l: &str| {
-            let lower_alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
-            l.starts_with(lower_alnum)
-                && l.ends_with(lower_alnum)
-                && l.chars().all(|c| lower_alnum(c) || c == '-')
-        };
-        if prefix.is_empty() || prefix.len() > 253 || !prefix.split('.').all(label_ok) {
-            return Err(format!(
-                "label key {key:?}: the prefix before '/' must be a lowercase DNS subdomain \
-                 (e.g. example.com)"
-            ));
-        }
-    }
-    if name.is_empty() || name.len() > 63 || !label_name_chars_ok(name) {
-        return Err(format!(
-            "label key {key:?}: the name must be 1-63 characters of letters, digits, '-', '_' or \
-             '.', starting and ending with a letter or digit"
-        ));
-    }
-    Ok(())
-}
-
-fn check_label_value(key: &str, value: &str) -> Result<(), String> {
-    if !value.is_empty() && (value.len() > 63 || !label_name_chars_ok(value)) {
-        return Err(format!(
-            "value {value:?} for {key:?}: label values are at most 63 characters of letters, \
-             digits, '-', '_' or '.', starting and ending with a letter or digit"
-        ));
-    }
-    Ok(())
 }
 
 const LOG_LEVELS: [&str; 6] = ["error", "warn", "info", "debug", "trace", "off"];
@@ -1187,61 +839,6 @@ mod tests {
     }
 
     #[test]
-    fn label_selectors_follow_the_api_server_grammar() {
-        for ok in [
-            "",
-            "  ",
-            "env=prod",
-            "env==prod",
-            "env!=prod",
-            "env = prod , tier",
-            "!legacy",
-            "gateway.example.com/owner=edge",
-            "tier in (a,b)",
-            "tier notin (a, b)",
-            "tier in ()",
-            "tier in (a,,b,)",
-            "x in (in,notin)",
-            "in in (in)",
-            "env=",
-            "replicas>1,replicas<10",
-            "a.b_c-d=V.1_x-Y",
-        ] {
-            assert_eq!(check_label_selector(ok), Ok(()), "{ok:?}");
-        }
-        for (bad, want) in [
-            ("env=prod,", "after ','"),
-            (",env", "expected a label key"),
-            ("env prod", "expected an operator"),
-            ("tier in a,b", "parenthesized list"),
-            ("tier in (a b)", "expected ',' or ')'"),
-            ("tier in (a", "expected ',' or ')'"),
-            ("tier in (", "expected a value"),
-            ("!env=prod", "expected ',' or the end"),
-            ("!", "expected a label key"),
-            ("env=(a)", "expected a value"),
-            ("env=a=b", "expected ',' or the end"),
-            ("replicas>one", "integer"),
-            ("replicas<", "integer"),
-            ("replicas>-1", "label values"),
-            ("-env=prod", "label key \"-env\""),
-            ("Example.com/env", "prefix before '/'"),
-            ("/env", "prefix before '/'"),
-            ("a/b/c", "the name must be"),
-            ("env=prod!", "expected ',' or the end"),
-            ("env=-prod", "label values"),
-            ("env=ok@", "label values"),
-        ] {
-            let err = check_label_selector(bad).unwrap_err();
-            assert!(err.contains(want), "{bad:?}: {err}");
-        }
-        let long = "a".repeat(64);
-        assert!(check_label_selector(&long).is_err());
-        assert!(check_label_selector(&format!("k={long}")).is_err());
-        assert!(check_label_selector(&format!("k={}", &long[1..])).is_ok());
-    }
-
-    #[test]
     fn a_bad_label_selector_is_refused_at_validation() {
         let err = opts("apiserviceLabelSelector: \"owner in edge\"\n")
             .validate()
@@ -1305,6 +902,8 @@ mod tests {
         );
     }
 
+    /// One row per mistake in the file: the flag the refusal names, the line it points at and,
+    /// where the text is ours rather than the YAML parser's, what follows the line number.
     #[test]
     fn file_errors_name_the_setting_they_are_about() {
         let dir = tempfile::tempdir().unwrap();
