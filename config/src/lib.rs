@@ -4,6 +4,7 @@
 
 pub mod config;
 pub mod duration;
+mod file;
 pub mod options;
 mod selector;
 pub mod tls;
@@ -15,5 +16,6 @@ pub use config::{
     ServingConfig,
 };
 pub use duration::GoDuration;
+pub use file::load;
 pub use options::{Cli, Options, StaticService};
-pub use validate::{load, ConfigError};
+pub use validate::ConfigError;
