@@ -115,44 +115,63 @@ fn yaml_error_line(text: &str) -> &str {
 mod tests {
     use super::*;
 
+    /// One row per mistake in the file: the flag the refusal names, the line it points at and,
+    /// where the text is ours rather than the YAML parser's, what follows the line number.
     #[test]
     fn file_errors_name_the_setting_they_are_about() {
         let dir = tempfile::tempdir().unwrap();
-        let load_file = |text: &str| {
-            let path = dir.path().join("config.yaml");
-            std::fs::write(&path, text).unwrap();
-            read_file(&path).unwrap_err()
-        };
-        let err = load_file("securePort: 8443\nrequestTimeout: soon\n");
-        assert_eq!(err.flag, "request-timeout", "{err}");
-        assert!(err.message.contains("line 2"), "{err}");
-        let err = load_file("securePort: abc\n");
-        assert_eq!(err.key, "securePort", "{err}");
-        let err = load_file("services:\n- namespace: w\n  name: api\n  port: high\n  urls: []\n");
-        assert_eq!(err.key, "services", "{err}");
-        let err = load_file("securePort: 1\ncoreURL: http://x\n");
-        assert_eq!(err.flag, "config");
-        assert!(
-            err.message.ends_with(
-                "line 2: unknown key coreURL; did you mean coreUrl? (keys are the flags in \
-                 camelCase: --secure-port is securePort)"
+        let path = dir.path().join("config.yaml");
+        for (text, flag, line, rest) in [
+            (
+                "securePort: 8443\nrequestTimeout: soon\n",
+                "request-timeout",
+                2,
+                None,
             ),
-            "{err}"
-        );
-        let err = load_file("securePort: [1\n");
-        assert!(!err.to_string().contains('\n'), "{err}");
+            ("securePort: abc\n", "secure-port", 1, None),
+            (
+                "services:\n- namespace: w\n  name: api\n  port: high\n  urls: []\n",
+                "services",
+                4,
+                None,
+            ),
+            (
+                "securePort: 1\ncoreURL: http://x\n",
+                "config",
+                2,
+                Some(
+                    "unknown key coreURL; did you mean coreUrl? (keys are the flags in camelCase: \
+                     --secure-port is securePort)",
+                ),
+            ),
+            ("securePort: [1\n", "secure-port", 1, None),
+        ] {
+            std::fs::write(&path, text).unwrap();
+            let err = read_file(&path).unwrap_err();
+            assert_eq!(err.flag, flag, "{text:?}: {err}");
+            assert!(!err.to_string().contains('\n'), "{text:?}: {err}");
+            let at = format!("{} line {line}: ", path.display());
+            assert!(err.message.starts_with(&at), "{text:?}: {err}");
+            if let Some(rest) = rest {
+                assert_eq!(err.message, format!("{at}{rest}"), "{text:?}");
+            }
+        }
     }
 
     #[test]
     fn yaml_key_matches_serde() {
-        assert_eq!(yaml_key("core-ca-file"), "coreCaFile");
-        assert_eq!(flag_of("coreCaFile"), "core-ca-file");
+        for (flag, key) in [
+            ("core-ca-file", "coreCaFile"),
+            (
+                "http2-max-streams-per-connection",
+                "http2MaxStreamsPerConnection",
+            ),
+        ] {
+            assert_eq!(yaml_key(flag), key, "{flag}");
+            assert_eq!(flag_of(key), flag, "{key}");
+        }
         for key in option_keys() {
             assert_eq!(yaml_key(&flag_of(&key)), key);
         }
-        assert_eq!(
-            yaml_key("http2-max-streams-per-connection"),
-            "http2MaxStreamsPerConnection"
-        );
     }
 }

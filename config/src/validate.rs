@@ -545,48 +545,128 @@ mod tests {
         assert!(c.authn.anonymous);
     }
 
+    /// One row per `--core-url`: the endpoint it means, or a part of the refusal naming the flag.
     #[test]
     fn core_url_forms() {
-        assert_eq!(
-            parse_core_url("unix:///run/x.sock").unwrap(),
-            CoreEndpoint::Unix("/run/x.sock".into())
-        );
-        assert_eq!(
-            parse_core_url("/run/x.sock").unwrap(),
-            CoreEndpoint::Unix("/run/x.sock".into())
-        );
-        assert_eq!(
-            parse_core_url("https://10.0.0.1:6443/").unwrap(),
-            CoreEndpoint::Url("https://10.0.0.1:6443".into())
-        );
-        for bad in [
-            "ftp://x",
-            "http://",
-            "http://h/prefix",
-            "unix://relative",
-            "localhost:8080",
+        for (raw, want) in [
+            (
+                "unix:///run/x.sock",
+                Ok(CoreEndpoint::Unix("/run/x.sock".into())),
+            ),
+            ("/run/x.sock", Ok(CoreEndpoint::Unix("/run/x.sock".into()))),
+            (
+                "https://10.0.0.1:6443/",
+                Ok(CoreEndpoint::Url("https://10.0.0.1:6443".into())),
+            ),
+            (
+                "ftp://x",
+                Err("must start with http://, https:// or unix://"),
+            ),
+            ("http://", Err("missing host")),
+            ("http://h/prefix", Err("must not have a path")),
+            ("unix://relative", Err("needs an absolute path")),
+            (
+                "localhost:8080",
+                Err("must start with http://, https:// or unix://"),
+            ),
         ] {
-            let err = parse_core_url(bad).unwrap_err();
-            assert_eq!(err.flag, "core-url", "{bad}");
+            match (parse_core_url(raw), want) {
+                (Ok(got), Ok(want)) => assert_eq!(got, want, "{raw}"),
+                (Err(err), Err(want)) => {
+                    assert_eq!(err.flag, "core-url", "{raw}");
+                    assert!(err.message.contains(want), "{raw}: {err}");
+                }
+                (got, want) => panic!("{raw}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    /// One row per refused setting: the whole line printed at start, naming the flag and its YAML
+    /// key (or, for the file-only `services`, where it is set).
+    #[test]
+    fn refusals_are_one_line_naming_flag_and_key() {
+        for (case, yaml, flag, want) in [
+            (
+                "a value outside its choices",
+                "apiserviceSource: files\n",
+                "apiservice-source",
+                "invalid configuration: --apiservice-source (apiserviceSource): \"files\" is not \
+                 one of kube, file, none",
+            ),
+            (
+                "a missing file is refused at start",
+                "clientCaFile: /nonexistent/ca.crt\n",
+                "client-ca-file",
+                "invalid configuration: --client-ca-file (clientCaFile): cannot read \
+                 /nonexistent/ca.crt: No such file or directory (os error 2)",
+            ),
+            (
+                "the file source needs a directory",
+                "apiserviceSource: file\n",
+                "apiservice-dir",
+                "invalid configuration: --apiservice-dir (apiserviceDir): required when \
+                 --apiservice-source=file",
+            ),
+            (
+                "static services must be https",
+                "services:\n- namespace: w\n  name: api\n  urls: [http://127.0.0.1:1]\n",
+                "services",
+                "invalid configuration: services (file only): w/api: \"http://127.0.0.1:1\" must \
+                 be an https:// URL (aggregated servers serve TLS)",
+            ),
+            (
+                "a bad label selector is refused at validation",
+                "apiserviceLabelSelector: \"owner in edge\"\n",
+                "apiservice-label-selector",
+                "invalid configuration: --apiservice-label-selector (apiserviceLabelSelector): \
+                 \"owner in edge\": owner in needs a parenthesized list: owner in (a,b); \
+                 selectors look like env=prod,tier in (a,b),!legacy",
+            ),
+            (
+                "a timeout of zero",
+                "requestTimeout: 0s\n",
+                "request-timeout",
+                "invalid configuration: --request-timeout (requestTimeout): must be greater than 0s",
+            ),
+            (
+                "headers too small for a Kubernetes request",
+                "maxHeaderBytes: 100\n",
+                "max-header-bytes",
+                "invalid configuration: --max-header-bytes (maxHeaderBytes): must be at least 8192",
+            ),
+            (
+                "no streams per connection",
+                "http2MaxStreamsPerConnection: 0\n",
+                "http2-max-streams-per-connection",
+                "invalid configuration: --http2-max-streams-per-connection \
+                 (http2MaxStreamsPerConnection): must be at least 1",
+            ),
+            (
+                "allowed names without the CA that signs them",
+                "requestheaderAllowedNames: [front-proxy]\n",
+                "requestheader-allowed-names",
+                "invalid configuration: --requestheader-allowed-names \
+                 (requestheaderAllowedNames): needs --requestheader-client-ca-file: names are \
+                 only checked on certificates that CA signed",
+            ),
+        ] {
+            let err = opts(yaml).validate().unwrap_err();
+            assert_eq!(err.flag, flag, "{case}");
+            assert_eq!(err.to_string(), want, "{case}");
         }
     }
 
     #[test]
-    fn errors_name_flag_and_yaml_key() {
-        let err = opts("apiserviceSource: files\n").validate().unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "invalid configuration: --apiservice-source (apiserviceSource): \"files\" is not one of kube, file, none"
-        );
-    }
-
-    #[test]
-    fn missing_files_are_refused_at_start() {
-        let err = opts("clientCaFile: /nonexistent/ca.crt\n")
+    fn a_label_selector_reaches_the_kube_source() {
+        let c = opts("apiserviceLabelSelector: \"owner in (edge),!legacy\"\n")
             .validate()
-            .unwrap_err();
-        assert_eq!(err.flag, "client-ca-file");
-        assert!(err.message.contains("/nonexistent/ca.crt"), "{err}");
+            .unwrap();
+        assert_eq!(
+            c.apiservices.source,
+            ApiServiceSource::Kube {
+                label_selector: Some("owner in (edge),!legacy".into())
+            }
+        );
     }
 
     #[test]
@@ -737,24 +817,6 @@ mod tests {
     }
 
     #[test]
-    fn a_bad_label_selector_is_refused_at_validation() {
-        let err = opts("apiserviceLabelSelector: \"owner in edge\"\n")
-            .validate()
-            .unwrap_err();
-        assert_eq!(err.flag, "apiservice-label-selector");
-        assert!(err.message.contains("\"owner in edge\""), "{err}");
-        let c = opts("apiserviceLabelSelector: \"owner in (edge),!legacy\"\n")
-            .validate()
-            .unwrap();
-        assert_eq!(
-            c.apiservices.source,
-            ApiServiceSource::Kube {
-                label_selector: Some("owner in (edge),!legacy".into())
-            }
-        );
-    }
-
-    #[test]
     fn log_level_takes_levels_and_filters_but_not_stray_words() {
         for ok in [
             "info",
@@ -778,26 +840,6 @@ mod tests {
                 "{err}"
             );
         }
-    }
-
-    #[test]
-    fn file_source_needs_a_directory() {
-        let err = opts("apiserviceSource: file\n").validate().unwrap_err();
-        assert_eq!(err.flag, "apiservice-dir");
-    }
-
-    #[test]
-    fn static_services_must_be_https() {
-        let err = opts("services:\n- namespace: w\n  name: api\n  urls: [http://127.0.0.1:1]\n")
-            .validate()
-            .unwrap_err();
-        assert_eq!(err.flag, "services");
-        // No flag to name: the refusal says where it can be set.
-        assert!(
-            err.to_string()
-                .starts_with("invalid configuration: services (file only): w/api: "),
-            "{err}"
-        );
     }
 }
 
