@@ -106,17 +106,23 @@ mod tests {
     use super::*;
 
     fn parse(s: &str) -> Duration {
-        s.parse::<GoDuration>().unwrap().0
+        s.parse::<GoDuration>()
+            .unwrap_or_else(|e| panic!("{s:?}: {e}"))
+            .0
     }
 
     #[test]
     fn parses_kubernetes_style_durations() {
-        assert_eq!(parse("500ms"), Duration::from_millis(500));
-        assert_eq!(parse("5s"), Duration::from_secs(5));
-        assert_eq!(parse("1m30s"), Duration::from_secs(90));
-        assert_eq!(parse("2h"), Duration::from_secs(7200));
-        assert_eq!(parse("1.5s"), Duration::from_millis(1500));
-        assert_eq!(parse("0"), Duration::ZERO);
+        for (text, want) in [
+            ("500ms", Duration::from_millis(500)),
+            ("5s", Duration::from_secs(5)),
+            ("1m30s", Duration::from_secs(90)),
+            ("2h", Duration::from_secs(7200)),
+            ("1.5s", Duration::from_millis(1500)),
+            ("0", Duration::ZERO),
+        ] {
+            assert_eq!(parse(text), want, "{text:?}");
+        }
     }
 
     #[test]
@@ -129,7 +135,7 @@ mod tests {
     #[test]
     fn prints_round_trip() {
         for s in ["0s", "5s", "1m30s", "2h", "250ms"] {
-            assert_eq!(s.parse::<GoDuration>().unwrap().to_string(), s);
+            assert_eq!(s.parse::<GoDuration>().unwrap().to_string(), s, "{s:?}");
         }
     }
 }

@@ -2,15 +2,20 @@
 //! kube-apiserver names them), their validation into a [`Config`] before anything starts, and the
 //! TLS material (loading, self-signed generation, reloading). No networking lives here.
 
+pub mod config;
 pub mod duration;
+mod file;
 pub mod options;
+mod selector;
 pub mod tls;
 pub mod validate;
 
-pub use duration::GoDuration;
-pub use options::{Cli, Options, StaticService};
-pub use validate::{
-    load, ApiServiceConfig, ApiServiceSource, AuditConfig, AuditLevel, AuthnConfig, AuthzConfig,
-    CertKeyPair, Config, ConfigError, CoreConfig, CoreEndpoint, CoreIdentity, Limits, LogFormat,
-    LoggingConfig, ServingConfig,
+pub use config::{
+    ApiServiceConfig, ApiServiceSource, AuditConfig, AuditLevel, AuthnConfig, AuthzConfig,
+    CertKeyPair, Config, CoreConfig, CoreEndpoint, CoreIdentity, Limits, LogFormat, LoggingConfig,
+    ServingConfig,
 };
+pub use duration::GoDuration;
+pub use file::load;
+pub use options::{Cli, Options, StaticService};
+pub use validate::ConfigError;

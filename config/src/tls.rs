@@ -13,7 +13,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig, SignatureScheme};
 
-use crate::validate::{CertKeyPair, ServingConfig};
+use crate::config::{CertKeyPair, ServingConfig};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {

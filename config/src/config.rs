@@ -1,0 +1,140 @@
+//! The configuration the gateway runs with, as [`Options::validate`](crate::Options::validate)
+//! produces it: every default applied, every file checked to exist, every enum decided. Plain data
+//! and no logic, so that what reads it (`tls.rs`, the gateway) depends on these types alone and not
+//! on the validation, which itself uses `tls.rs` to check PEM material.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::options::StaticService;
+
+/// The validated, complete configuration the gateway runs with.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub serving: ServingConfig,
+    pub authn: AuthnConfig,
+    pub authz: AuthzConfig,
+    pub proxy_client: Option<CertKeyPair>,
+    pub core: CoreConfig,
+    pub apiservices: ApiServiceConfig,
+    pub limits: Limits,
+    pub shutdown_delay: Duration,
+    pub shutdown_timeout: Duration,
+    pub logging: LoggingConfig,
+    pub audit: AuditConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertKeyPair {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServingConfig {
+    /// Files given by the user; `None` means generate a self-signed pair into `cert_dir`.
+    pub cert: Option<CertKeyPair>,
+    pub cert_dir: PathBuf,
+    pub tls13_only: bool,
+    pub cipher_suites: Vec<String>,
+    pub http2_max_streams: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct AuthnConfig {
+    pub client_ca_file: Option<PathBuf>,
+    pub requestheader_client_ca_file: Option<PathBuf>,
+    pub requestheader_allowed_names: Vec<String>,
+    pub anonymous: bool,
+    pub token_webhook: bool,
+    pub token_cache_ttl: Duration,
+    pub token_cache_unauthorized_ttl: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct AuthzConfig {
+    pub webhook: bool,
+    pub cache_authorized_ttl: Duration,
+    pub cache_unauthorized_ttl: Duration,
+    pub authorize_metrics: bool,
+}
+
+/// How the core server is reached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CoreEndpoint {
+    /// `http://` or `https://` base URL, without a trailing slash.
+    Url(String),
+    /// A Unix domain socket; requests are plain HTTP over it.
+    Unix(PathBuf),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CoreIdentity {
+    Passthrough,
+    Impersonate,
+}
+
+#[derive(Debug, Clone)]
+pub struct CoreConfig {
+    /// `None` only when --core-kubeconfig supplies the server.
+    pub endpoint: Option<CoreEndpoint>,
+    pub ca_file: Option<PathBuf>,
+    pub client_cert: Option<CertKeyPair>,
+    pub token_file: Option<PathBuf>,
+    pub kubeconfig: Option<PathBuf>,
+    pub identity: CoreIdentity,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApiServiceSource {
+    Kube { label_selector: Option<String> },
+    File { dir: PathBuf },
+    None,
+}
+
+#[derive(Debug, Clone)]
+pub struct ApiServiceConfig {
+    pub source: ApiServiceSource,
+    pub endpoint_routing: bool,
+    pub availability_interval: Duration,
+    pub discovery_refresh_interval: Duration,
+    pub static_services: Vec<StaticService>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// 0 = unlimited.
+    pub max_readonly_inflight: u32,
+    pub max_mutating_inflight: u32,
+    pub request_timeout: Duration,
+    pub max_request_body_bytes: u64,
+    pub header_read_timeout: Duration,
+    pub max_header_bytes: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone)]
+pub struct LoggingConfig {
+    pub format: LogFormat,
+    pub level: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuditLevel {
+    None,
+    Metadata,
+}
+
+#[derive(Debug, Clone)]
+pub struct AuditConfig {
+    /// `None`: no audit log; `Some("-")`: stdout.
+    pub path: Option<String>,
+    pub level: AuditLevel,
+}
