@@ -1,23 +1,20 @@
-//! Setup shared by the end-to-end scenarios with aggregated API servers: the certificates of one
-//! scenario ([`Pki`]), an aggregated backend and the gateway started with them, APIService
-//! manifests ([`ApiService`]), requests as a user, and the core fixture's recorded requests.
+//! The set-up every end-to-end session with aggregated API servers shares: the certificates of one
+//! scenario ([`Pki`]), a core, aggregated backends and the gateway started with them
+//! ([`Scenario`], built by [`ScenarioBuilder`]), APIService manifests ([`ApiService`]), requests
+//! as a user, and the fixtures' recorded requests. Test files describe their session with the
+//! builder's few knobs instead of a set-up struct of their own, so each test starts exactly the
+//! session its one behaviour needs.
 //!
 //! A scenario reads like this:
 //!
 //! ```no_run
 //! # async fn session() {
-//! use e2e::harness::{FixtureCore, KubectlVersion};
-//! use e2e::scenario::{self, Pki};
+//! use e2e::scenario::{Scenario, WARDLE_GROUP};
 //!
-//! let pki = Pki::new();
-//! let core = FixtureCore::start(&[]).await.unwrap();
-//! let backend = pki.start_backend("wardle.example.com", "v1alpha1", &[]).await;
-//! let config = pki.gateway_config(&[("wardle", &backend)], "");
-//! let gateway = pki.start_gateway(&core, &config, &[]).await;
-//! let alice = pki.user("alice", &["dev"]);
-//! let kubectl = scenario::kubectl_as(&gateway, KubectlVersion::V1_32, &alice);
-//! kubectl
-//!     .apply_yaml(&pki.apiservice("wardle.example.com", "v1alpha1", "wardle").yaml())
+//! let s = Scenario::wardle().start().await;
+//! let alice = s.user("alice", &["dev"]);
+//! s.kubectl(&alice)
+//!     .apply_yaml(&s.pki.apiservice(WARDLE_GROUP, "v1alpha1", "wardle").yaml())
 //!     .await;
 //! # }
 //! ```
@@ -29,7 +26,7 @@ use std::time::Duration;
 use base64::Engine;
 use bytes::Bytes;
 use http::{HeaderMap, Request, StatusCode};
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full};
 use hyper_rustls::FixedServerNameResolver;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -171,23 +168,10 @@ impl Pki {
             .expect("aggregated fixture starts")
     }
 
-    /// Writes a gateway config whose static `services:` map puts Service `api` of each namespace
-    /// at its backend's address, followed by `extra_yaml`. Without services it is `extra_yaml`
-    /// alone.
+    /// Writes a gateway config whose static `services:` map puts each Service
+    /// `(namespace, name, backend)` at its backend's address, followed by `extra_yaml`. Without
+    /// services it is `extra_yaml` alone.
     pub fn gateway_config(
-        &self,
-        services: &[(&str, &FixtureAggregated)],
-        extra_yaml: &str,
-    ) -> PathBuf {
-        let services: Vec<(&str, &str, &FixtureAggregated)> = services
-            .iter()
-            .map(|(namespace, backend)| (*namespace, "api", *backend))
-            .collect();
-        self.gateway_config_with_services(&services, extra_yaml)
-    }
-
-    /// [`Pki::gateway_config`] with Service names of its own: `(namespace, name, backend)`.
-    pub fn gateway_config_with_services(
         &self,
         services: &[(&str, &str, &FixtureAggregated)],
         extra_yaml: &str,
@@ -208,7 +192,7 @@ impl Pki {
     }
 
     /// Starts the gateway in front of `core` with `config`, the proxy client certificate, the
-    /// users CA as `--client-ca-file`, APIService availability probed every second, and `extra`.
+    /// users CA as `--client-ca-file`, and `extra`; returns once it is ready.
     pub async fn start_gateway(
         &self,
         core: &FixtureCore,
@@ -225,8 +209,6 @@ impl Pki {
             path_arg(key),
             "--client-ca-file".to_owned(),
             path_arg(&self.users_ca_file),
-            "--apiservice-availability-interval".to_owned(),
-            "1s".to_owned(),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
         let gateway = Gateway::start(GatewayOptions::new(core.url()).args(args))
@@ -248,21 +230,6 @@ impl Pki {
             gateway.process.logs()
         );
         gateway
-    }
-
-    /// [`Pki::start_gateway`] reading APIServices from the manifests in `manifests`
-    /// (`--apiservice-source file`).
-    pub async fn start_gateway_with_file_source(
-        &self,
-        core: &FixtureCore,
-        config: &Path,
-        manifests: &Path,
-        extra: &[&str],
-    ) -> Gateway {
-        let dir = path_arg(manifests);
-        let source = ["--apiservice-source", "file", "--apiservice-dir", &dir];
-        self.start_gateway(core, config, &[&source[..], extra].concat())
-            .await
     }
 
     /// A client for `backend` directly (its `/fixture/...` endpoints), verifying its certificate
@@ -293,6 +260,17 @@ impl Pki {
             .unwrap();
         assert_eq!(status, StatusCode::OK, "{url}");
         serde_json::from_slice(&body).unwrap()
+    }
+
+    /// Forgets the requests `backend` (Service `<namespace>/api`) recorded so far.
+    pub async fn clear_backend_requests(&self, backend: &FixtureAggregated, namespace: &str) {
+        let req = Request::delete(format!("{}/fixture/requests", backend.url()))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let (status, _, _) = harness::send(&self.backend_client(namespace), req)
+            .await
+            .unwrap();
+        assert_eq!(status, StatusCode::OK);
     }
 
     /// Replaces the policy `backend` (Service `<namespace>/api`) authorizes discovery with.
@@ -412,53 +390,320 @@ impl ApiService {
 
 // ---- a common scenario --------------------------------------------------------------------------
 
-/// A core with an authorization policy, one aggregated backend serving
-/// `wardle.example.com/v1alpha1` as Service `wardle/api`, registered by a manifest in an
-/// `--apiservice-dir`, and a gateway in front of both.
+/// A core, aggregated backends and the gateway in front of them, started by [`ScenarioBuilder`]:
+/// the one set-up every end-to-end session with aggregated API servers shares, so that a test
+/// says only what its session needs (which backends, which APIServices from where, which policy,
+/// which extra flags) and nothing it does not.
+///
+/// Fields drop in order: the gateway stops before its backends and core, and the scratch
+/// directory goes last.
 #[derive(Debug)]
-pub struct WardleScenario {
+pub struct Scenario {
     pub gateway: Gateway,
-    pub backend: FixtureAggregated,
+    /// By the namespace of the Service `api` they serve as, in the order they were declared.
+    backends: Vec<(String, FixtureAggregated)>,
     pub core: FixtureCore,
+    /// The `--apiservice-dir` of a file source.
+    manifests: Option<PathBuf>,
     pub pki: Pki,
 }
 
-impl WardleScenario {
-    /// `backend_args` and `gateway_args` are appended to [`Pki::start_backend`]'s and
-    /// [`Pki::start_gateway`]'s flags.
-    pub async fn start(
-        pki: Pki,
-        policy: &Value,
-        backend_args: &[&str],
-        gateway_args: &[&str],
-    ) -> WardleScenario {
-        let core = start_core_with_policy(&pki, policy).await;
-        let backend = pki
-            .start_backend(WARDLE_GROUP, "v1alpha1", backend_args)
-            .await;
-        let manifests = pki.dir().join("apiservices");
-        std::fs::create_dir(&manifests).unwrap();
-        pki.apiservice(WARDLE_GROUP, "v1alpha1", "wardle")
-            .write_to(&manifests, "wardle.yaml");
-        let config = pki.gateway_config(&[("wardle", &backend)], "");
-        let gateway = pki
-            .start_gateway_with_file_source(&core, &config, &manifests, gateway_args)
-            .await;
-        WardleScenario {
+/// Which APIService source the gateway reads.
+#[derive(Debug)]
+enum Source {
+    /// The core's APIServices (the gateway's default): registered with `kubectl apply`.
+    Kube,
+    /// An `--apiservice-dir` holding these `(file, manifest)` at start.
+    Files(Vec<(String, String)>),
+}
+
+/// What a [`Scenario`] starts; see [`Scenario::builder`].
+#[derive(Debug)]
+pub struct ScenarioBuilder {
+    pki: Pki,
+    core_args: Vec<String>,
+    policy: Option<Value>,
+    /// `(namespace, group, versions, extra flags)`.
+    backends: Vec<(String, String, String, Vec<String>)>,
+    static_services: bool,
+    /// `(namespace, name, namespace of the backend)`: more Service names for a backend.
+    aliases: Vec<(String, String, String)>,
+    config_yaml: String,
+    source: Source,
+    availability_interval: String,
+    gateway_args: Vec<String>,
+}
+
+impl Scenario {
+    /// A scenario with the certificates of [`Pki::new`] (backends serve as `wardle/api`).
+    pub fn builder() -> ScenarioBuilder {
+        Scenario::with_pki(Pki::new())
+    }
+
+    /// A scenario with `pki`, e.g. [`Pki::for_services`] for backends in other namespaces, or
+    /// one the test already built APIService manifests from.
+    pub fn with_pki(pki: Pki) -> ScenarioBuilder {
+        ScenarioBuilder {
+            pki,
+            core_args: Vec::new(),
+            policy: None,
+            backends: Vec::new(),
+            static_services: true,
+            aliases: Vec::new(),
+            config_yaml: String::new(),
+            source: Source::Kube,
+            availability_interval: "1s".to_owned(),
+            gateway_args: Vec::new(),
+        }
+    }
+
+    /// The most common session: the wardle backend (`wardle.example.com/v1alpha1` as Service
+    /// `wardle/api`) behind the gateway, not yet registered.
+    pub fn wardle() -> ScenarioBuilder {
+        Scenario::builder().backend("wardle", WARDLE_GROUP, "v1alpha1", &[])
+    }
+
+    /// The backend serving as Service `api` of `namespace`.
+    pub fn backend(&self, namespace: &str) -> &FixtureAggregated {
+        self.backends
+            .iter()
+            .find(|(ns, _)| ns == namespace)
+            .map(|(_, backend)| backend)
+            .unwrap_or_else(|| panic!("no backend in namespace {namespace}"))
+    }
+
+    /// [`Scenario::backend`], to stop it.
+    pub fn backend_mut(&mut self, namespace: &str) -> &mut FixtureAggregated {
+        self.backends
+            .iter_mut()
+            .find(|(ns, _)| ns == namespace)
+            .map(|(_, backend)| backend)
+            .unwrap_or_else(|| panic!("no backend in namespace {namespace}"))
+    }
+
+    /// A client certificate for user `name` in `groups`.
+    pub fn user(&self, name: &str, groups: &[&str]) -> CertifiedPair {
+        self.pki.user(name, groups)
+    }
+
+    /// A kubectl 1.32 session as `user`.
+    pub fn kubectl(&self, user: &CertifiedPair) -> Kubectl {
+        kubectl_as(&self.gateway, KubectlVersion::V1_32, user)
+    }
+
+    /// GET `path` as `user` over HTTP/2, the body as JSON (`null` if it is not).
+    pub async fn get(
+        &self,
+        user: &CertifiedPair,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> (StatusCode, Value) {
+        get_as(&self.gateway, user, path, headers).await
+    }
+
+    /// The gateway's logs so far, for failure messages.
+    pub fn logs(&self) -> String {
+        self.gateway.process.logs()
+    }
+
+    /// The `--apiservice-dir` of a scenario with a file source.
+    pub fn manifests(&self) -> &Path {
+        self.manifests
+            .as_deref()
+            .expect("the scenario reads APIServices from the core, not from files")
+    }
+
+    /// Registers `api` as a user of a file source does: its manifest lands in the directory.
+    pub fn register(&self, api: &ApiService) {
+        api.write_to(self.manifests(), &format!("{}.yaml", api.name()));
+    }
+}
+
+impl ScenarioBuilder {
+    /// The certificates, e.g. to write a CA file the gateway's flags name.
+    pub fn pki(&self) -> &Pki {
+        &self.pki
+    }
+
+    /// Flags for `fixture-core`.
+    pub fn core_args(mut self, args: &[&str]) -> ScenarioBuilder {
+        self.core_args.extend(args.iter().map(|a| a.to_string()));
+        self
+    }
+
+    /// The core authorizes (and authenticates tokens) with `policy` instead of allowing all.
+    pub fn core_policy(mut self, policy: Value) -> ScenarioBuilder {
+        self.policy = Some(policy);
+        self
+    }
+
+    /// An aggregated backend serving `group` at `versions` (comma list, first preferred) as
+    /// Service `api` of `namespace`, see [`Pki::start_backend`] for `extra` flags.
+    pub fn backend(
+        mut self,
+        namespace: &str,
+        group: &str,
+        versions: &str,
+        extra: &[&str],
+    ) -> ScenarioBuilder {
+        self.backends.push((
+            namespace.to_owned(),
+            group.to_owned(),
+            versions.to_owned(),
+            extra.iter().map(|a| a.to_string()).collect(),
+        ));
+        self
+    }
+
+    /// Leaves the backends out of the static `services:` map: the gateway must find them
+    /// through Services and EndpointSlices on the core.
+    pub fn without_static_services(mut self) -> ScenarioBuilder {
+        self.static_services = false;
+        self
+    }
+
+    /// Also puts the backend of `backend_namespace` at Service `namespace/name`.
+    pub fn service_alias(
+        mut self,
+        namespace: &str,
+        name: &str,
+        backend_namespace: &str,
+    ) -> ScenarioBuilder {
+        self.aliases.push((
+            namespace.to_owned(),
+            name.to_owned(),
+            backend_namespace.to_owned(),
+        ));
+        self
+    }
+
+    /// YAML appended to the gateway's config file.
+    pub fn config_yaml(mut self, yaml: &str) -> ScenarioBuilder {
+        self.config_yaml.push_str(yaml);
+        self
+    }
+
+    /// Reads APIServices from an `--apiservice-dir` (empty unless manifests are added).
+    pub fn file_source(mut self) -> ScenarioBuilder {
+        if let Source::Kube = self.source {
+            self.source = Source::Files(Vec::new());
+        }
+        self
+    }
+
+    /// A file in the `--apiservice-dir` at start (implies [`ScenarioBuilder::file_source`]).
+    pub fn manifest(mut self, file: &str, yaml: &str) -> ScenarioBuilder {
+        self = self.file_source();
+        if let Source::Files(files) = &mut self.source {
+            files.push((file.to_owned(), yaml.to_owned()));
+        }
+        self
+    }
+
+    /// [`Pki::apiservice`] registered from a manifest at start (implies a file source).
+    pub fn apiservice(self, group: &str, version: &str, namespace: &str) -> ScenarioBuilder {
+        let api = self.pki.apiservice(group, version, namespace);
+        self.manifest(&format!("{}.yaml", api.name()), &api.yaml())
+    }
+
+    /// `--apiservice-availability-interval` (1 s unless set).
+    pub fn availability_interval(mut self, interval: &str) -> ScenarioBuilder {
+        self.availability_interval = interval.to_owned();
+        self
+    }
+
+    /// More gateway flags.
+    pub fn gateway_args(mut self, args: &[&str]) -> ScenarioBuilder {
+        self.gateway_args.extend(args.iter().map(|a| a.to_string()));
+        self
+    }
+
+    /// Starts the core, the backends and the gateway, and returns once the gateway is ready.
+    pub async fn start(self) -> Scenario {
+        let ScenarioBuilder {
+            pki,
+            mut core_args,
+            policy,
+            backends: specs,
+            static_services,
+            aliases,
+            config_yaml,
+            source,
+            availability_interval,
+            gateway_args,
+        } = self;
+        if let Some(policy) = policy {
+            let file = pki.write("policy.json", &policy.to_string());
+            core_args.extend(["--policy".to_owned(), path_arg(&file)]);
+        }
+        let core_args: Vec<&str> = core_args.iter().map(String::as_str).collect();
+        let core = FixtureCore::start(&core_args).await.unwrap();
+        let mut backends = Vec::new();
+        for (namespace, group, versions, extra) in &specs {
+            let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+            let backend = pki.start_backend(group, versions, &extra).await;
+            backends.push((namespace.clone(), backend));
+        }
+        let backend_of = |namespace: &str| {
+            backends
+                .iter()
+                .find(|(ns, _)| ns == namespace)
+                .map(|(_, backend)| backend)
+                .unwrap_or_else(|| panic!("no backend in namespace {namespace}"))
+        };
+        let mut services: Vec<(&str, &str, &FixtureAggregated)> = Vec::new();
+        if static_services {
+            services.extend(backends.iter().map(|(ns, b)| (ns.as_str(), "api", b)));
+        }
+        for (namespace, name, backend) in &aliases {
+            services.push((namespace, name, backend_of(backend)));
+        }
+        let config = pki.gateway_config(&services, &config_yaml);
+        let mut args = vec![
+            "--apiservice-availability-interval".to_owned(),
+            availability_interval,
+        ];
+        let manifests = match source {
+            Source::Kube => None,
+            Source::Files(files) => {
+                let dir = pki.dir().join("apiservices");
+                std::fs::create_dir(&dir).unwrap();
+                for (file, yaml) in files {
+                    std::fs::write(dir.join(file), yaml).unwrap();
+                }
+                args.extend([
+                    "--apiservice-source".to_owned(),
+                    "file".to_owned(),
+                    "--apiservice-dir".to_owned(),
+                    path_arg(&dir),
+                ]);
+                Some(dir)
+            }
+        };
+        args.extend(gateway_args);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let gateway = pki.start_gateway(&core, &config, &args).await;
+        Scenario {
             gateway,
-            backend,
+            backends,
             core,
+            manifests,
             pki,
         }
     }
 }
 
-/// Starts `fixture-core` with `policy` (written as `policy.json` into the scratch directory).
-pub async fn start_core_with_policy(pki: &Pki, policy: &Value) -> FixtureCore {
-    let policy_file = pki.write("policy.json", &policy.to_string());
-    FixtureCore::start(&["--policy", &path_arg(&policy_file)])
+/// A core and the gateway in front of it alone, as it runs without any of the scenario's
+/// certificates: its own generated serving certificate, no client CA, no proxy identity, and
+/// no APIServices (`--apiservice-source none`); `gateway_args` come after. Returns as soon as
+/// the gateway serves, ready or not.
+pub async fn core_and_gateway(gateway_args: &[&str]) -> (FixtureCore, Gateway) {
+    let core = FixtureCore::start(&[]).await.expect("fixture core starts");
+    let args = ["--apiservice-source", "none"].iter().chain(gateway_args);
+    let gateway = Gateway::start(GatewayOptions::new(core.url()).args(args.copied()))
         .await
-        .unwrap()
+        .expect("gateway starts");
+    (core, gateway)
 }
 
 // ---- requests as a user -------------------------------------------------------------------------
@@ -509,6 +754,31 @@ pub async fn get_as(
     (status, json_or_null(&body))
 }
 
+/// Whether GET `path` as `user` answers 200 with a `kind` (e.g. `FlunderList`) within `timeout`.
+pub async fn serves(
+    gateway: &Gateway,
+    user: &CertifiedPair,
+    path: &str,
+    kind: &str,
+    timeout: Duration,
+) -> bool {
+    harness::wait_until(timeout, || async {
+        let (status, body) = get_as(gateway, user, path, &[]).await;
+        status == StatusCode::OK && body["kind"] == kind
+    })
+    .await
+}
+
+/// `/metrics`, fetched anonymously over HTTP/1.1.
+pub async fn metrics(gateway: &Gateway) -> String {
+    let client = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
+    let (status, _, body) = harness::get(&client, &format!("{}/metrics", gateway.url()))
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::OK);
+    String::from_utf8_lossy(&body).into_owned()
+}
+
 /// `body` as JSON, or `null` if it is not.
 pub fn json_or_null(body: &[u8]) -> Value {
     serde_json::from_slice(body).unwrap_or(Value::Null)
@@ -538,6 +808,87 @@ pub async fn wait_for_apiservice_row(
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+// ---- ConfigMaps through the gateway -------------------------------------------------------------
+
+/// A ConfigMap `name` with one key, as a request body.
+fn configmap(name: &str) -> Full<Bytes> {
+    Full::new(Bytes::from(
+        serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"k": "v"}})
+            .to_string(),
+    ))
+}
+
+/// Creates ConfigMap `name` in `default` through the gateway; the status it got.
+pub async fn create_configmap(client: &HttpClient, gateway: &Gateway, name: &str) -> StatusCode {
+    harness::send(
+        client,
+        Request::post(format!(
+            "{}/api/v1/namespaces/default/configmaps",
+            gateway.url()
+        ))
+        .header("content-type", "application/json")
+        .body(configmap(name))
+        .unwrap(),
+    )
+    .await
+    .unwrap()
+    .0
+}
+
+/// Opens a watch on the ConfigMaps of `default` through the gateway and returns a channel of the
+/// raw chunks it streams.
+pub async fn watch_configmaps(
+    client: &HttpClient,
+    gateway: &Gateway,
+) -> tokio::sync::mpsc::UnboundedReceiver<String> {
+    let resp = harness::send_streaming(
+        client,
+        Request::get(format!(
+            "{}/api/v1/namespaces/default/configmaps?watch=1",
+            gateway.url()
+        ))
+        .body(Full::new(Bytes::new()))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut body = resp.into_body();
+    tokio::spawn(async move {
+        while let Some(Ok(frame)) = body.frame().await {
+            if let Ok(data) = frame.into_data() {
+                if tx
+                    .send(String::from_utf8_lossy(&data).into_owned())
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        }
+    });
+    rx
+}
+
+/// Waits up to 5 s for an event about object `name` on a [`watch_configmaps`] channel.
+pub async fn expect_event(rx: &mut tokio::sync::mpsc::UnboundedReceiver<String>, name: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut seen = String::new();
+    while std::time::Instant::now() < deadline {
+        match tokio::time::timeout(Duration::from_millis(200), rx.recv()).await {
+            Ok(Some(chunk)) => {
+                seen.push_str(&chunk);
+                if seen.contains(&format!("\"name\":\"{name}\"")) {
+                    return;
+                }
+            }
+            Ok(None) => panic!("the watch ended; saw {seen:?}"),
+            Err(_) => {}
+        }
+    }
+    panic!("no event for {name} on the watch; saw {seen:?}");
 }
 
 // ---- the core fixture, directly -----------------------------------------------------------------

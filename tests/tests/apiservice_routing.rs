@@ -9,8 +9,9 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use e2e::harness::{self, FixtureCore, Gateway, GatewayOptions, Kubectl, KubectlVersion};
-use e2e::scenario::{self, create_on_core, get_as, json_or_null, Pki};
+use e2e::certs::CertifiedPair;
+use e2e::harness::{self, FixtureCore, Gateway, GatewayOptions, Kubectl};
+use e2e::scenario::{self, create_on_core, get_as, json_or_null, ApiService, Scenario};
 use http::{Request, StatusCode};
 use http_body_util::Full;
 use serde_json::{json, Value};
@@ -82,46 +83,76 @@ async fn create_endpoint_slice(
     .await
 }
 
-#[tokio::test]
-async fn an_applied_apiservice_routes_to_its_backend_with_the_callers_identity() {
-    let pki = Pki::new();
-    let core = FixtureCore::start(&[]).await.unwrap();
-    let mut backend = pki.start_backend(GROUP, "v1alpha1", &[]).await;
-    let config = pki.gateway_config(&[("wardle", &backend)], "");
-    let gateway = pki.start_gateway(&core, &config, &[]).await;
-    let alice = pki.user("alice", &["dev"]);
-    let kubectl = scenario::kubectl_as(&gateway, KubectlVersion::V1_32, &alice);
-    let wardle = pki.apiservice(GROUP, "v1alpha1", "wardle");
+const FLUNDERS: &str = "/apis/wardle.example.com/v1alpha1/namespaces/default/flunders";
+const IDENTITY: &str = "/apis/wardle.example.com/v1alpha1/identity";
 
-    // Before registration the group is the core's (which does not have it).
-    let flunders = "/apis/wardle.example.com/v1alpha1/namespaces/default/flunders";
-    let (status, _) = get_as(&gateway, &alice, flunders, &[]).await;
-    assert_eq!(status, StatusCode::NOT_FOUND);
-
-    kubectl.apply_yaml(&wardle.yaml()).await;
-    let served = harness::wait_until(Duration::from_secs(2), || async {
-        let (status, body) = get_as(&gateway, &alice, flunders, &[]).await;
-        status == StatusCode::OK && body["kind"] == "FlunderList"
-    })
+/// The wardle backend behind the gateway, and alice applying its APIService with kubectl:
+/// served by the remote within 2 s.
+async fn applied_wardle() -> (Scenario, CertifiedPair, Kubectl) {
+    let s = Scenario::wardle().start().await;
+    let alice = s.user("alice", &["dev"]);
+    let kubectl = s.kubectl(&alice);
+    kubectl
+        .apply_yaml(&s.pki.apiservice(GROUP, "v1alpha1", "wardle").yaml())
+        .await;
+    let served = scenario::serves(
+        &s.gateway,
+        &alice,
+        FLUNDERS,
+        "FlunderList",
+        Duration::from_secs(2),
+    )
     .await;
     assert!(
         served,
-        "the remote did not serve {flunders} within 2s:\n{}",
-        gateway.process.logs()
+        "the remote did not serve {FLUNDERS} within 2s:\n{}",
+        s.logs()
     );
+    (s, alice, kubectl)
+}
 
-    // The backend sees the authenticated caller, never what the client claimed. (A forged
-    // `Impersonate-User` is refused with 403 unless the core allows it: tests/authentication.rs.)
-    let (status, identity) = get_as(
-        &gateway,
+/// Before registration the group is the core's (which does not have it); once applied, the
+/// remote serves it within 2 s.
+#[tokio::test]
+async fn an_applied_apiservice_takes_its_group_from_the_core_within_2s() {
+    let s = Scenario::wardle().start().await;
+    let alice = s.user("alice", &["dev"]);
+    let (status, _) = s.get(&alice, FLUNDERS, &[]).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    s.kubectl(&alice)
+        .apply_yaml(&s.pki.apiservice(GROUP, "v1alpha1", "wardle").yaml())
+        .await;
+    let served = scenario::serves(
+        &s.gateway,
         &alice,
-        "/apis/wardle.example.com/v1alpha1/identity",
-        &[
-            ("x-remote-user", "admin"),
-            ("x-remote-group", "system:masters"),
-        ],
+        FLUNDERS,
+        "FlunderList",
+        Duration::from_secs(2),
     )
     .await;
+    assert!(
+        served,
+        "the remote did not serve {FLUNDERS} within 2s:\n{}",
+        s.logs()
+    );
+}
+
+/// The backend sees the authenticated caller, never what the client claimed. (A forged
+/// `Impersonate-User` is refused with 403 unless the core allows it: tests/authentication.rs.)
+#[tokio::test]
+async fn the_backend_sees_the_authenticated_caller_not_the_identity_it_claims() {
+    let (s, alice, _) = applied_wardle().await;
+    let (status, identity) = s
+        .get(
+            &alice,
+            IDENTITY,
+            &[
+                ("x-remote-user", "admin"),
+                ("x-remote-group", "system:masters"),
+            ],
+        )
+        .await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(identity["user"], "alice", "{identity}");
     let groups: Vec<&str> = identity["groups"]
@@ -140,26 +171,26 @@ async fn an_applied_apiservice_routes_to_its_backend_with_the_callers_identity()
         !raw_headers.contains("system:masters") && !raw_headers.contains("impersonate-user"),
         "{identity}"
     );
+}
 
-    // An anonymous caller is system:anonymous at the backend.
-    let anonymous = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
-    let (_, _, body) = harness::get(
-        &anonymous,
-        &format!(
-            "{}/apis/wardle.example.com/v1alpha1/identity",
-            gateway.url()
-        ),
-    )
-    .await
-    .unwrap();
+#[tokio::test]
+async fn an_anonymous_caller_is_system_anonymous_at_the_backend() {
+    let (s, _, _) = applied_wardle().await;
+    let anonymous = harness::http1_client(&s.gateway.ca_pem().unwrap(), None).unwrap();
+    let (_, _, body) = harness::get(&anonymous, &format!("{}{IDENTITY}", s.gateway.url()))
+        .await
+        .unwrap();
     let identity: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(identity["user"], "system:anonymous", "{identity}");
+}
 
-    // Objects are created on the backend as alice.
-    let client = harness::http1_client(&gateway.ca_pem().unwrap(), Some(&alice)).unwrap();
+#[tokio::test]
+async fn objects_are_created_on_the_backend_as_the_caller() {
+    let (s, alice, _) = applied_wardle().await;
+    let client = harness::http1_client(&s.gateway.ca_pem().unwrap(), Some(&alice)).unwrap();
     let (status, _, body) = harness::send(
         &client,
-        Request::post(format!("{}{flunders}", gateway.url()))
+        Request::post(format!("{}{FLUNDERS}", s.gateway.url()))
             .header("content-type", "application/json")
             .body(Full::new(Bytes::from_static(
                 br#"{"apiVersion":"wardle.example.com/v1alpha1","kind":"Flunder","metadata":{"name":"first"}}"#,
@@ -179,35 +210,42 @@ async fn an_applied_apiservice_routes_to_its_backend_with_the_callers_identity()
         flunder["metadata"]["annotations"]["fixture.example.com/created-by"], "alice",
         "{flunder}"
     );
+}
 
-    // exec-style upgrades tunnel to the remote over HTTP/1.1.
-    {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let config =
-            harness::tls_client_config(&gateway.ca_pem().unwrap(), Some(&alice), &[b"http/1.1"])
-                .unwrap();
-        let mut tls = harness::tls_connect_with(gateway.addr, config)
-            .await
+/// exec-style upgrades tunnel to the remote over HTTP/1.1.
+#[tokio::test]
+async fn exec_style_upgrades_tunnel_to_the_backend() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (s, alice, _) = applied_wardle().await;
+    let gateway = &s.gateway;
+    let config =
+        harness::tls_client_config(&gateway.ca_pem().unwrap(), Some(&alice), &[b"http/1.1"])
             .unwrap();
-        let request = format!(
-            "POST /apis/wardle.example.com/v1alpha1/namespaces/default/flunders/first/exec HTTP/1.1\r\n\
-             Host: {}\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\nContent-Length: 0\r\n\r\n",
-            gateway.addr
-        );
-        tls.write_all(request.as_bytes()).await.unwrap();
-        let head = harness::read_head(&mut tls, Duration::from_secs(5))
-            .await
-            .unwrap();
-        assert!(head.starts_with("HTTP/1.1 101"), "{head}");
-        tls.write_all(b"ping remote").await.unwrap();
-        let mut echoed = [0u8; 11];
-        tokio::time::timeout(Duration::from_secs(5), tls.read_exact(&mut echoed))
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(&echoed, b"ping remote");
-    }
+    let mut tls = harness::tls_connect_with(gateway.addr, config)
+        .await
+        .unwrap();
+    let request = format!(
+        "POST /apis/wardle.example.com/v1alpha1/namespaces/default/flunders/first/exec HTTP/1.1\r\n\
+         Host: {}\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\nContent-Length: 0\r\n\r\n",
+        gateway.addr
+    );
+    tls.write_all(request.as_bytes()).await.unwrap();
+    let head = harness::read_head(&mut tls, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    tls.write_all(b"ping remote").await.unwrap();
+    let mut echoed = [0u8; 11];
+    tokio::time::timeout(Duration::from_secs(5), tls.read_exact(&mut echoed))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&echoed, b"ping remote");
+}
 
+#[tokio::test]
+async fn kubectl_get_apiservices_shows_the_service_and_availability() {
+    let (_s, _, kubectl) = applied_wardle().await;
     wait_for_row(&kubectl, "True", Duration::from_secs(10)).await;
     let table = kubectl.run_ok(&["get", "apiservices"]).await.stdout;
     assert!(
@@ -220,24 +258,26 @@ async fn an_applied_apiservice_routes_to_its_backend_with_the_callers_identity()
             .any(|l| l.starts_with(NAME) && l.contains("wardle/api")),
         "{table}"
     );
+}
 
-    // The backend goes away: the condition flips and requests fail fast with a Status.
-    backend.process.kill();
+/// The backend goes away: the condition flips, requests fail fast with a Status, and the
+/// metrics count it.
+#[tokio::test]
+async fn a_stopped_backend_flips_the_condition_and_requests_fail_fast_with_a_status() {
+    let (mut s, alice, kubectl) = applied_wardle().await;
+    wait_for_row(&kubectl, "True", Duration::from_secs(10)).await;
+    s.backend_mut("wardle").process.kill();
     wait_for_row(
         &kubectl,
         "False (FailedDiscoveryCheck)",
         Duration::from_secs(15),
     )
     .await;
-    let (status, body) = get_as(&gateway, &alice, flunders, &[]).await;
+    let (status, body) = s.get(&alice, FLUNDERS, &[]).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(body["reason"], "ServiceUnavailable");
     assert!(body["message"].as_str().unwrap().contains(NAME), "{body}");
-    let metrics = harness::get(&anonymous, &format!("{}/metrics", gateway.url()))
-        .await
-        .unwrap()
-        .2;
-    let metrics = String::from_utf8_lossy(&metrics);
+    let metrics = scenario::metrics(&s.gateway).await;
     assert!(
         metrics.contains(&format!(
             "aggregator_unavailable_apiservice{{name=\"{NAME}\"}} 1"
@@ -245,71 +285,88 @@ async fn an_applied_apiservice_routes_to_its_backend_with_the_callers_identity()
         "{metrics}"
     );
     assert!(metrics.contains("aggregator_unavailable_apiservice_total{name=\"v1alpha1.wardle.example.com\",reason=\"FailedDiscoveryCheck\"}"), "{metrics}");
+}
 
-    // Deleting the APIService sends the group back to the core.
+#[tokio::test]
+async fn deleting_the_apiservice_sends_the_group_back_to_the_core() {
+    let (s, alice, kubectl) = applied_wardle().await;
     kubectl.run_ok(&["delete", "apiservice", NAME]).await;
     let back = harness::wait_until(Duration::from_secs(2), || async {
-        get_as(&gateway, &alice, flunders, &[]).await.0 == StatusCode::NOT_FOUND
+        s.get(&alice, FLUNDERS, &[]).await.0 == StatusCode::NOT_FOUND
     })
     .await;
     assert!(back, "after delete the core should answer 404");
 }
 
+/// The wardle backend behind a gateway reading an empty `--apiservice-dir`.
+async fn file_source_session() -> (Scenario, CertifiedPair) {
+    let s = Scenario::wardle().file_source().start().await;
+    let alice = s.user("alice", &[]);
+    (s, alice)
+}
+
+/// A manifest naming a Service the gateway cannot reach is routed, but unavailable; edited to
+/// name the real Service, it is served by the remote without a restart.
 #[tokio::test]
 async fn file_source_picks_up_edited_manifests_without_restart() {
-    let pki = Pki::new();
-    let core = FixtureCore::start(&[]).await.unwrap();
-    let backend = pki.start_backend(GROUP, "v1alpha1", &[]).await;
-    let manifests = tempfile::tempdir().unwrap();
-    let config = pki.gateway_config(&[("wardle", &backend)], "");
-    let gateway = pki
-        .start_gateway_with_file_source(&core, &config, manifests.path(), &[])
-        .await;
-    let alice = pki.user("alice", &[]);
-    let flunders = "/apis/wardle.example.com/v1alpha1/namespaces/default/flunders";
-    let wardle = pki.apiservice(GROUP, "v1alpha1", "wardle");
-
-    // A manifest naming a Service the gateway cannot reach: routed, but unavailable.
-    std::fs::write(
-        manifests.path().join("wardle.yaml"),
-        wardle.clone().service("missing").yaml(),
-    )
-    .unwrap();
+    let (s, alice) = file_source_session().await;
+    let wardle = s.pki.apiservice(GROUP, "v1alpha1", "wardle");
+    wardle
+        .clone()
+        .service("missing")
+        .write_to(s.manifests(), "wardle.yaml");
     let unavailable = harness::wait_until(Duration::from_secs(5), || async {
-        let (status, body) = get_as(&gateway, &alice, flunders, &[]).await;
+        let (status, body) = s.get(&alice, FLUNDERS, &[]).await;
         status == StatusCode::SERVICE_UNAVAILABLE
             && body["message"].as_str().is_some_and(|m| m.contains(NAME))
     })
     .await;
-    assert!(unavailable, "{}", gateway.process.logs());
+    assert!(unavailable, "{}", s.logs());
 
-    // Edit it to name the real Service: served by the remote without a restart.
-    std::fs::write(manifests.path().join("wardle.yaml"), wardle.yaml()).unwrap();
-    let served = harness::wait_until(Duration::from_secs(5), || async {
-        let (status, body) = get_as(&gateway, &alice, flunders, &[]).await;
-        status == StatusCode::OK && body["kind"] == "FlunderList"
-    })
+    wardle.write_to(s.manifests(), "wardle.yaml");
+    let served = scenario::serves(
+        &s.gateway,
+        &alice,
+        FLUNDERS,
+        "FlunderList",
+        Duration::from_secs(5),
+    )
     .await;
-    assert!(served, "{}", gateway.process.logs());
+    assert!(served, "{}", s.logs());
+}
 
-    // A broken edit keeps the last good set and says which file is wrong.
+/// A broken edit keeps the last good set and says which file is wrong.
+#[tokio::test]
+async fn a_broken_manifest_edit_keeps_the_last_good_set_and_names_the_file() {
+    let (s, alice) = file_source_session().await;
+    s.pki
+        .apiservice(GROUP, "v1alpha1", "wardle")
+        .write_to(s.manifests(), "wardle.yaml");
+    let served = scenario::serves(
+        &s.gateway,
+        &alice,
+        FLUNDERS,
+        "FlunderList",
+        Duration::from_secs(5),
+    )
+    .await;
+    assert!(served, "{}", s.logs());
+
     std::fs::write(
-        manifests.path().join("wardle.yaml"),
+        s.manifests().join("wardle.yaml"),
         "apiVersion: apiregistration.k8s.io/v1\nkind: APIService\nspec: [oops\n",
     )
     .unwrap();
-    let reported = gateway
+    let reported = s
+        .gateway
         .process
         .wait_for_line(
             |l| l.contains("wardle.yaml") && l.contains("ERROR"),
             Duration::from_secs(5),
         )
         .await;
-    assert!(reported.is_some(), "{}", gateway.process.logs());
-    assert_eq!(
-        get_as(&gateway, &alice, flunders, &[]).await.0,
-        StatusCode::OK
-    );
+    assert!(reported.is_some(), "{}", s.logs());
+    assert_eq!(s.get(&alice, FLUNDERS, &[]).await.0, StatusCode::OK);
 }
 
 #[tokio::test]
@@ -345,15 +402,16 @@ async fn before_the_first_sync_unclaimed_groups_get_503_with_retry_after() {
 
 #[tokio::test]
 async fn services_and_endpointslices_on_the_core_resolve_the_backend() {
-    let pki = Pki::new();
-    let core = FixtureCore::start(&[]).await.unwrap();
-    let backend = pki.start_backend(GROUP, "v1alpha1", &[]).await;
-    let port = backend.addr.port();
     // No static services map: the gateway must find the backend through the core's Service.
-    let config = pki.gateway_config(&[], "logLevel: info\n");
-    let gateway = pki.start_gateway(&core, &config, &[]).await;
-    let alice = pki.user("alice", &[]);
-    let kubectl = scenario::kubectl_as(&gateway, KubectlVersion::V1_32, &alice);
+    let s = Scenario::wardle()
+        .without_static_services()
+        .config_yaml("logLevel: info\n")
+        .start()
+        .await;
+    let (core, pki) = (&s.core, &s.pki);
+    let port = s.backend("wardle").addr.port();
+    let alice = s.user("alice", &[]);
+    let kubectl = s.kubectl(&alice);
 
     let service = serde_json::json!({
         "apiVersion": "v1", "kind": "Service",
@@ -362,7 +420,7 @@ async fn services_and_endpointslices_on_the_core_resolve_the_backend() {
                  "ports": [{"name": "https", "port": port, "targetPort": port, "protocol": "TCP"}]}
     });
     assert_eq!(
-        create_on_core(&core, "/api/v1/namespaces/wardle/services", service).await,
+        create_on_core(core, "/api/v1/namespaces/wardle/services", service).await,
         StatusCode::CREATED
     );
     let wardle = pki.apiservice(GROUP, "v1alpha1", "wardle").port(port);
@@ -377,7 +435,7 @@ async fn services_and_endpointslices_on_the_core_resolve_the_backend() {
     .await;
     // A slice whose only endpoint is not ready: MissingEndpoints.
     assert_eq!(
-        create_endpoint_slice(&core, "api-unready", port, false).await,
+        create_endpoint_slice(core, "api-unready", port, false).await,
         StatusCode::CREATED
     );
     wait_for_row(
@@ -388,17 +446,11 @@ async fn services_and_endpointslices_on_the_core_resolve_the_backend() {
     .await;
 
     assert_eq!(
-        create_endpoint_slice(&core, "api-abcde", port, true).await,
+        create_endpoint_slice(core, "api-abcde", port, true).await,
         StatusCode::CREATED
     );
     wait_for_row(&kubectl, "True", Duration::from_secs(10)).await;
-    let (status, body) = get_as(
-        &gateway,
-        &alice,
-        "/apis/wardle.example.com/v1alpha1/namespaces/default/flunders",
-        &[],
-    )
-    .await;
+    let (status, body) = s.get(&alice, FLUNDERS, &[]).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["kind"], "FlunderList");
 }
@@ -407,33 +459,22 @@ async fn services_and_endpointslices_on_the_core_resolve_the_backend() {
 /// one stays with the core until it gets the label.
 #[tokio::test]
 async fn a_label_selector_limits_the_apiservices_a_gateway_serves() {
-    let pki = Pki::new();
-    let core = FixtureCore::start(&[]).await.unwrap();
-    let backend = pki.start_backend(GROUP, "v1alpha1", &[]).await;
-    let config = pki.gateway_config(&[("wardle", &backend)], "");
-    let gateway = pki
-        .start_gateway(
-            &core,
-            &config,
-            &[
-                "--apiservice-label-selector",
-                "gateway.example.com/owner=edge",
-            ],
-        )
+    let s = Scenario::wardle()
+        .gateway_args(&[
+            "--apiservice-label-selector",
+            "gateway.example.com/owner=edge",
+        ])
+        .start()
         .await;
-    let alice = pki.user("alice", &[]);
-    let kubectl = scenario::kubectl_as(&gateway, KubectlVersion::V1_32, &alice);
-    let flunders = "/apis/wardle.example.com/v1alpha1/namespaces/default/flunders";
+    let alice = s.user("alice", &[]);
+    let kubectl = s.kubectl(&alice);
 
     kubectl
-        .apply_yaml(&pki.apiservice(GROUP, "v1alpha1", "wardle").yaml())
+        .apply_yaml(&s.pki.apiservice(GROUP, "v1alpha1", "wardle").yaml())
         .await;
     // Not ours yet: the core answers (it does not serve the group).
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert_eq!(
-        get_as(&gateway, &alice, flunders, &[]).await.0,
-        StatusCode::NOT_FOUND
-    );
+    assert_eq!(s.get(&alice, FLUNDERS, &[]).await.0, StatusCode::NOT_FOUND);
 
     kubectl
         .run_ok(&[
@@ -443,12 +484,15 @@ async fn a_label_selector_limits_the_apiservices_a_gateway_serves() {
             "gateway.example.com/owner=edge",
         ])
         .await;
-    let served = harness::wait_until(Duration::from_secs(5), || async {
-        let (status, body) = get_as(&gateway, &alice, flunders, &[]).await;
-        status == StatusCode::OK && body["kind"] == "FlunderList"
-    })
+    let served = scenario::serves(
+        &s.gateway,
+        &alice,
+        FLUNDERS,
+        "FlunderList",
+        Duration::from_secs(5),
+    )
     .await;
-    assert!(served, "{}", gateway.process.logs());
+    assert!(served, "{}", s.logs());
 }
 
 /// A backend that authorizes discovery like a kube API server (anonymous callers are refused)
@@ -456,19 +500,17 @@ async fn a_label_selector_limits_the_apiservices_a_gateway_serves() {
 /// come as kube-aggregator's own user, on the proxy certificate.
 #[tokio::test]
 async fn probes_and_discovery_reach_an_authorizing_backend_as_the_aggregator() {
-    let pki = Pki::new();
-    let core = FixtureCore::start(&[]).await.unwrap();
-    let backend = pki.start_backend(GROUP, "v1alpha1", &[]).await;
+    let s = Scenario::wardle().start().await;
+    let (gateway, pki, backend) = (&s.gateway, &s.pki, s.backend("wardle"));
+    // Set before the APIService exists, so the gateway never reached the backend without it.
     pki.set_backend_policy(
-        &backend,
+        backend,
         "wardle",
         &json!({"rules": [discovery_for_authenticated()]}),
     )
     .await;
-    let config = pki.gateway_config(&[("wardle", &backend)], "");
-    let gateway = pki.start_gateway(&core, &config, &[]).await;
-    let alice = pki.user("alice", &["dev"]);
-    let kubectl = scenario::kubectl_as(&gateway, KubectlVersion::V1_32, &alice);
+    let alice = s.user("alice", &["dev"]);
+    let kubectl = s.kubectl(&alice);
     kubectl
         .apply_yaml(&pki.apiservice(GROUP, "v1alpha1", "wardle").yaml())
         .await;
@@ -476,13 +518,13 @@ async fn probes_and_discovery_reach_an_authorizing_backend_as_the_aggregator() {
     wait_for_row(&kubectl, "True", Duration::from_secs(10)).await;
     // The merged discovery has the backend's resources: its /apis was readable too.
     let listed = harness::wait_until(Duration::from_secs(10), || async {
-        let (status, doc) = get_as(&gateway, &alice, "/apis", &[("accept", AGGREGATED)]).await;
+        let (status, doc) = get_as(gateway, &alice, "/apis", &[("accept", AGGREGATED)]).await;
         status == StatusCode::OK && resources_of(&doc, GROUP).contains(&"flunders".to_owned())
     })
     .await;
     assert!(listed, "{}", gateway.process.logs());
 
-    let requests = pki.backend_requests(&backend, "wardle").await;
+    let requests = pki.backend_requests(backend, "wardle").await;
     let identity = |r: &Value| {
         (
             header_values(r, "x-remote-user"),
@@ -512,56 +554,58 @@ async fn probes_and_discovery_reach_an_authorizing_backend_as_the_aggregator() {
 /// another Service name (same address), and says why.
 #[tokio::test]
 async fn backends_are_trusted_only_under_their_service_name_and_ca_bundle() {
-    let pki = Pki::new();
-    let core = FixtureCore::start(&[]).await.unwrap();
-    let backend = pki
-        .start_backend(GROUP, "v1alpha1,v1beta1,v1,v2", &[])
+    let s = Scenario::builder()
+        .backend("wardle", GROUP, "v1alpha1,v1beta1,v1,v2", &[])
+        .service_alias("wardle", "impostor", "wardle")
+        .start()
         .await;
-    let config = pki.gateway_config_with_services(
-        &[
-            ("wardle", "api", &backend),
-            ("wardle", "impostor", &backend),
-        ],
-        "",
-    );
-    let gateway = pki.start_gateway(&core, &config, &[]).await;
-    let alice = pki.user("alice", &[]);
-    let kubectl = scenario::kubectl_as(&gateway, KubectlVersion::V1_32, &alice);
+    let alice = s.user("alice", &[]);
+    let kubectl = s.kubectl(&alice);
     let other_ca = e2e::certs::TestCa::new("other-ca");
-    let apiservice = |version: &str| pki.apiservice(GROUP, version, "wardle");
-    for manifest in [
-        apiservice("v1alpha1"),
-        apiservice("v1beta1").ca_bundle(other_ca.cert_pem()),
-        apiservice("v1").insecure_skip_tls_verify(),
-        apiservice("v2").service("impostor"),
-    ] {
+    // One row per APIService: its version, how its manifest trusts the backend, the AVAILABLE
+    // column it gets, and why requests to it are refused (none: served).
+    type Trust = fn(ApiService, &e2e::certs::TestCa) -> ApiService;
+    let cases: [(&str, Trust, &str, Option<&str>); 4] = [
+        ("v1alpha1", |api, _| api, "True", None),
+        (
+            "v1beta1",
+            |api, other| api.ca_bundle(other.cert_pem()),
+            "False (FailedDiscoveryCheck)",
+            Some("UnknownIssuer"),
+        ),
+        ("v1", |api, _| api.insecure_skip_tls_verify(), "True", None),
+        (
+            "v2",
+            |api, _| api.service("impostor"),
+            "False (FailedDiscoveryCheck)",
+            Some("impostor.wardle.svc"),
+        ),
+    ];
+    for (version, trust, _, _) in &cases {
+        let manifest = trust(s.pki.apiservice(GROUP, version, "wardle"), &other_ca);
         kubectl.apply_yaml(&manifest.yaml()).await;
     }
-    let flunders = |version: &str| format!("/apis/{GROUP}/{version}/namespaces/default/flunders");
 
-    for (version, row) in [
-        ("v1alpha1", "True"),
-        ("v1", "True"),
-        ("v1beta1", "False (FailedDiscoveryCheck)"),
-        ("v2", "False (FailedDiscoveryCheck)"),
-    ] {
+    for (version, _, row, refused_because) in cases {
         let name = format!("{version}.{GROUP}");
         scenario::wait_for_apiservice_row(&kubectl, &name, row, Duration::from_secs(15)).await;
-    }
-    for version in ["v1alpha1", "v1"] {
-        let (status, body) = get_as(&gateway, &alice, &flunders(version), &[]).await;
-        assert_eq!(status, StatusCode::OK, "{version}: {body}");
-        assert_eq!(body["kind"], "FlunderList", "{version}: {body}");
-    }
-    for (version, why) in [("v1beta1", "UnknownIssuer"), ("v2", "impostor.wardle.svc")] {
-        let (status, body) = get_as(&gateway, &alice, &flunders(version), &[]).await;
-        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{version}: {body}");
-        assert_eq!(body["kind"], "Status", "{body}");
-        let message = body["message"].as_str().unwrap_or_default();
-        assert!(
-            message.contains(&format!("{version}.{GROUP}")) && message.contains(why),
-            "{version}: the message should name the APIService and say why: {message}"
-        );
+        let flunders = format!("/apis/{GROUP}/{version}/namespaces/default/flunders");
+        let (status, body) = s.get(&alice, &flunders, &[]).await;
+        match refused_because {
+            None => {
+                assert_eq!(status, StatusCode::OK, "{version}: {body}");
+                assert_eq!(body["kind"], "FlunderList", "{version}: {body}");
+            }
+            Some(why) => {
+                assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{version}: {body}");
+                assert_eq!(body["kind"], "Status", "{version}: {body}");
+                let message = body["message"].as_str().unwrap_or_default();
+                assert!(
+                    message.contains(&name) && message.contains(why),
+                    "{version}: the message should name the APIService and say why: {message}"
+                );
+            }
+        }
     }
 }
 
@@ -570,28 +614,23 @@ async fn backends_are_trusted_only_under_their_service_name_and_ca_bundle() {
 /// authenticated user gets the merged documents and kubectl works.
 #[tokio::test]
 async fn discovery_documents_need_the_discovery_permission() {
-    let pki = Pki::new();
     let policy = json!({"rules": [
         discovery_for_authenticated(),
         {"group": "system:authenticated", "verbs": ["get", "list"], "apiGroups": ["*"], "resources": ["*"]},
     ]});
-    let core = scenario::start_core_with_policy(&pki, &policy).await;
-    let backend = pki.start_backend(GROUP, "v1alpha1", &[]).await;
-    let config = pki.gateway_config(&[("wardle", &backend)], "");
-    let manifests = pki.dir().join("apiservices");
-    std::fs::create_dir(&manifests).unwrap();
-    pki.apiservice(GROUP, "v1alpha1", "wardle")
-        .write_to(&manifests, "wardle.yaml");
-    let gateway = pki
-        .start_gateway_with_file_source(&core, &config, &manifests, &[])
+    let s = Scenario::wardle()
+        .core_policy(policy)
+        .apiservice(GROUP, "v1alpha1", "wardle")
+        .start()
         .await;
-    let alice = pki.user("alice", &["dev"]);
+    let gateway = &s.gateway;
+    let alice = s.user("alice", &["dev"]);
     let openapi = "/openapi/v3/apis/wardle.example.com/v1alpha1";
     let served = harness::wait_until(Duration::from_secs(10), || async {
-        let (status, doc) = get_as(&gateway, &alice, "/apis", &[("accept", AGGREGATED)]).await;
+        let (status, doc) = get_as(gateway, &alice, "/apis", &[("accept", AGGREGATED)]).await;
         status == StatusCode::OK
             && resources_of(&doc, GROUP).contains(&"flunders".to_owned())
-            && get_as(&gateway, &alice, openapi, &[]).await.0 == StatusCode::OK
+            && get_as(gateway, &alice, openapi, &[]).await.0 == StatusCode::OK
     })
     .await;
     assert!(
@@ -608,12 +647,16 @@ async fn discovery_documents_need_the_discovery_permission() {
         ("/openapi/v3", "application/json"),
         (openapi, "application/json"),
     ] {
-        let (status, _, body) = scenario::try_get(&gateway, None, path, &[("accept", accept)])
+        let (status, _, body) = scenario::try_get(gateway, None, path, &[("accept", accept)])
             .await
             .unwrap();
         let body = json_or_null(&body);
-        assert_eq!(status, StatusCode::FORBIDDEN, "anonymous {path}: {body}");
-        assert_eq!(body["reason"], "Forbidden", "{body}");
+        assert_eq!(
+            status,
+            StatusCode::FORBIDDEN,
+            "anonymous {path} ({accept}): {body}"
+        );
+        assert_eq!(body["reason"], "Forbidden", "{path} ({accept}): {body}");
         assert!(
             body["message"]
                 .as_str()
@@ -621,13 +664,13 @@ async fn discovery_documents_need_the_discovery_permission() {
                 .starts_with(&format!(
                     "forbidden: User \"system:anonymous\" cannot get path \"{path}\""
                 )),
-            "{body}"
+            "{path} ({accept}): {body}"
         );
-        let (status, body) = get_as(&gateway, &alice, path, &[("accept", accept)]).await;
-        assert_eq!(status, StatusCode::OK, "alice {path}: {body}");
+        let (status, body) = get_as(gateway, &alice, path, &[("accept", accept)]).await;
+        assert_eq!(status, StatusCode::OK, "alice {path} ({accept}): {body}");
     }
 
-    let kubectl = scenario::kubectl_as(&gateway, KubectlVersion::V1_32, &alice);
+    let kubectl = s.kubectl(&alice);
     let resources = kubectl.run_ok(&["api-resources"]).await.stdout;
     assert!(
         resources

@@ -4,89 +4,65 @@
 //! next availability interval. With the `kube` source, routes stay up while the APIService watch
 //! expires (410) and relists, and while the core restarts, and later changes still arrive.
 
-use std::path::Path;
 use std::time::Duration;
 
 use e2e::certs::CertifiedPair;
-use e2e::harness::{
-    self, FixtureAggregated, FixtureCore, Gateway, GatewayOptions, Kubectl, KubectlVersion,
-};
-use e2e::scenario::{self, create_on_core, get_as, path_arg, ApiService, Pki};
+use e2e::harness::{self, FixtureCore, Gateway, Kubectl};
+use e2e::scenario::{self, create_on_core, ApiService, Pki, Scenario};
 use http::StatusCode;
 
 const GROUP: &str = "wardle.example.com";
 const NAME: &str = "v1alpha1.wardle.example.com";
 const BETA: &str = "v1beta1.wardle.example.com";
 
-/// `/metrics`, fetched anonymously.
-async fn metrics(gateway: &Gateway) -> String {
-    let client = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
-    let (status, _, body) = harness::get(&client, &format!("{}/metrics", gateway.url()))
-        .await
-        .unwrap();
-    assert_eq!(status, StatusCode::OK);
-    String::from_utf8_lossy(&body).into_owned()
-}
+const ALPHA_FLUNDERS: &str = "/apis/wardle.example.com/v1alpha1/namespaces/default/flunders";
+const BETA_FLUNDERS: &str = "/apis/wardle.example.com/v1beta1/namespaces/default/flunders";
 
 /// Whether GET `path` answers 200 with a list of `kind` within `timeout`.
-async fn serves(
-    gateway: &Gateway,
-    user: &e2e::certs::CertifiedPair,
-    path: &str,
-    kind: &str,
-    timeout: Duration,
-) -> bool {
-    harness::wait_until(timeout, || async {
-        let (status, body) = get_as(gateway, user, path, &[]).await;
-        status == StatusCode::OK && body["kind"] == kind
-    })
-    .await
+async fn serves(s: &Scenario, user: &CertifiedPair, path: &str, timeout: Duration) -> bool {
+    scenario::serves(&s.gateway, user, path, "FlunderList", timeout).await
+}
+
+// ---- the file source ----------------------------------------------------------------------------
+
+/// A manifest directory with a good APIService (`alpha.yaml`), one kube-apiserver would refuse
+/// on `kubectl apply` (`beta.yaml`: groupPriorityMinimum must be positive) and one file that is
+/// not YAML at all (`junk.yaml`), for a backend serving both versions.
+async fn manifests_with_mistakes() -> (Scenario, CertifiedPair) {
+    let pki = Pki::new();
+    let alpha = pki.apiservice(GROUP, "v1alpha1", "wardle");
+    let beta = pki
+        .apiservice(GROUP, "v1beta1", "wardle")
+        .group_priority_minimum(0);
+    // Becoming ready at all is the first assertion: start waits for /readyz.
+    let s = Scenario::with_pki(pki)
+        .backend("wardle", GROUP, "v1alpha1,v1beta1", &[])
+        .manifest("alpha.yaml", &alpha.yaml())
+        .manifest("beta.yaml", &beta.yaml())
+        .manifest("junk.yaml", "kind: APIService\nspec: [oops\n")
+        .start()
+        .await;
+    let alice = s.user("alice", &[]);
+    assert!(
+        serves(&s, &alice, ALPHA_FLUNDERS, Duration::from_secs(5)).await,
+        "{}",
+        s.logs()
+    );
+    (s, alice)
 }
 
 #[tokio::test]
 async fn an_invalid_apiservice_in_the_manifest_directory_does_not_block_the_others() {
-    let pki = Pki::new();
-    let core = FixtureCore::start(&[]).await.unwrap();
-    let backend = pki.start_backend(GROUP, "v1alpha1,v1beta1", &[]).await;
-    let manifests = tempfile::tempdir().unwrap();
-    let dir = manifests.path();
-    let alpha = pki.apiservice(GROUP, "v1alpha1", "wardle");
-    let beta = pki.apiservice(GROUP, "v1beta1", "wardle");
-    alpha.write_to(dir, "alpha.yaml");
-    // kube-apiserver would refuse this on `kubectl apply`: groupPriorityMinimum must be positive.
-    beta.clone()
-        .group_priority_minimum(0)
-        .write_to(dir, "beta.yaml");
-    std::fs::write(dir.join("junk.yaml"), "kind: APIService\nspec: [oops\n").unwrap();
-    let config = pki.gateway_config(&[("wardle", &backend)], "");
-
-    // Becoming ready at all is the first assertion: start_gateway waits for /readyz.
-    let gateway = pki
-        .start_gateway_with_file_source(&core, &config, dir, &[])
-        .await;
-    let alice = pki.user("alice", &[]);
-    let alpha_flunders = "/apis/wardle.example.com/v1alpha1/namespaces/default/flunders";
-    let beta_flunders = "/apis/wardle.example.com/v1beta1/namespaces/default/flunders";
-    assert!(
-        serves(
-            &gateway,
-            &alice,
-            alpha_flunders,
-            "FlunderList",
-            Duration::from_secs(5)
-        )
-        .await,
-        "{}",
-        gateway.process.logs()
-    );
+    let (s, alice) = manifests_with_mistakes().await;
+    let dir = s.manifests();
     // The refused version is not routed: the group's other version is, so the path is unclaimed
     // and the core answers (it has no such group).
     assert_eq!(
-        get_as(&gateway, &alice, beta_flunders, &[]).await.0,
+        s.get(&alice, BETA_FLUNDERS, &[]).await.0,
         StatusCode::NOT_FOUND
     );
 
-    let text = metrics(&gateway).await;
+    let text = scenario::metrics(&s.gateway).await;
     assert!(
         text.contains(&format!(
             "aggregation_gateway_invalid_apiservice{{name=\"{BETA}\"}} 1"
@@ -108,7 +84,7 @@ async fn an_invalid_apiservice_in_the_manifest_directory_does_not_block_the_othe
     );
 
     // The log says which file, which line, and what to fix.
-    let logs = gateway.process.logs();
+    let logs = s.logs();
     assert!(
         logs.lines().any(|l| l.contains(&format!(
             "beta.yaml:1: APIService \\\"{BETA}\\\" is invalid"
@@ -120,108 +96,85 @@ async fn an_invalid_apiservice_in_the_manifest_directory_does_not_block_the_othe
             .any(|l| l.contains("junk.yaml:") && l.contains("ERROR")),
         "{logs}"
     );
+}
 
-    // An invalid edit of a working APIService leaves it working, and is reported.
+/// An invalid edit of a working APIService leaves it working and is reported; fixing it clears
+/// the report.
+#[tokio::test]
+async fn an_invalid_edit_of_a_working_apiservice_keeps_it_working_until_fixed() {
+    let (s, alice) = manifests_with_mistakes().await;
+    let alpha = s.pki.apiservice(GROUP, "v1alpha1", "wardle");
     alpha
         .clone()
         .group_priority_minimum(0)
-        .write_to(dir, "alpha.yaml");
+        .write_to(s.manifests(), "alpha.yaml");
     let reported = harness::wait_until(Duration::from_secs(5), || async {
-        metrics(&gateway).await.contains(&format!(
+        scenario::metrics(&s.gateway).await.contains(&format!(
             "aggregation_gateway_invalid_apiservice{{name=\"{NAME}\"}} 1"
         ))
     })
     .await;
-    assert!(reported, "{}", gateway.process.logs());
+    assert!(reported, "{}", s.logs());
     assert!(
-        serves(
-            &gateway,
-            &alice,
-            alpha_flunders,
-            "FlunderList",
-            Duration::from_secs(1)
-        )
-        .await,
+        serves(&s, &alice, ALPHA_FLUNDERS, Duration::from_secs(1)).await,
         "{}",
-        gateway.process.logs()
+        s.logs()
     );
 
-    // Fixing the manifests clears the reports and routes the fixed version.
-    alpha.write_to(dir, "alpha.yaml");
-    beta.write_to(dir, "beta.yaml");
+    alpha.write_to(s.manifests(), "alpha.yaml");
+    let cleared = harness::wait_until(Duration::from_secs(5), || async {
+        !scenario::metrics(&s.gateway).await.contains(&format!(
+            "aggregation_gateway_invalid_apiservice{{name=\"{NAME}\"}}"
+        ))
+    })
+    .await;
+    assert!(cleared, "{}", scenario::metrics(&s.gateway).await);
+}
+
+/// Fixing the manifests clears the reports and routes the fixed version.
+#[tokio::test]
+async fn fixing_the_manifests_clears_the_reports_and_routes_the_fixed_version() {
+    let (s, alice) = manifests_with_mistakes().await;
+    let dir = s.manifests();
+    s.pki
+        .apiservice(GROUP, "v1beta1", "wardle")
+        .write_to(dir, "beta.yaml");
     std::fs::remove_file(dir.join("junk.yaml")).unwrap();
     assert!(
-        serves(
-            &gateway,
-            &alice,
-            beta_flunders,
-            "FlunderList",
-            Duration::from_secs(5)
-        )
-        .await,
+        serves(&s, &alice, BETA_FLUNDERS, Duration::from_secs(5)).await,
         "{}",
-        gateway.process.logs()
+        s.logs()
     );
     let cleared = harness::wait_until(Duration::from_secs(5), || async {
-        let text = metrics(&gateway).await;
+        let text = scenario::metrics(&s.gateway).await;
         !text.contains("aggregation_gateway_invalid_apiservice{")
             && !text.contains("aggregation_gateway_invalid_apiservice_manifest{")
     })
     .await;
-    assert!(cleared, "{}", metrics(&gateway).await);
+    assert!(cleared, "{}", scenario::metrics(&s.gateway).await);
 }
 
-/// [`Pki::start_gateway`] with the kube source and a long availability interval, so that only a
-/// reaction to the core's Services and EndpointSlices can change an APIService's availability
-/// within a test.
-async fn start_gateway_with_slow_interval(pki: &Pki, core: &FixtureCore, config: &Path) -> Gateway {
-    let (cert, key) = &pki.proxy_client;
-    let args = [
-        "--config".to_owned(),
-        path_arg(config),
-        "--proxy-client-cert-file".to_owned(),
-        path_arg(cert),
-        "--proxy-client-key-file".to_owned(),
-        path_arg(key),
-        "--client-ca-file".to_owned(),
-        path_arg(&pki.users_ca_file),
-        "--apiservice-availability-interval".to_owned(),
-        "60s".to_owned(),
-    ];
-    let gateway = Gateway::start(GatewayOptions::new(core.url()).args(args))
-        .await
-        .expect("gateway starts");
-    let client = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
-    let readyz = format!("{}/readyz", gateway.url());
-    let ready = harness::wait_until(Duration::from_secs(10), || async {
-        harness::get(&client, &readyz)
-            .await
-            .is_ok_and(|(status, _, _)| status == StatusCode::OK)
-    })
-    .await;
-    assert!(
-        ready,
-        "gateway never became ready:\n{}",
-        gateway.process.logs()
-    );
-    gateway
-}
+// ---- the kube source ----------------------------------------------------------------------------
 
+/// With a long availability interval only a reaction to the core's Services and EndpointSlices
+/// can change an APIService's availability within a test.
 #[tokio::test]
 async fn a_new_service_and_endpointslice_make_the_apiservice_available_without_waiting() {
-    let pki = Pki::new();
-    let core = FixtureCore::start(&[]).await.unwrap();
-    let backend = pki.start_backend(GROUP, "v1alpha1", &[]).await;
-    let port = backend.addr.port();
     // No static services map: the backend is found through the core's Service.
-    let config = pki.gateway_config(&[], "");
-    let gateway = start_gateway_with_slow_interval(&pki, &core, &config).await;
-    let alice = pki.user("alice", &[]);
-    let kubectl = scenario::kubectl_as(&gateway, KubectlVersion::V1_32, &alice);
+    let s = Scenario::wardle()
+        .without_static_services()
+        .availability_interval("60s")
+        .start()
+        .await;
+    let core = &s.core;
+    let port = s.backend("wardle").addr.port();
+    let alice = s.user("alice", &[]);
+    let kubectl = s.kubectl(&alice);
 
     kubectl
         .apply_yaml(
-            &pki.apiservice(GROUP, "v1alpha1", "wardle")
+            &s.pki
+                .apiservice(GROUP, "v1alpha1", "wardle")
                 .port(port)
                 .yaml(),
         )
@@ -243,7 +196,7 @@ async fn a_new_service_and_endpointslice_make_the_apiservice_available_without_w
                  "ports": [{"name": "https", "port": port, "targetPort": port, "protocol": "TCP"}]}
     });
     assert_eq!(
-        create_on_core(&core, "/api/v1/namespaces/wardle/services", service).await,
+        create_on_core(core, "/api/v1/namespaces/wardle/services", service).await,
         StatusCode::CREATED
     );
     scenario::wait_for_apiservice_row(
@@ -264,7 +217,7 @@ async fn a_new_service_and_endpointslice_make_the_apiservice_available_without_w
     });
     assert_eq!(
         create_on_core(
-            &core,
+            core,
             "/apis/discovery.k8s.io/v1/namespaces/wardle/endpointslices",
             slice,
         )
@@ -272,13 +225,7 @@ async fn a_new_service_and_endpointslice_make_the_apiservice_available_without_w
         StatusCode::CREATED
     );
     scenario::wait_for_apiservice_row(&kubectl, NAME, "True", Duration::from_secs(5)).await;
-    let (status, body) = get_as(
-        &gateway,
-        &alice,
-        "/apis/wardle.example.com/v1alpha1/namespaces/default/flunders",
-        &[],
-    )
-    .await;
+    let (status, body) = s.get(&alice, ALPHA_FLUNDERS, &[]).await;
     assert_eq!(status, StatusCode::OK, "{body}");
 }
 
@@ -298,7 +245,7 @@ struct Poller {
 }
 
 impl Poller {
-    fn start(gateway: &Gateway, user: &e2e::certs::CertifiedPair, path: &str) -> Poller {
+    fn start(gateway: &Gateway, user: &CertifiedPair, path: &str) -> Poller {
         let client = harness::http2_client(&gateway.ca_pem().unwrap(), Some(user)).unwrap();
         let url = format!("{}{path}", gateway.url());
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
@@ -373,55 +320,38 @@ async fn post_to_core(core: &FixtureCore, path: &str) -> StatusCode {
         .0
 }
 
-const ALPHA_FLUNDERS: &str = "/apis/wardle.example.com/v1alpha1/namespaces/default/flunders";
-const BETA_FLUNDERS: &str = "/apis/wardle.example.com/v1beta1/namespaces/default/flunders";
-
-/// A gateway watching `core`'s APIServices, and alice applying v1alpha1 (backed by `backend`)
-/// with kubectl: served through the gateway within 2 s.
+/// The backend (serving `backend_versions`) behind a gateway watching the core's APIServices,
+/// and alice applying v1alpha1 with kubectl: served through the gateway within 2 s.
 async fn wardle_applied_with_kubectl(
-    pki: &Pki,
-    core: &FixtureCore,
-    backend: &FixtureAggregated,
-) -> (Gateway, CertifiedPair, Kubectl, ApiService) {
-    let config = pki.gateway_config(&[("wardle", backend)], "");
-    let gateway = pki.start_gateway(core, &config, &[]).await;
-    let alice = pki.user("alice", &[]);
-    let kubectl = scenario::kubectl_as(&gateway, KubectlVersion::V1_32, &alice);
-    let alpha = pki.apiservice(GROUP, "v1alpha1", "wardle");
+    backend_versions: &str,
+) -> (Scenario, CertifiedPair, Kubectl, ApiService) {
+    let s = Scenario::builder()
+        .backend("wardle", GROUP, backend_versions, &[])
+        .start()
+        .await;
+    let alice = s.user("alice", &[]);
+    let kubectl = s.kubectl(&alice);
+    let alpha = s.pki.apiservice(GROUP, "v1alpha1", "wardle");
     kubectl.apply_yaml(&alpha.yaml()).await;
     assert!(
-        serves(
-            &gateway,
-            &alice,
-            ALPHA_FLUNDERS,
-            "FlunderList",
-            Duration::from_secs(2)
-        )
-        .await,
+        serves(&s, &alice, ALPHA_FLUNDERS, Duration::from_secs(2)).await,
         "{}",
-        gateway.process.logs()
+        s.logs()
     );
-    (gateway, alice, kubectl, alpha)
+    (s, alice, kubectl, alpha)
 }
 
-#[tokio::test]
-async fn routes_stay_up_while_an_expired_watch_relists_and_later_changes_still_arrive() {
-    let pki = Pki::new();
-    let core = FixtureCore::start(&[]).await.unwrap();
-    let backend = pki.start_backend(GROUP, "v1alpha1,v1beta1", &[]).await;
-    let (gateway, alice, kubectl, _) = wardle_applied_with_kubectl(&pki, &core, &backend).await;
-
-    scenario::clear_core_requests(&core).await;
-    let poller = Poller::start(&gateway, &alice, ALPHA_FLUNDERS);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    // The core forgets its watch history and closes the gateway's watch, like an etcd
-    // compaction: resuming answers 410 Expired, and only a fresh list gets the gateway going.
+/// The core forgets its watch history and closes the gateway's watch, like an etcd compaction:
+/// resuming answers 410 Expired, and only a fresh list gets the gateway going. Waits for that
+/// list and the new watch after it.
+async fn compact_and_wait_for_relist(s: &Scenario) {
+    scenario::clear_core_requests(&s.core).await;
     assert_eq!(
-        post_to_core(&core, "/fixture/compact").await,
+        post_to_core(&s.core, "/fixture/compact").await,
         StatusCode::OK
     );
     let relisted = harness::wait_until(Duration::from_secs(10), || async {
-        let reads = apiservice_reads(&core).await;
+        let reads = apiservice_reads(&s.core).await;
         // A re-watch, then a list after its 410, then a new watch.
         reads.iter().any(|(_, watch)| !watch) && reads.last().is_some_and(|(_, watch)| *watch)
     })
@@ -429,9 +359,17 @@ async fn routes_stay_up_while_an_expired_watch_relists_and_later_changes_still_a
     assert!(
         relisted,
         "the gateway never relisted APIServices after the compaction: {:?}\n{}",
-        apiservice_reads(&core).await,
-        gateway.process.logs()
+        apiservice_reads(&s.core).await,
+        s.logs()
     );
+}
+
+#[tokio::test]
+async fn routes_stay_up_while_an_expired_watch_relists() {
+    let (s, alice, _, _) = wardle_applied_with_kubectl("v1alpha1,v1beta1").await;
+    let poller = Poller::start(&s.gateway, &alice, ALPHA_FLUNDERS);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    compact_and_wait_for_relist(&s).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let report = poller.stop().await;
     assert!(
@@ -439,51 +377,49 @@ async fn routes_stay_up_while_an_expired_watch_relists_and_later_changes_still_a
         "requests to {NAME} failed during the relist ({} answers): {:?}\n{}",
         report.answers,
         report.failures,
-        gateway.process.logs()
+        s.logs()
     );
+}
 
-    // The new watch is live: changes made after the compaction reach the route table.
+/// The new watch after a relist is live: changes made after the compaction reach the route
+/// table, an added APIService and a deleted one.
+#[tokio::test]
+async fn changes_after_a_relist_still_reach_the_routes() {
+    let (s, alice, kubectl, _) = wardle_applied_with_kubectl("v1alpha1,v1beta1").await;
+    compact_and_wait_for_relist(&s).await;
     kubectl
-        .apply_yaml(&pki.apiservice(GROUP, "v1beta1", "wardle").yaml())
+        .apply_yaml(&s.pki.apiservice(GROUP, "v1beta1", "wardle").yaml())
         .await;
     assert!(
-        serves(
-            &gateway,
-            &alice,
-            BETA_FLUNDERS,
-            "FlunderList",
-            Duration::from_secs(5)
-        )
-        .await,
+        serves(&s, &alice, BETA_FLUNDERS, Duration::from_secs(5)).await,
         "{BETA} was not routed after the relist:\n{}",
-        gateway.process.logs()
+        s.logs()
     );
     kubectl.run_ok(&["delete", "apiservice", NAME]).await;
     let back_to_core = harness::wait_until(Duration::from_secs(5), || async {
-        get_as(&gateway, &alice, ALPHA_FLUNDERS, &[]).await.0 == StatusCode::NOT_FOUND
+        s.get(&alice, ALPHA_FLUNDERS, &[]).await.0 == StatusCode::NOT_FOUND
     })
     .await;
     assert!(
         back_to_core,
         "deleting {NAME} after the relist did not send it back to the core:\n{}",
-        gateway.process.logs()
+        s.logs()
     );
 }
 
+/// Down, back, and followed: one sequence, since following the restarted core is only
+/// meaningful after routes survived it going away.
 #[tokio::test]
 async fn routes_stay_up_while_the_core_restarts_and_follow_the_restarted_core() {
-    let pki = Pki::new();
-    let mut core = FixtureCore::start(&[]).await.unwrap();
-    let backend = pki.start_backend(GROUP, "v1alpha1", &[]).await;
-    let (gateway, alice, kubectl, alpha) = wardle_applied_with_kubectl(&pki, &core, &backend).await;
+    let (mut s, alice, kubectl, alpha) = wardle_applied_with_kubectl("v1alpha1").await;
     // What the restarted core finds in its (here: seeded) storage.
     let stored: serde_json::Value = serde_saphyr::from_str(&alpha.yaml()).unwrap();
-    let seed = pki.write("core-seed.json", &stored.to_string());
+    let seed = s.pki.write("core-seed.json", &stored.to_string());
 
-    let poller = Poller::start(&gateway, &alice, ALPHA_FLUNDERS);
+    let poller = Poller::start(&s.gateway, &alice, ALPHA_FLUNDERS);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let addr = core.addr.to_string();
-    core.process.kill();
+    let addr = s.core.addr.to_string();
+    s.core.process.kill();
     // Long enough for the watch to fail and be retried a few times against a closed port.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let down = poller.stop().await;
@@ -492,18 +428,18 @@ async fn routes_stay_up_while_the_core_restarts_and_follow_the_restarted_core() 
         "requests to {NAME} failed while the core was down ({} answers): {:?}\n{}",
         down.answers,
         down.failures,
-        gateway.process.logs()
+        s.logs()
     );
-    let logs = gateway.process.logs();
+    let logs = s.logs();
     assert!(logs.contains("APIService watch failed"), "{logs}");
 
-    let poller = Poller::start(&gateway, &alice, ALPHA_FLUNDERS);
+    let poller = Poller::start(&s.gateway, &alice, ALPHA_FLUNDERS);
     let seed = scenario::path_arg(&seed);
-    let core = FixtureCore::start(&["--listen", &addr, "--seed", &seed])
+    s.core = FixtureCore::start(&["--listen", &addr, "--seed", &seed])
         .await
         .unwrap();
     let resynced = harness::wait_until(Duration::from_secs(20), || async {
-        apiservice_reads(&core)
+        apiservice_reads(&s.core)
             .await
             .iter()
             .any(|(_, watch)| *watch)
@@ -512,7 +448,7 @@ async fn routes_stay_up_while_the_core_restarts_and_follow_the_restarted_core() 
     assert!(
         resynced,
         "the gateway never watched the restarted core:\n{}",
-        gateway.process.logs()
+        s.logs()
     );
     tokio::time::sleep(Duration::from_millis(500)).await;
     let up = poller.stop().await;
@@ -521,18 +457,18 @@ async fn routes_stay_up_while_the_core_restarts_and_follow_the_restarted_core() 
         "requests to {NAME} failed while the gateway reconnected ({} answers): {:?}\n{}",
         up.answers,
         up.failures,
-        gateway.process.logs()
+        s.logs()
     );
 
     // The restarted core is the source of truth again: deleting there sends the group back.
     kubectl.run_ok(&["delete", "apiservice", NAME]).await;
     let back_to_core = harness::wait_until(Duration::from_secs(5), || async {
-        get_as(&gateway, &alice, ALPHA_FLUNDERS, &[]).await.0 == StatusCode::NOT_FOUND
+        s.get(&alice, ALPHA_FLUNDERS, &[]).await.0 == StatusCode::NOT_FOUND
     })
     .await;
     assert!(
         back_to_core,
         "deleting {NAME} on the restarted core did not send it back to the core:\n{}",
-        gateway.process.logs()
+        s.logs()
     );
 }

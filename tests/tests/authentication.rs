@@ -8,12 +8,15 @@ use std::time::Duration;
 use bytes::Bytes;
 use e2e::certs::{CertifiedPair, TestCa};
 use e2e::harness;
-use e2e::scenario::{self, json_or_null, path_arg, Pki, WardleScenario};
+use e2e::scenario::{self, json_or_null, path_arg, Scenario, WARDLE_GROUP};
 use http::StatusCode;
 use http_body_util::Full;
 use serde_json::{json, Value};
 
 const IDENTITY: &str = "/apis/wardle.example.com/v1alpha1/identity";
+
+/// Request headers of one table row.
+type Headers = &'static [(&'static str, &'static str)];
 
 /// The core's policy: three token users, ordinary verbs for every authenticated user, reads for
 /// anonymous, and alice may impersonate only `carol` and group `qa`.
@@ -34,110 +37,90 @@ fn policy() -> Value {
     })
 }
 
-struct Scenario {
-    setup: WardleScenario,
-    incoming_proxy_ca: TestCa,
-}
-
-impl Scenario {
-    /// A core with [`policy`], an aggregated backend served through an APIService from a
-    /// manifest directory, and a gateway trusting `users-ca` for users and `incoming-proxy-ca`
-    /// (CN `trusted-proxy`) for front proxies.
-    async fn start(extra: &[&str]) -> Scenario {
-        let pki = Pki::new();
-        let incoming_proxy_ca = TestCa::new("incoming-proxy-ca");
-        let incoming_file = incoming_proxy_ca
-            .write(pki.dir(), "incoming-proxy-ca")
-            .unwrap();
-        let incoming_file = path_arg(&incoming_file);
-        let front_proxy = [
+/// A core with [`policy`], the wardle backend registered from a manifest directory, and a
+/// gateway trusting `users-ca` for users and the returned `incoming-proxy-ca` (CN
+/// `trusted-proxy`) for front proxies, with `extra` flags. Returns once the remote answers.
+async fn start(extra: &[&str]) -> (Scenario, TestCa) {
+    let builder =
+        Scenario::wardle()
+            .core_policy(policy())
+            .apiservice(WARDLE_GROUP, "v1alpha1", "wardle");
+    let incoming_proxy_ca = TestCa::new("incoming-proxy-ca");
+    let incoming_file = incoming_proxy_ca
+        .write(builder.pki().dir(), "incoming-proxy-ca")
+        .unwrap();
+    let incoming_file = path_arg(&incoming_file);
+    let s = builder
+        .gateway_args(&[
             "--requestheader-client-ca-file",
             &incoming_file,
             "--requestheader-allowed-names",
             "trusted-proxy",
-        ];
-        let gateway_args = [&front_proxy[..], extra].concat();
-        let setup = WardleScenario::start(pki, &policy(), &[], &gateway_args).await;
-        let s = Scenario {
-            setup,
-            incoming_proxy_ca,
-        };
-        s.wait_for_backend().await;
-        s
-    }
-
-    async fn wait_for_backend(&self) {
-        let ready = harness::wait_until(Duration::from_secs(10), || async {
-            self.get(None, IDENTITY, &[("authorization", "Bearer bob-token")])
-                .await
-                .0
-                == StatusCode::OK
-        })
+        ])
+        .gateway_args(extra)
+        .start()
         .await;
-        assert!(
-            ready,
-            "the remote never became reachable:\n{}",
-            self.setup.gateway.process.logs()
-        );
-    }
-
-    /// GET through the gateway over HTTP/2, optionally with a client certificate.
-    async fn get(
-        &self,
-        cert: Option<&CertifiedPair>,
-        path: &str,
-        headers: &[(&str, &str)],
-    ) -> (StatusCode, Value) {
-        self.try_get(cert, path, headers)
+    let ready = harness::wait_until(Duration::from_secs(10), || async {
+        get(&s, None, IDENTITY, &[("authorization", "Bearer bob-token")])
             .await
-            .unwrap_or_else(|e| panic!("GET {path}: {e}"))
-    }
+            .0
+            == StatusCode::OK
+    })
+    .await;
+    assert!(ready, "the remote never became reachable:\n{}", s.logs());
+    (s, incoming_proxy_ca)
+}
 
-    /// GET through the gateway over HTTP/1.1: the only version whose requests can carry
-    /// `Connection`, which names headers a proxy must drop.
-    async fn get_http1(
-        &self,
-        cert: Option<&CertifiedPair>,
-        path: &str,
-        headers: &[(&str, &str)],
-    ) -> (StatusCode, Value) {
-        let gateway = &self.setup.gateway;
-        let client = harness::http1_client(&gateway.ca_pem().unwrap(), cert).unwrap();
-        let mut req = http::Request::get(format!("{}{path}", gateway.url()));
-        for (k, v) in headers {
-            req = req.header(*k, *v);
-        }
-        let req = req.body(Full::new(Bytes::new())).unwrap();
-        let (status, _, body) = harness::send(&client, req)
-            .await
-            .unwrap_or_else(|e| panic!("GET {path}: {e}"));
-        (status, json_or_null(&body))
-    }
+/// GET through the gateway over HTTP/2, optionally with a client certificate.
+async fn get(
+    s: &Scenario,
+    cert: Option<&CertifiedPair>,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (StatusCode, Value) {
+    try_get(s, cert, path, headers)
+        .await
+        .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+}
 
-    async fn try_get(
-        &self,
-        cert: Option<&CertifiedPair>,
-        path: &str,
-        headers: &[(&str, &str)],
-    ) -> Result<(StatusCode, Value), harness::HarnessError> {
-        let (status, _, body) = scenario::try_get(&self.setup.gateway, cert, path, headers).await?;
-        Ok((status, json_or_null(&body)))
-    }
+async fn try_get(
+    s: &Scenario,
+    cert: Option<&CertifiedPair>,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Result<(StatusCode, Value), harness::HarnessError> {
+    let (status, _, body) = scenario::try_get(&s.gateway, cert, path, headers).await?;
+    Ok((status, json_or_null(&body)))
+}
 
-    /// The requests the core recorded, oldest first.
-    async fn core_requests(&self) -> Vec<Value> {
-        scenario::core_requests(&self.setup.core).await
+/// GET through the gateway over HTTP/1.1: the only version whose requests can carry
+/// `Connection`, which names headers a proxy must drop.
+async fn get_http1(
+    s: &Scenario,
+    cert: Option<&CertifiedPair>,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (StatusCode, Value) {
+    let client = harness::http1_client(&s.gateway.ca_pem().unwrap(), cert).unwrap();
+    let mut req = http::Request::get(format!("{}{path}", s.gateway.url()));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
     }
+    let req = req.body(Full::new(Bytes::new())).unwrap();
+    let (status, _, body) = harness::send(&client, req)
+        .await
+        .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+    (status, json_or_null(&body))
+}
 
-    async fn clear_core_requests(&self) {
-        scenario::clear_core_requests(&self.setup.core).await
-    }
+async fn token_reviews(s: &Scenario) -> usize {
+    scenario::core_posts(&s.core, "/tokenreviews").await.len()
+}
 
-    async fn token_reviews(&self) -> usize {
-        scenario::core_posts(&self.setup.core, "/tokenreviews")
-            .await
-            .len()
-    }
+/// The request the core recorded for `path` since the last clear.
+async fn recorded_by_core(s: &Scenario, path: &str) -> Value {
+    let requests = scenario::core_requests(&s.core).await;
+    recorded(&requests, path).clone()
 }
 
 fn groups(identity: &Value) -> Vec<String> {
@@ -164,18 +147,20 @@ fn header(request: &Value, name: &str) -> Vec<String> {
         .collect()
 }
 
-#[tokio::test]
-async fn a_token_user_reaches_backends_as_exactly_themselves_and_forgeries_never_pass() {
-    let s = Scenario::start(&[]).await;
-    let forged = [
-        ("authorization", "Bearer alice-token"),
-        ("x-remote-user", "admin"),
-        ("x-remote-group", "system:masters"),
-        ("x-remote-extra-scopes", "all"),
-    ];
+const FORGED: [(&str, &str); 4] = [
+    ("authorization", "Bearer alice-token"),
+    ("x-remote-user", "admin"),
+    ("x-remote-group", "system:masters"),
+    ("x-remote-extra-scopes", "all"),
+];
 
-    // The remote sees alice as the core's TokenReview described her, nothing she claimed.
-    let (status, identity) = s.get(None, IDENTITY, &forged).await;
+// ---- bearer tokens ------------------------------------------------------------------------------
+
+/// The remote sees alice as the core's TokenReview described her, nothing she claimed.
+#[tokio::test]
+async fn a_token_user_reaches_backends_as_exactly_themselves() {
+    let (s, _) = start(&[]).await;
+    let (status, identity) = get(&s, None, IDENTITY, &FORGED).await;
     assert_eq!(status, StatusCode::OK, "{identity}");
     assert_eq!(identity["user"], "alice", "{identity}");
     assert_eq!(identity["uid"], "a-1", "{identity}");
@@ -186,50 +171,52 @@ async fn a_token_user_reaches_backends_as_exactly_themselves_and_forgeries_never
     for leaked in ["system:masters", "admin", "alice-token", "authorization"] {
         assert!(!raw.contains(leaked), "{leaked} reached the backend: {raw}");
     }
+}
 
-    // The core gets alice's own token (it authenticates her itself) and none of the forgery.
-    s.clear_core_requests().await;
-    let (status, body) = s
-        .get(None, "/api/v1/namespaces/default/configmaps", &forged)
-        .await;
+/// The core gets alice's own token (it authenticates her itself) and none of the forgery.
+#[tokio::test]
+async fn a_token_user_reaches_the_core_with_their_own_token_and_no_forged_headers() {
+    let (s, _) = start(&[]).await;
+    scenario::clear_core_requests(&s.core).await;
+    let (status, body) = get(&s, None, "/api/v1/namespaces/default/configmaps", &FORGED).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    let requests = s.core_requests().await;
-    let list = requests
-        .iter()
-        .find(|r| r["path"] == "/api/v1/namespaces/default/configmaps")
-        .expect("the core saw the list");
-    assert_eq!(header(list, "authorization"), ["Bearer alice-token"]);
+    let list = recorded_by_core(&s, "/api/v1/namespaces/default/configmaps").await;
+    assert_eq!(header(&list, "authorization"), ["Bearer alice-token"]);
     for h in ["x-remote-user", "x-remote-group", "x-remote-extra-scopes"] {
-        assert!(header(list, h).is_empty(), "{h} reached the core: {list}");
+        assert!(header(&list, h).is_empty(), "{h} reached the core: {list}");
     }
+}
 
-    // Forged impersonation is refused with kube's message and reaches nobody.
-    s.clear_core_requests().await;
+/// Forged impersonation is refused with kube's message and reaches nobody: one row per target.
+#[tokio::test]
+async fn impersonation_the_core_does_not_allow_is_refused_and_reaches_nobody() {
+    let (s, _) = start(&[]).await;
+    scenario::clear_core_requests(&s.core).await;
     for target in [IDENTITY, "/api/v1/namespaces/default/configmaps"] {
-        let (status, body) = s
-            .get(
-                None,
-                target,
-                &[
-                    ("authorization", "Bearer alice-token"),
-                    ("impersonate-user", "admin"),
-                ],
-            )
-            .await;
-        assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
-        assert_eq!(body["kind"], "Status");
-        assert_eq!(body["reason"], "Forbidden");
+        let (status, body) = get(
+            &s,
+            None,
+            target,
+            &[
+                ("authorization", "Bearer alice-token"),
+                ("impersonate-user", "admin"),
+            ],
+        )
+        .await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{target}: {body}");
+        assert_eq!(body["kind"], "Status", "{target}: {body}");
+        assert_eq!(body["reason"], "Forbidden", "{target}: {body}");
         let message = body["message"].as_str().unwrap();
         assert!(
             message.starts_with(
                 r#"users "admin" is forbidden: User "alice" cannot impersonate resource "users" in API group "" at the cluster scope"#
             ),
-            "{message}"
+            "{target}: {message}"
         );
-        assert_eq!(body["details"]["name"], "admin", "{body}");
-        assert_eq!(body["details"]["kind"], "users", "{body}");
+        assert_eq!(body["details"]["name"], "admin", "{target}: {body}");
+        assert_eq!(body["details"]["kind"], "users", "{target}: {body}");
     }
-    let requests = s.core_requests().await;
+    let requests = scenario::core_requests(&s.core).await;
     assert!(
         requests
             .iter()
@@ -239,15 +226,18 @@ async fn a_token_user_reaches_backends_as_exactly_themselves_and_forgeries_never
     );
 }
 
+// ---- impersonation ------------------------------------------------------------------------------
+
+const AS_CAROL: [(&str, &str); 3] = [
+    ("authorization", "Bearer alice-token"),
+    ("impersonate-user", "carol"),
+    ("impersonate-group", "qa"),
+];
+
 #[tokio::test]
-async fn impersonation_allowed_by_the_core_is_honoured_everywhere() {
-    let s = Scenario::start(&[]).await;
-    let as_carol = [
-        ("authorization", "Bearer alice-token"),
-        ("impersonate-user", "carol"),
-        ("impersonate-group", "qa"),
-    ];
-    let (status, identity) = s.get(None, IDENTITY, &as_carol).await;
+async fn impersonation_allowed_by_the_core_reaches_backends_as_the_impersonated_user() {
+    let (s, _) = start(&[]).await;
+    let (status, identity) = get(&s, None, IDENTITY, &AS_CAROL).await;
     assert_eq!(status, StatusCode::OK, "{identity}");
     assert_eq!(identity["user"], "carol", "{identity}");
     assert_eq!(groups(&identity), ["qa", "system:authenticated"]);
@@ -258,137 +248,158 @@ async fn impersonation_allowed_by_the_core_is_honoured_everywhere() {
             .contains("impersonate-"),
         "{identity}"
     );
+}
 
-    // Passthrough: the core gets alice's token and the impersonation she was allowed, and
-    // checks both itself.
-    s.clear_core_requests().await;
-    let (status, body) = s.get(None, "/api/v1/namespaces", &as_carol).await;
+/// Passthrough: the core gets alice's token and the impersonation she was allowed, and checks
+/// both itself.
+#[tokio::test]
+async fn impersonation_allowed_by_the_core_passes_through_to_the_core() {
+    let (s, _) = start(&[]).await;
+    scenario::clear_core_requests(&s.core).await;
+    let (status, body) = get(&s, None, "/api/v1/namespaces", &AS_CAROL).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    let requests = s.core_requests().await;
-    let list = requests
-        .iter()
-        .find(|r| r["path"] == "/api/v1/namespaces")
-        .expect("the core saw the list");
-    assert_eq!(header(list, "impersonate-user"), ["carol"]);
-    assert_eq!(header(list, "impersonate-group"), ["qa"]);
-    assert_eq!(header(list, "authorization"), ["Bearer alice-token"]);
+    let list = recorded_by_core(&s, "/api/v1/namespaces").await;
+    assert_eq!(header(&list, "impersonate-user"), ["carol"]);
+    assert_eq!(header(&list, "impersonate-group"), ["qa"]);
+    assert_eq!(header(&list, "authorization"), ["Bearer alice-token"]);
+}
 
-    // One attribute not allowed refuses the whole request.
-    let (status, body) = s
-        .get(
-            None,
-            IDENTITY,
+/// One attribute not allowed refuses the whole request, and groups without a user is
+/// malformed: one row per request, with the status and the start of the message it gets.
+#[tokio::test]
+async fn impersonation_with_an_attribute_not_allowed_or_no_user_is_refused() {
+    let (s, _) = start(&[]).await;
+    let cases: [(&str, Headers, StatusCode, &str); 2] = [
+        (
+            "a group not allowed",
             &[
                 ("authorization", "Bearer alice-token"),
                 ("impersonate-user", "carol"),
                 ("impersonate-group", "system:masters"),
             ],
-        )
-        .await;
-    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
-    assert!(
-        body["message"]
-            .as_str()
-            .unwrap()
-            .starts_with(r#"groups "system:masters" is forbidden: User "alice" cannot impersonate resource "groups""#),
-        "{body}"
-    );
-
-    // Groups without a user is malformed.
-    let (status, _) = s
-        .get(
-            None,
-            IDENTITY,
+            StatusCode::FORBIDDEN,
+            r#"groups "system:masters" is forbidden: User "alice" cannot impersonate resource "groups""#,
+        ),
+        (
+            "groups without a user",
             &[
                 ("authorization", "Bearer alice-token"),
                 ("impersonate-group", "qa"),
             ],
-        )
-        .await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
+            StatusCode::BAD_REQUEST,
+            "",
+        ),
+    ];
+    for (case, headers, want, message) in cases {
+        let (status, body) = get(&s, None, IDENTITY, headers).await;
+        assert_eq!(status, want, "{case}: {body}");
+        if !message.is_empty() {
+            assert!(
+                body["message"].as_str().unwrap().starts_with(message),
+                "{case}: {body}"
+            );
+        }
+    }
 }
 
-#[tokio::test]
-async fn certificates_count_only_for_the_ca_they_belong_to() {
-    let s = Scenario::start(&[]).await;
+// ---- client certificates ------------------------------------------------------------------------
 
-    // A user certificate: CN/O is the identity, its X-Remote-* headers are ignored.
-    let dave = s.setup.pki.user("dave", &["dev"]);
-    let (status, identity) = s
-        .get(
-            Some(&dave),
-            IDENTITY,
-            &[
-                ("x-remote-user", "admin"),
-                ("x-remote-group", "system:masters"),
-            ],
-        )
-        .await;
+/// A user certificate: CN/O is the identity, its X-Remote-* headers are ignored.
+#[tokio::test]
+async fn a_user_certificate_is_the_identity_at_backends_whatever_its_headers_claim() {
+    let (s, _) = start(&[]).await;
+    let dave = s.user("dave", &["dev"]);
+    let (status, identity) = get(
+        &s,
+        Some(&dave),
+        IDENTITY,
+        &[
+            ("x-remote-user", "admin"),
+            ("x-remote-group", "system:masters"),
+        ],
+    )
+    .await;
     assert_eq!(status, StatusCode::OK, "{identity}");
     assert_eq!(identity["user"], "dave");
     assert_eq!(groups(&identity), ["dev", "system:authenticated"]);
+}
 
-    // To the core (passthrough), a certificate user goes as X-Remote-* set by the gateway.
-    s.clear_core_requests().await;
-    let (status, _) = s
-        .get(
-            Some(&dave),
-            "/api/v1/namespaces",
-            &[("x-remote-user", "admin")],
-        )
-        .await;
+/// To the core (passthrough), a certificate user goes as X-Remote-* set by the gateway.
+#[tokio::test]
+async fn a_user_certificate_reaches_the_core_as_request_headers_set_by_the_gateway() {
+    let (s, _) = start(&[]).await;
+    let dave = s.user("dave", &["dev"]);
+    scenario::clear_core_requests(&s.core).await;
+    let (status, _) = get(
+        &s,
+        Some(&dave),
+        "/api/v1/namespaces",
+        &[("x-remote-user", "admin")],
+    )
+    .await;
     assert_eq!(status, StatusCode::OK);
-    let requests = s.core_requests().await;
-    let list = requests
-        .iter()
-        .find(|r| r["path"] == "/api/v1/namespaces")
-        .expect("the core saw the list");
-    assert_eq!(header(list, "x-remote-user"), ["dave"]);
+    let list = recorded_by_core(&s, "/api/v1/namespaces").await;
+    assert_eq!(header(&list, "x-remote-user"), ["dave"]);
     assert_eq!(
-        header(list, "x-remote-group"),
+        header(&list, "x-remote-group"),
         ["dev", "system:authenticated"]
     );
+}
 
-    // The trusted front proxy's X-Remote-* is the identity.
-    let proxy = s.incoming_proxy_ca.issue_client("trusted-proxy", &[]);
-    let (status, identity) = s
-        .get(
-            Some(&proxy),
-            IDENTITY,
-            &[
-                ("x-remote-user", "frank"),
-                ("x-remote-group", "qa"),
-                ("x-remote-extra-acme.com%2fproject", "p1"),
-            ],
-        )
-        .await;
+/// The trusted front proxy's X-Remote-* is the identity.
+#[tokio::test]
+async fn a_trusted_front_proxy_vouches_for_the_identity_in_its_headers() {
+    let (s, incoming_proxy_ca) = start(&[]).await;
+    let proxy = incoming_proxy_ca.issue_client("trusted-proxy", &[]);
+    let (status, identity) = get(
+        &s,
+        Some(&proxy),
+        IDENTITY,
+        &[
+            ("x-remote-user", "frank"),
+            ("x-remote-group", "qa"),
+            ("x-remote-extra-acme.com%2fproject", "p1"),
+        ],
+    )
+    .await;
     assert_eq!(status, StatusCode::OK, "{identity}");
     assert_eq!(identity["user"], "frank", "{identity}");
     assert_eq!(groups(&identity), ["qa", "system:authenticated"]);
     assert_eq!(identity["extra"], json!({"acme.com/project": ["p1"]}));
+}
 
-    // A certificate from the request-header CA whose CN is not allowed vouches for nothing and
-    // is not a user either: 401, as kube-apiserver answers.
-    let stranger = s.incoming_proxy_ca.issue_client("someone-else", &[]);
-    let (status, body) = s
-        .get(Some(&stranger), IDENTITY, &[("x-remote-user", "frank")])
-        .await;
-    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
-    assert_eq!(body["reason"], "Unauthorized");
-    // ...and neither is the trusted proxy naming nobody.
-    let (status, _) = s.get(Some(&proxy), IDENTITY, &[]).await;
-    assert_eq!(status, StatusCode::UNAUTHORIZED);
-    // A request-header certificate is not a user certificate, whatever its CN says.
-    let proxy_named_admin = s
-        .incoming_proxy_ca
-        .issue_client("admin", &["system:masters"]);
-    let (status, _) = s.get(Some(&proxy_named_admin), IDENTITY, &[]).await;
-    assert_eq!(status, StatusCode::UNAUTHORIZED);
+/// Certificates that vouch for nobody: one row each. A request-header CA certificate whose CN
+/// is not allowed, the trusted proxy naming nobody, and a request-header certificate named like
+/// a user get kube-apiserver's 401; a CA the gateway does not trust fails the handshake.
+#[tokio::test]
+async fn certificates_count_only_for_the_ca_they_belong_to() {
+    let (s, incoming_proxy_ca) = start(&[]).await;
+    let cases: [(&str, CertifiedPair, Headers); 3] = [
+        (
+            "a request-header certificate whose CN is not allowed",
+            incoming_proxy_ca.issue_client("someone-else", &[]),
+            &[("x-remote-user", "frank")],
+        ),
+        (
+            "the trusted proxy naming nobody",
+            incoming_proxy_ca.issue_client("trusted-proxy", &[]),
+            &[],
+        ),
+        (
+            "a request-header certificate named like a user",
+            incoming_proxy_ca.issue_client("admin", &["system:masters"]),
+            &[],
+        ),
+    ];
+    for (case, cert, headers) in &cases {
+        let (status, body) = get(&s, Some(cert), IDENTITY, headers).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{case}: {body}");
+        assert_eq!(body["reason"], "Unauthorized", "{case}: {body}");
+    }
 
-    // A certificate from a CA the gateway does not trust fails the handshake.
     let mallory = TestCa::new("mallory-ca").issue_client("mallory", &["system:masters"]);
-    let refused = s.try_get(Some(&mallory), IDENTITY, &[]).await;
-    assert!(refused.is_err(), "{refused:?}");
+    let refused = try_get(&s, Some(&mallory), IDENTITY, &[]).await;
+    assert!(refused.is_err(), "an untrusted CA: {refused:?}");
 }
 
 /// Header names of a recorded request that a non-Go server (WSGI, Rack, nginx) would read as
@@ -416,39 +427,39 @@ fn recorded<'a>(requests: &'a [Value], path: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("the core never saw {path}: {requests:?}"))
 }
 
-#[tokio::test]
-async fn identity_headers_named_in_connection_still_reach_backends() {
-    let s = Scenario::start(&[]).await;
-    let dave = s.setup.pki.user("dave", &["dev"]);
-    // HTTP/1.1 `Connection` names headers that stop at this hop; the identity the gateway sets
-    // for the next hop is not among them. With our proxy certificate and no `X-Remote-User`, the
-    // core would fall back to the certificate's own identity.
-    let hostile = [
-        (
-            "connection",
-            "x-remote-user, x-remote-group, X-Remote-Uid, impersonate-user",
-        ),
-        ("x_remote_user", "admin"),
-        ("X_Remote_Group", "system:masters"),
-        ("x_remote_extra_scopes", "all"),
-        ("impersonate_user", "admin"),
-    ];
+// ---- headers that must not reach the next hop -------------------------------------------------
 
-    s.clear_core_requests().await;
-    let (status, body) = s
-        .get_http1(Some(&dave), "/api/v1/namespaces", &hostile)
-        .await;
+/// HTTP/1.1 `Connection` names headers that stop at this hop; the identity the gateway sets for
+/// the next hop is not among them. With our proxy certificate and no `X-Remote-User`, the core
+/// would fall back to the certificate's own identity. The underscore spellings are identity
+/// headers to non-Go servers.
+const HOSTILE: [(&str, &str); 5] = [
+    (
+        "connection",
+        "x-remote-user, x-remote-group, X-Remote-Uid, impersonate-user",
+    ),
+    ("x_remote_user", "admin"),
+    ("X_Remote_Group", "system:masters"),
+    ("x_remote_extra_scopes", "all"),
+    ("impersonate_user", "admin"),
+];
+
+#[tokio::test]
+async fn identity_headers_named_in_connection_still_reach_the_core() {
+    let (s, _) = start(&[]).await;
+    let dave = s.user("dave", &["dev"]);
+    scenario::clear_core_requests(&s.core).await;
+    let (status, body) = get_http1(&s, Some(&dave), "/api/v1/namespaces", &HOSTILE).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    let requests = s.core_requests().await;
-    let list = recorded(&requests, "/api/v1/namespaces");
-    assert_eq!(header(list, "x-remote-user"), ["dave"], "{list}");
+    let list = recorded_by_core(&s, "/api/v1/namespaces").await;
+    assert_eq!(header(&list, "x-remote-user"), ["dave"], "{list}");
     assert_eq!(
-        header(list, "x-remote-group"),
+        header(&list, "x-remote-group"),
         ["dev", "system:authenticated"],
         "{list}"
     );
     assert!(
-        underscore_identity_headers(list).is_empty(),
+        underscore_identity_headers(&list).is_empty(),
         "underscore spellings reached the core: {list}"
     );
     let raw = list["headers"].to_string();
@@ -456,9 +467,14 @@ async fn identity_headers_named_in_connection_still_reach_backends() {
         !raw.contains("admin") && !raw.contains("system:masters"),
         "{raw}"
     );
+}
 
-    // The remote gets dave exactly, and none of the underscore spellings.
-    let (status, identity) = s.get_http1(Some(&dave), IDENTITY, &hostile).await;
+/// The remote gets dave exactly, and none of the underscore spellings.
+#[tokio::test]
+async fn identity_headers_named_in_connection_still_reach_backends() {
+    let (s, _) = start(&[]).await;
+    let dave = s.user("dave", &["dev"]);
+    let (status, identity) = get_http1(&s, Some(&dave), IDENTITY, &HOSTILE).await;
     assert_eq!(status, StatusCode::OK, "{identity}");
     assert_eq!(identity["user"], "dave", "{identity}");
     assert_eq!(groups(&identity), ["dev", "system:authenticated"]);
@@ -469,18 +485,26 @@ async fn identity_headers_named_in_connection_still_reach_backends() {
     );
 }
 
-#[tokio::test]
-async fn in_impersonate_mode_the_core_sees_the_caller_not_the_gateway() {
+// ---- the core's identity ------------------------------------------------------------------------
+
+/// [`start`] with `--core-identity impersonate`: the gateway reaches the core with its own token.
+async fn start_impersonating() -> Scenario {
     let token_file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(token_file.path(), "gateway-token\n").unwrap();
     let token_path = scenario::path_arg(token_file.path());
-    let s = Scenario::start(&[
+    let (s, _) = start(&[
         "--core-identity",
         "impersonate",
         "--core-token-file",
         &token_path,
     ])
     .await;
+    s
+}
+
+#[tokio::test]
+async fn in_impersonate_mode_the_core_sees_the_caller_not_the_gateway() {
+    let s = start_impersonating().await;
     let alice = [
         ("authorization", "Bearer alice-token"),
         (
@@ -492,62 +516,71 @@ async fn in_impersonate_mode_the_core_sees_the_caller_not_the_gateway() {
         ("x_remote_user", "admin"),
     ];
 
-    s.clear_core_requests().await;
-    let (status, body) = s.get_http1(None, "/api/v1/namespaces", &alice).await;
+    scenario::clear_core_requests(&s.core).await;
+    let (status, body) = get_http1(&s, None, "/api/v1/namespaces", &alice).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    let requests = s.core_requests().await;
-    let list = recorded(&requests, "/api/v1/namespaces");
+    let list = recorded_by_core(&s, "/api/v1/namespaces").await;
     // The gateway's own token, so the core must be told whom it acts for.
-    assert_eq!(header(list, "authorization"), ["Bearer gateway-token"]);
-    assert_eq!(header(list, "impersonate-user"), ["alice"], "{list}");
-    assert_eq!(header(list, "impersonate-group"), ["dev"], "{list}");
-    assert_eq!(header(list, "impersonate-uid"), ["a-1"], "{list}");
-    assert_eq!(header(list, "impersonate-extra-scopes"), ["read"], "{list}");
+    assert_eq!(header(&list, "authorization"), ["Bearer gateway-token"]);
+    assert_eq!(header(&list, "impersonate-user"), ["alice"], "{list}");
+    assert_eq!(header(&list, "impersonate-group"), ["dev"], "{list}");
+    assert_eq!(header(&list, "impersonate-uid"), ["a-1"], "{list}");
+    assert_eq!(
+        header(&list, "impersonate-extra-scopes"),
+        ["read"],
+        "{list}"
+    );
     assert!(
-        underscore_identity_headers(list).is_empty(),
+        underscore_identity_headers(&list).is_empty(),
         "underscore spellings reached the core: {list}"
     );
+}
 
-    // A user the gateway cannot name in a header is refused, not sent on with its name left
-    // out (which, on our credentials, would be the gateway itself).
-    s.clear_core_requests().await;
-    let (status, body) = s
-        .get_http1(
-            None,
-            "/api/v1/namespaces",
-            &[("authorization", "Bearer eve-token")],
-        )
-        .await;
+/// A user the gateway cannot name in a header is refused, not sent on with its name left out
+/// (which, on our credentials, would be the gateway itself).
+#[tokio::test]
+async fn in_impersonate_mode_a_user_that_cannot_be_named_in_a_header_is_refused() {
+    let s = start_impersonating().await;
+    scenario::clear_core_requests(&s.core).await;
+    let (status, body) = get_http1(
+        &s,
+        None,
+        "/api/v1/namespaces",
+        &[("authorization", "Bearer eve-token")],
+    )
+    .await;
     assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
     assert_eq!(body["kind"], "Status", "{body}");
     assert_eq!(body["reason"], "InternalError", "{body}");
     let message = body["message"].as_str().unwrap_or_default();
     assert!(message.contains("username"), "{message}");
-    let requests = s.core_requests().await;
+    let requests = scenario::core_requests(&s.core).await;
     assert!(
         requests.iter().all(|r| r["path"] != "/api/v1/namespaces"),
         "the refused request reached the core: {requests:?}"
     );
 }
 
+// ---- anonymous callers and caching --------------------------------------------------------------
+
 #[tokio::test]
 async fn without_anonymous_auth_only_health_answers_strangers() {
-    let s = Scenario::start(&["--anonymous-auth=false"]).await;
-    let (status, body) = s.get(None, "/api/v1/namespaces", &[]).await;
+    let (s, _) = start(&["--anonymous-auth=false"]).await;
+    let (status, body) = get(&s, None, "/api/v1/namespaces", &[]).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
     assert_eq!(body["kind"], "Status");
     assert_eq!(body["reason"], "Unauthorized");
     assert_eq!(body["code"], 401);
-    let (status, _) = s.get(None, IDENTITY, &[]).await;
+    let (status, _) = get(&s, None, IDENTITY, &[]).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
 
     for probe in ["/readyz", "/livez", "/healthz", "/readyz/ping"] {
-        let (status, _) = s.get(None, probe, &[]).await;
+        let (status, _) = get(&s, None, probe, &[]).await;
         assert_eq!(status, StatusCode::OK, "{probe}");
     }
     // Only reading a probe is exempt: anything else there would go on to the core.
-    s.clear_core_requests().await;
-    let client = harness::http2_client(&s.setup.gateway.ca_pem().unwrap(), None).unwrap();
+    scenario::clear_core_requests(&s.core).await;
+    let client = harness::http2_client(&s.gateway.ca_pem().unwrap(), None).unwrap();
     let refused = [
         ("POST", "/healthz"),
         ("DELETE", "/readyz/ping"),
@@ -556,13 +589,13 @@ async fn without_anonymous_auth_only_health_answers_strangers() {
     for (method, path) in refused {
         let req = http::Request::builder()
             .method(method)
-            .uri(format!("{}{path}", s.setup.gateway.url()))
+            .uri(format!("{}{path}", s.gateway.url()))
             .body(Full::new(Bytes::new()))
             .unwrap();
         let (status, _, _) = harness::send(&client, req).await.unwrap();
         assert_eq!(status, StatusCode::UNAUTHORIZED, "{method} {path}");
     }
-    let requests = s.core_requests().await;
+    let requests = scenario::core_requests(&s.core).await;
     assert!(
         requests.iter().all(|r| !refused
             .iter()
@@ -570,46 +603,57 @@ async fn without_anonymous_auth_only_health_answers_strangers() {
         "an unauthenticated request reached the core: {requests:?}"
     );
     // Credentials still work.
-    let (status, _) = s
-        .get(
-            None,
-            "/api/v1/namespaces",
-            &[("authorization", "Bearer bob-token")],
-        )
-        .await;
+    let (status, _) = get(
+        &s,
+        None,
+        "/api/v1/namespaces",
+        &[("authorization", "Bearer bob-token")],
+    )
+    .await;
     assert_eq!(status, StatusCode::OK);
 }
 
+/// Accepted and rejected tokens are both reviewed once: one sequence, since the second count
+/// includes the first.
 #[tokio::test]
 async fn token_reviews_are_cached_both_ways() {
-    let s = Scenario::start(&[]).await;
-    s.clear_core_requests().await;
+    let (s, _) = start(&[]).await;
+    scenario::clear_core_requests(&s.core).await;
     for _ in 0..5 {
-        let (status, _) = s
-            .get(
-                None,
-                "/api/v1/namespaces",
-                &[("authorization", "Bearer alice-token")],
-            )
-            .await;
+        let (status, _) = get(
+            &s,
+            None,
+            "/api/v1/namespaces",
+            &[("authorization", "Bearer alice-token")],
+        )
+        .await;
         assert_eq!(status, StatusCode::OK);
-        let (status, _) = s
-            .get(None, IDENTITY, &[("authorization", "Bearer alice-token")])
-            .await;
+        let (status, _) = get(
+            &s,
+            None,
+            IDENTITY,
+            &[("authorization", "Bearer alice-token")],
+        )
+        .await;
         assert_eq!(status, StatusCode::OK);
     }
-    assert_eq!(s.token_reviews().await, 1, "{:?}", s.core_requests().await);
+    assert_eq!(
+        token_reviews(&s).await,
+        1,
+        "{:?}",
+        scenario::core_requests(&s.core).await
+    );
 
     for _ in 0..3 {
-        let (status, body) = s
-            .get(
-                None,
-                "/api/v1/namespaces",
-                &[("authorization", "Bearer not-a-token")],
-            )
-            .await;
+        let (status, body) = get(
+            &s,
+            None,
+            "/api/v1/namespaces",
+            &[("authorization", "Bearer not-a-token")],
+        )
+        .await;
         assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
         assert_eq!(body["message"], "Unauthorized");
     }
-    assert_eq!(s.token_reviews().await, 2, "a rejected token is cached too");
+    assert_eq!(token_reviews(&s).await, 2, "a rejected token is cached too");
 }

@@ -91,9 +91,39 @@ fn s(path: &Path) -> String {
     path.display().to_string()
 }
 
-#[tokio::test]
-async fn a_bad_configuration_exits_64_with_one_line_naming_the_flag() {
-    let f = Files::new();
+/// One bad configuration: what it is, the arguments, and what its one line must contain.
+struct Refusal {
+    case: &'static str,
+    args: Vec<String>,
+    want: String,
+}
+
+fn refusal(case: &'static str, args: &[&str], want: &str) -> Refusal {
+    Refusal {
+        case,
+        args: args.iter().map(|a| a.to_string()).collect(),
+        want: want.to_owned(),
+    }
+}
+
+/// Runs every row and returns the failures, each naming its row, so that one wrong refusal
+/// does not hide the others.
+async fn failing_rows(
+    rows: &[Refusal],
+    check: impl AsyncFn(&Refusal) -> Result<(), String>,
+) -> Vec<String> {
+    let mut failures = Vec::new();
+    for row in rows {
+        if let Err(why) = check(row).await {
+            failures.push(format!("{}: {why}", row.case));
+        }
+    }
+    failures
+}
+
+/// The bad configurations, one row each: values clap itself refuses, files that exist but
+/// cannot be used, and values only the gateway's own parsers can judge.
+fn bad_configurations(f: &Files) -> Vec<Refusal> {
     let bad_kubeconfig = f.kubeconfig("no-server.kubeconfig", "\"\"", "    token: t\n");
     let kubeconfig_wrong_key = f.kubeconfig(
         "wrong-key.kubeconfig",
@@ -105,179 +135,214 @@ async fn a_bad_configuration_exits_64_with_one_line_naming_the_flag() {
         ),
     );
     let yaml_log_level = f.write("log-level.yaml", "logLevel: verbose\n");
-    let cases: Vec<(Vec<String>, &str)> = vec![
-        // Values clap itself refuses.
-        (
-            vec!["--secure-port".into(), "99999".into()],
+    let (cert, key, other_key, not_pem) = (s(&f.cert), s(&f.key), s(&f.other_key), s(&f.not_pem));
+    vec![
+        refusal(
+            "a port out of range",
+            &["--secure-port", "99999"],
             "--secure-port (securePort): 99999 is not in 0..=65535",
         ),
-        (
-            vec!["--anonymous-auth=maybe".into()],
+        refusal(
+            "a boolean that is neither",
+            &["--anonymous-auth=maybe"],
             "--anonymous-auth (anonymousAuth): \"maybe\" is not one of true, false",
         ),
-        (
-            vec!["--secur-port".into(), "1".into()],
+        refusal(
+            "a misspelt flag",
+            &["--secur-port", "1"],
             "unknown flag \"--secur-port\"; did you mean --secure-port?",
         ),
-        // Files that exist but cannot be used.
-        (
-            vec![
-                "--tls-cert-file".into(),
-                s(&f.not_pem),
-                "--tls-private-key-file".into(),
-                s(&f.key),
-            ],
+        refusal(
+            "a serving certificate that is not PEM",
+            &["--tls-cert-file", &not_pem, "--tls-private-key-file", &key],
             "--tls-cert-file (tlsCertFile):",
         ),
-        (
-            vec![
-                "--tls-cert-file".into(),
-                s(&f.cert),
-                "--tls-private-key-file".into(),
-                s(&f.other_key),
+        refusal(
+            "a serving key of another certificate",
+            &[
+                "--tls-cert-file",
+                &cert,
+                "--tls-private-key-file",
+                &other_key,
             ],
             "--tls-private-key-file (tlsPrivateKeyFile):",
         ),
-        (
-            vec!["--client-ca-file".into(), s(&f.key)],
+        refusal(
+            "a client CA that is a key",
+            &["--client-ca-file", &key],
             "--client-ca-file (clientCaFile):",
         ),
-        (
-            vec!["--requestheader-client-ca-file".into(), s(&f.not_pem)],
+        refusal(
+            "a request-header CA that is not PEM",
+            &["--requestheader-client-ca-file", &not_pem],
             "--requestheader-client-ca-file (requestheaderClientCaFile):",
         ),
-        (
-            vec![
-                "--proxy-client-cert-file".into(),
-                s(&f.cert),
-                "--proxy-client-key-file".into(),
-                s(&f.not_pem),
+        refusal(
+            "a proxy client key that is not PEM",
+            &[
+                "--proxy-client-cert-file",
+                &cert,
+                "--proxy-client-key-file",
+                &not_pem,
             ],
             "--proxy-client-key-file (proxyClientKeyFile):",
         ),
-        (
-            vec![
-                "--core-url".into(),
-                "https://127.0.0.1:6443".into(),
-                "--core-ca-file".into(),
-                s(&f.not_pem),
+        refusal(
+            "a core CA that is not PEM",
+            &[
+                "--core-url",
+                "https://127.0.0.1:6443",
+                "--core-ca-file",
+                &not_pem,
             ],
             "--core-ca-file (coreCaFile):",
         ),
-        (
-            vec![
-                "--core-url".into(),
-                "https://127.0.0.1:6443".into(),
-                "--core-client-cert-file".into(),
-                s(&f.cert),
-                "--core-client-key-file".into(),
-                s(&f.other_key),
+        refusal(
+            "a core client key of another certificate",
+            &[
+                "--core-url",
+                "https://127.0.0.1:6443",
+                "--core-client-cert-file",
+                &cert,
+                "--core-client-key-file",
+                &other_key,
             ],
             "--core-client-key-file (coreClientKeyFile):",
         ),
-        (
-            vec!["--core-kubeconfig".into(), s(&bad_kubeconfig)],
+        refusal(
+            "a kubeconfig without a server",
+            &["--core-kubeconfig", &s(&bad_kubeconfig)],
             "--core-kubeconfig (coreKubeconfig):",
         ),
-        (
-            vec!["--core-kubeconfig".into(), s(&kubeconfig_wrong_key)],
+        refusal(
+            "a kubeconfig with a key of another certificate",
+            &["--core-kubeconfig", &s(&kubeconfig_wrong_key)],
             "--core-kubeconfig (coreKubeconfig):",
         ),
-        (
-            vec!["--core-kubeconfig".into(), s(&f.not_pem)],
+        refusal(
+            "a kubeconfig that is not YAML",
+            &["--core-kubeconfig", &not_pem],
             "--core-kubeconfig (coreKubeconfig):",
         ),
-        // Values only the gateway's own parsers can judge.
-        (
-            vec!["--log-level".into(), "verbose".into()],
+        refusal(
+            "an unknown log level",
+            &["--log-level", "verbose"],
             "--log-level (logLevel):",
         ),
-        (
-            vec!["--log-level".into(), "info,=debug".into()],
+        refusal(
+            "a log filter with an empty target",
+            &["--log-level", "info,=debug"],
             "--log-level (logLevel):",
         ),
-        (
-            vec!["--config".into(), s(&yaml_log_level)],
+        refusal(
+            "an unknown log level in the config file",
+            &["--config", &s(&yaml_log_level)],
             "--log-level (logLevel):",
         ),
-        (
-            vec!["--apiservice-label-selector".into(), "owner in edge".into()],
+        refusal(
+            "a label selector without parentheses",
+            &["--apiservice-label-selector", "owner in edge"],
             "--apiservice-label-selector (apiserviceLabelSelector):",
         ),
-    ];
-    for (args, want) in cases {
-        // The same refusal whether the operator checks the configuration or starts the gateway;
-        // the cert dir keeps a wrongly started gateway from writing outside the test.
-        for check in [true, false] {
-            let mut argv = args.clone();
+    ]
+}
+
+/// The same refusal whether the operator checks the configuration or starts the gateway; the
+/// cert dir keeps a wrongly started gateway from writing outside the test.
+#[tokio::test]
+async fn a_bad_configuration_exits_64_with_one_line_naming_the_flag() {
+    let f = Files::new();
+    let rows = bad_configurations(&f);
+    for check in [true, false] {
+        let failures = failing_rows(&rows, async |row: &Refusal| {
+            let mut argv = row.args.clone();
             argv.extend(["--cert-dir".into(), s(&f.path("generated"))]);
             if check {
                 argv.push("--check-config".into());
             }
             let out = run(&argv).await;
             let stderr = String::from_utf8_lossy(&out.stderr);
-            assert_eq!(out.status.code(), Some(64), "{argv:?}: {stderr}");
-            assert!(out.stdout.is_empty(), "{argv:?}: {out:?}");
             let lines: Vec<&str> = stderr.lines().collect();
-            assert_eq!(lines.len(), 1, "{argv:?}: not one line:\n{stderr}");
-            assert!(
-                lines[0].starts_with("aggregation-gateway: invalid configuration: "),
-                "{argv:?}: {stderr}"
-            );
-            assert!(
-                lines[0].contains(want),
-                "{argv:?}: want {want:?} in:\n{stderr}"
-            );
-        }
+            let want = &row.want;
+            if out.status.code() != Some(64) {
+                Err(format!("{argv:?}: exit {:?}: {stderr}", out.status.code()))
+            } else if !out.stdout.is_empty() {
+                Err(format!("{argv:?}: {out:?}"))
+            } else if lines.len() != 1 {
+                Err(format!("{argv:?}: not one line:\n{stderr}"))
+            } else if !lines[0].starts_with("aggregation-gateway: invalid configuration: ") {
+                Err(format!("{argv:?}: {stderr}"))
+            } else if !lines[0].contains(want.as_str()) {
+                Err(format!("{argv:?}: want {want:?} in:\n{stderr}"))
+            } else {
+                Ok(())
+            }
+        })
+        .await;
+        assert!(
+            failures.is_empty(),
+            "with check-config {check}, {} of {} rows failed:\n{}",
+            failures.len(),
+            rows.len(),
+            failures.join("\n")
+        );
     }
 }
 
-/// The refusal says what is wrong with the file, not only which flag.
+/// The refusal says what is wrong with the file, not only which flag: one row per mistake.
 #[tokio::test]
 async fn file_refusals_say_what_is_wrong() {
     let f = Files::new();
-    for (args, want) in [
-        (
-            vec!["--client-ca-file".into(), s(&f.not_pem)],
-            format!("{} is not PEM", s(&f.not_pem)),
+    let (cert, key, other_key, not_pem) = (s(&f.cert), s(&f.key), s(&f.other_key), s(&f.not_pem));
+    let rows = [
+        refusal(
+            "a CA file that is not PEM",
+            &["--client-ca-file", &not_pem],
+            &format!("{not_pem} is not PEM"),
         ),
-        (
-            vec![
-                "--tls-cert-file".into(),
-                s(&f.key),
-                "--tls-private-key-file".into(),
-                s(&f.key),
+        refusal(
+            "a certificate file holding a key",
+            &["--tls-cert-file", &key, "--tls-private-key-file", &key],
+            "holds no \"BEGIN CERTIFICATE\" block",
+        ),
+        refusal(
+            "a key of another certificate",
+            &[
+                "--tls-cert-file",
+                &cert,
+                "--tls-private-key-file",
+                &other_key,
             ],
-            "holds no \"BEGIN CERTIFICATE\" block".to_owned(),
+            &format!("the key in {other_key} does not belong to the certificate in {cert}"),
         ),
-        (
-            vec![
-                "--tls-cert-file".into(),
-                s(&f.cert),
-                "--tls-private-key-file".into(),
-                s(&f.other_key),
-            ],
-            format!(
-                "the key in {} does not belong to the certificate in {}",
-                s(&f.other_key),
-                s(&f.cert)
-            ),
+        refusal(
+            "a kubeconfig that is not YAML",
+            &["--core-kubeconfig", &not_pem],
+            "not a usable kubeconfig (",
         ),
-        (
-            vec!["--core-kubeconfig".into(), s(&f.not_pem)],
-            "not a usable kubeconfig (".to_owned(),
-        ),
-    ] {
-        let mut argv: Vec<String> = args;
+    ];
+    let failures = failing_rows(&rows, async |row: &Refusal| {
+        let mut argv = row.args.clone();
         argv.push("--check-config".into());
         let out = run(&argv).await;
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(64), "{argv:?}: {stderr}");
-        assert!(
-            stderr.contains(&want),
-            "{argv:?}: want {want:?} in:\n{stderr}"
-        );
-    }
+        let want = &row.want;
+        if out.status.code() != Some(64) {
+            Err(format!("{argv:?}: exit {:?}: {stderr}", out.status.code()))
+        } else if !stderr.contains(want.as_str()) {
+            Err(format!("{argv:?}: want {want:?} in:\n{stderr}"))
+        } else {
+            Ok(())
+        }
+    })
+    .await;
+    assert!(
+        failures.is_empty(),
+        "{} of {} rows failed:\n{}",
+        failures.len(),
+        rows.len(),
+        failures.join("\n")
+    );
 }
 
 #[tokio::test]

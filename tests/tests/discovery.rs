@@ -11,10 +11,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use e2e::certs::CertifiedPair;
 use e2e::fixture;
-use e2e::harness::{self, FixtureAggregated, FixtureCore, Gateway, Kubectl, KubectlVersion};
-use e2e::scenario::{self, get_raw, json_or_null, ApiService, Pki};
+use e2e::harness::{self, Gateway, KubectlVersion};
+use e2e::scenario::{self, get_raw, json_or_null, ApiService, Pki, Scenario, ScenarioBuilder};
 use http::{HeaderMap, StatusCode};
-use http_body_util::Full;
 use serde_json::Value;
 
 const WARDLE: &str = "wardle.example.com";
@@ -60,159 +59,157 @@ fn wardle_order() -> [&'static str; 3] {
 
 /// A core, the wardle backend (aggregated discovery, three APIServices on its one Service) and
 /// the legacy backend (legacy discovery only), registered from manifests, behind a gateway.
-struct Session {
-    pki: Pki,
-    manifests: tempfile::TempDir,
-    wardle: FixtureAggregated,
-    legacy: FixtureAggregated,
-    gateway: Gateway,
-    alice: CertifiedPair,
-    _core: FixtureCore,
+/// `pki` names the Services the backends serve as; more backends may be added to the builder,
+/// whose APIServices come later.
+fn wardle_and_legacy(pki: Pki) -> ScenarioBuilder {
+    let mut builder = Scenario::with_pki(pki)
+        .backend("wardle", WARDLE, WARDLE_SERVED, &[])
+        .backend("legacy", LEGACY, "v1", &["--legacy-only"]);
+    for (version, priority) in WARDLE_VERSIONS {
+        let api = ApiService {
+            version_priority: priority,
+            ..builder.pki().apiservice(WARDLE, version, "wardle")
+        };
+        builder = builder.manifest(&format!("wardle-{version}.yaml"), &api.yaml());
+    }
+    let legacy = builder
+        .pki()
+        .apiservice(LEGACY, "v1", "legacy")
+        .group_priority_minimum(17700);
+    builder.manifest("legacy.yaml", &legacy.yaml())
 }
 
-impl Session {
-    /// `unregistered`: backends already running as Service `api` of a namespace, whose
-    /// APIServices come later.
-    async fn start(
-        pki: Pki,
-        unregistered: &[(&str, &FixtureAggregated)],
-        gateway_args: &[&str],
-    ) -> Session {
-        let core = FixtureCore::start(&[]).await.unwrap();
-        let wardle = pki.start_backend(WARDLE, WARDLE_SERVED, &[]).await;
-        let legacy = pki.start_backend(LEGACY, "v1", &["--legacy-only"]).await;
-        let manifests = tempfile::tempdir().unwrap();
-        for (version, priority) in WARDLE_VERSIONS {
-            ApiService {
-                version_priority: priority,
-                ..pki.apiservice(WARDLE, version, "wardle")
-            }
-            .write_to(manifests.path(), &format!("wardle-{version}.yaml"));
+/// Starts `builder` and waits until discovery has both backends' groups, Current.
+async fn start(builder: ScenarioBuilder) -> (Scenario, CertifiedPair) {
+    let s = builder.start().await;
+    let alice = s.user("alice", &[]);
+    wait_for_discovery(
+        &s,
+        &alice,
+        Duration::from_secs(10),
+        "both backends fetched",
+        |doc| freshness(doc, WARDLE) == ["Current"; 3] && freshness(doc, LEGACY) == ["Current"],
+    )
+    .await;
+    (s, alice)
+}
+
+/// [`wardle_and_legacy`] with their own Services, started.
+async fn discovery_session() -> (Scenario, CertifiedPair) {
+    start(wardle_and_legacy(Pki::for_services(&["wardle", "legacy"]))).await
+}
+
+async fn get(
+    s: &Scenario,
+    alice: &CertifiedPair,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (StatusCode, HeaderMap, Bytes) {
+    get_raw(&s.gateway, alice, path, headers).await
+}
+
+async fn aggregated_apis(s: &Scenario, alice: &CertifiedPair) -> Value {
+    json_or_null(&get(s, alice, "/apis", &[("accept", AGG)]).await.2)
+}
+
+/// Polls the aggregated `/apis` until `check` holds, and returns it; fails after `timeout`.
+async fn wait_for_discovery(
+    s: &Scenario,
+    alice: &CertifiedPair,
+    timeout: Duration,
+    what: &str,
+    check: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let doc = aggregated_apis(s, alice).await;
+        if check(&doc) {
+            return doc;
         }
-        pki.apiservice(LEGACY, "v1", "legacy")
-            .group_priority_minimum(17700)
-            .write_to(manifests.path(), "legacy.yaml");
-        let mut services = vec![("wardle", &wardle), ("legacy", &legacy)];
-        services.extend_from_slice(unregistered);
-        let config = pki.gateway_config(&services, "");
-        let gateway = pki
-            .start_gateway_with_file_source(&core, &config, manifests.path(), gateway_args)
-            .await;
-        let alice = pki.user("alice", &[]);
-        let session = Session {
-            pki,
-            manifests,
-            wardle,
-            legacy,
-            gateway,
-            alice,
-            _core: core,
-        };
-        session
-            .wait_for_discovery(Duration::from_secs(10), "both backends fetched", |doc| {
-                freshness(doc, WARDLE) == ["Current"; 3] && freshness(doc, LEGACY) == ["Current"]
-            })
-            .await;
-        session
-    }
-
-    fn kubectl(&self, version: KubectlVersion) -> Kubectl {
-        scenario::kubectl_as(&self.gateway, version, &self.alice)
-    }
-
-    async fn get(&self, path: &str, headers: &[(&str, &str)]) -> (StatusCode, HeaderMap, Bytes) {
-        get_raw(&self.gateway, &self.alice, path, headers).await
-    }
-
-    async fn aggregated_apis(&self) -> Value {
-        json_or_null(&self.get("/apis", &[("accept", AGG)]).await.2)
-    }
-
-    /// Polls the aggregated `/apis` until `check` holds, and returns it; fails after `timeout`.
-    async fn wait_for_discovery(
-        &self,
-        timeout: Duration,
-        what: &str,
-        check: impl Fn(&Value) -> bool,
-    ) -> Value {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            let doc = self.aggregated_apis().await;
-            if check(&doc) {
-                return doc;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{what}: not within {timeout:?}:\n{doc:#}\n{}",
-                self.gateway.process.logs()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    /// Registers an APIService, as a user adding its manifest.
-    fn register(&self, api: &ApiService) {
-        api.write_to(self.manifests.path(), &format!("{}.yaml", api.name()));
-    }
-
-    /// `aggregator_discovery_aggregation_count_total`.
-    async fn rebuilds(&self) -> u64 {
-        let metrics = self.get("/metrics", &[]).await.2;
-        let metrics = String::from_utf8_lossy(&metrics);
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix("aggregator_discovery_aggregation_count_total "))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .unwrap_or_else(|| panic!("no rebuild counter in:\n{metrics}")) as u64
-    }
-
-    /// The gateway's access log from line `from` on, as (uri, status).
-    fn requests_since(&self, from: usize) -> Vec<(String, u64)> {
-        self.gateway.process.lines()[from..]
-            .iter()
-            .filter_map(|l| serde_json::from_str::<Value>(&l.text).ok())
-            .filter_map(|v| Some((v["uri"].as_str()?.to_owned(), v["status"].as_u64()?)))
-            .collect()
-    }
-
-    /// Waits until the access log from line `from` shows `uri` answered with `status`.
-    async fn wait_for_request(&self, from: usize, uri: &str, status: u64) {
-        let logged = harness::wait_until(Duration::from_secs(5), || async {
-            self.requests_since(from)
-                .iter()
-                .any(|(u, s)| u == uri && *s == status)
-        })
-        .await;
         assert!(
-            logged,
-            "no {uri} answered {status}:\n{}",
-            self.gateway.process.logs()
+            tokio::time::Instant::now() < deadline,
+            "{what}: not within {timeout:?}:\n{doc:#}\n{}",
+            s.logs()
         );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
 
-    /// The GETs of `path` that `backend` (Service `<namespace>/api`) received from the
-    /// gateway's own identity.
-    async fn gateway_fetches(
-        &self,
-        backend: &FixtureAggregated,
-        namespace: &str,
-        path: &str,
-    ) -> Vec<Value> {
-        self.pki
-            .backend_requests(backend, namespace)
-            .await
+/// `aggregator_discovery_aggregation_count_total`.
+async fn rebuilds(s: &Scenario, alice: &CertifiedPair) -> u64 {
+    let metrics = get(s, alice, "/metrics", &[]).await.2;
+    let metrics = String::from_utf8_lossy(&metrics);
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("aggregator_discovery_aggregation_count_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no rebuild counter in:\n{metrics}")) as u64
+}
+
+/// The documents every session's OpenAPI v3 root lists once the gateway has fetched them.
+const OPENAPI_DOCUMENTS: [&str; 6] = [
+    "api/v1",
+    "apis/apps/v1",
+    "apis/wardle.example.com/v1beta1",
+    "apis/wardle.example.com/v1alpha1",
+    "apis/wardle.example.com/v1",
+    "apis/legacy.example.com/v1",
+];
+
+/// Polls the OpenAPI v3 root until it lists every one of [`OPENAPI_DOCUMENTS`] (fetched apart
+/// from discovery, so possibly after it), and returns it; fails after 10 s naming the missing.
+async fn wait_for_openapi_root(s: &Scenario, alice: &CertifiedPair) -> Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let root = json_or_null(&get(s, alice, "/openapi/v3", &[]).await.2);
+        let missing: Vec<&str> = OPENAPI_DOCUMENTS
             .into_iter()
-            .filter(|r| r["method"] == "GET" && r["path"] == path && r["clientCN"] == "aggregator")
-            .collect()
+            .filter(|key| !root["paths"][key]["serverRelativeURL"].is_string())
+            .collect();
+        if missing.is_empty() {
+            return root;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{missing:?} not listed within 10s: {root:#}\n{}",
+            s.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
 
-    async fn forget_requests(&self, backend: &FixtureAggregated, namespace: &str) {
-        let req = http::Request::delete(format!("{}/fixture/requests", backend.url()))
-            .body(Full::new(Bytes::new()))
-            .unwrap();
-        let client = self.pki.backend_client(namespace);
-        assert_eq!(harness::send(&client, req).await.unwrap().0, StatusCode::OK);
-    }
+/// The gateway's access log from line `from` on, as (uri, status).
+fn requests_since(gateway: &Gateway, from: usize) -> Vec<(String, u64)> {
+    gateway.process.lines()[from..]
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(&l.text).ok())
+        .filter_map(|v| Some((v["uri"].as_str()?.to_owned(), v["status"].as_u64()?)))
+        .collect()
+}
+
+/// Waits until the access log from line `from` shows `uri` answered with `status`.
+async fn wait_for_request(gateway: &Gateway, from: usize, uri: &str, status: u64) {
+    let logged = harness::wait_until(Duration::from_secs(5), || async {
+        requests_since(gateway, from)
+            .iter()
+            .any(|(u, s)| u == uri && *s == status)
+    })
+    .await;
+    assert!(
+        logged,
+        "no {uri} answered {status}:\n{}",
+        gateway.process.logs()
+    );
+}
+
+/// The GETs of `path` that the backend of `namespace` received from the gateway's own identity.
+async fn gateway_fetches(s: &Scenario, namespace: &str, path: &str) -> Vec<Value> {
+    s.pki
+        .backend_requests(s.backend(namespace), namespace)
+        .await
+        .into_iter()
+        .filter(|r| r["method"] == "GET" && r["path"] == path && r["clientCN"] == "aggregator")
+        .collect()
 }
 
 /// The ETag of the aggregated `/apis` the wardle backend serves (v2, the version the gateway
@@ -317,43 +314,57 @@ fn with_group_before<'a>(groups: &[&'a str], new: &'a str, before: &str) -> Vec<
     out
 }
 
-// ---- sessions ---------------------------------------------------------------------------------
+// ---- one merged discovery ---------------------------------------------------------------------
 
+/// Every representation of /apis lists the groups in kube-aggregator's order, with caching
+/// headers and a 304 for its ETag; v2beta1 is what kubectl 1.29 negotiates. One row per Accept.
 #[tokio::test]
-async fn one_discovery_in_kube_aggregator_order() {
-    let mut s = Session::start(Pki::for_services(&["wardle", "legacy"]), &[], &[]).await;
-
-    // Every representation of /apis lists the groups in kube-aggregator's order, with caching
-    // headers and a 304 for its ETag; v2beta1 is what kubectl 1.29 negotiates.
+async fn every_representation_of_apis_lists_the_groups_in_order_and_revalidates_with_a_304() {
+    let (s, alice) = discovery_session().await;
     for (accept, version) in [(AGG, "v2"), (V2BETA1, "v2beta1"), (KUBECTL_1_29, "v2beta1")] {
-        let (status, headers, body) = s.get("/apis?timeout=32s", &[("accept", accept)]).await;
+        let (status, headers, body) =
+            get(&s, &alice, "/apis?timeout=32s", &[("accept", accept)]).await;
         assert_eq!(status, StatusCode::OK, "{accept}");
         assert_eq!(
             headers["content-type"],
             format!("application/json;g=apidiscovery.k8s.io;v={version};as=APIGroupDiscoveryList")
-                .as_str()
+                .as_str(),
+            "{accept}"
         );
-        assert_eq!(headers["vary"], "Accept");
-        assert_eq!(headers["cache-control"], "public");
+        assert_eq!(headers["vary"], "Accept", "{accept}");
+        assert_eq!(headers["cache-control"], "public", "{accept}");
         let doc = json_or_null(&body);
-        assert_eq!(doc["apiVersion"], format!("apidiscovery.k8s.io/{version}"));
+        assert_eq!(
+            doc["apiVersion"],
+            format!("apidiscovery.k8s.io/{version}"),
+            "{accept}"
+        );
         assert_eq!(group_names(&doc), GROUPS, "{accept}");
-        assert_eq!(versions(&doc, WARDLE), wardle_order());
+        assert_eq!(versions(&doc, WARDLE), wardle_order(), "{accept}");
         let etag = headers["etag"].to_str().unwrap().to_owned();
-        assert!(etag.len() > 2 && etag.starts_with('"'), "{etag}");
-        let (status, headers, body) = s
-            .get("/apis/", &[("accept", accept), ("if-none-match", &etag)])
-            .await;
+        assert!(etag.len() > 2 && etag.starts_with('"'), "{accept}: {etag}");
+        let (status, headers, body) = get(
+            &s,
+            &alice,
+            "/apis/",
+            &[("accept", accept), ("if-none-match", &etag)],
+        )
+        .await;
         assert_eq!(status, StatusCode::NOT_MODIFIED, "{accept}");
-        assert_eq!(headers["etag"], etag.as_str());
-        assert!(body.is_empty());
+        assert_eq!(headers["etag"], etag.as_str(), "{accept}");
+        assert!(body.is_empty(), "{accept}");
     }
-    let doc = s.aggregated_apis().await;
+    let doc = aggregated_apis(&s, &alice).await;
     assert_eq!(resources(&doc, WARDLE, "v1beta1"), ["fischers", "flunders"]);
+}
 
-    // kubectl 1.32 (aggregated v2): every group-version, and each resource at its group's
-    // preferred version, the first in the order above.
-    let kubectl = s.kubectl(KubectlVersion::V1_32);
+/// kubectl 1.32 (aggregated v2): every group-version, and each resource at its group's preferred
+/// version, the first in kube-aggregator's order; run again with the same cache dir, discovery
+/// is revalidated, not re-sent.
+#[tokio::test]
+async fn kubectl_lists_every_group_version_and_revalidates_its_cache() {
+    let (s, alice) = discovery_session().await;
+    let kubectl = s.kubectl(&alice);
     let versions_out = kubectl.run_ok(&["api-versions"]).await.stdout;
     // kubectl sorts these itself.
     assert_eq!(
@@ -378,13 +389,17 @@ async fn one_discovery_in_kube_aggregator_order() {
         "{table}"
     );
 
-    // The same cache dir again: discovery is revalidated, not re-sent.
     let from = s.gateway.process.line_count();
     kubectl.run_ok(&["api-resources"]).await;
-    s.wait_for_request(from, "/apis?timeout=32s", 304).await;
-    s.wait_for_request(from, "/api?timeout=32s", 304).await;
+    wait_for_request(&s.gateway, from, "/apis?timeout=32s", 304).await;
+    wait_for_request(&s.gateway, from, "/api?timeout=32s", 304).await;
+}
 
-    // `get --raw` is legacy discovery, in the same order.
+/// `get --raw` is legacy discovery, in the same order, with the preferred version first.
+#[tokio::test]
+async fn legacy_discovery_lists_the_groups_in_the_same_order() {
+    let (s, alice) = discovery_session().await;
+    let kubectl = s.kubectl(&alice);
     let raw: Value =
         serde_json::from_str(&kubectl.run_ok(&["get", "--raw", "/apis"]).await.stdout).unwrap();
     assert_eq!(raw["kind"], "APIGroupList");
@@ -407,10 +422,14 @@ async fn one_discovery_in_kube_aggregator_order() {
         wardle["preferredVersion"]["groupVersion"],
         "wardle.example.com/v1beta1"
     );
+}
 
-    // kubectl 1.29 negotiates v2beta1: the aggregated documents and no per-group-version legacy
-    // discovery, which is what it would fall back to.
-    let old = s.kubectl(KubectlVersion::V1_29);
+/// kubectl 1.29 negotiates v2beta1: the aggregated documents and no per-group-version legacy
+/// discovery, which is what it would fall back to.
+#[tokio::test]
+async fn kubectl_1_29_reads_v2beta1_without_falling_back_to_legacy_discovery() {
+    let (s, alice) = discovery_session().await;
+    let old = scenario::kubectl_as(&s.gateway, KubectlVersion::V1_29, &alice);
     let from = s.gateway.process.line_count();
     let table = old.run_ok(&["api-resources"]).await.stdout;
     assert_eq!(
@@ -418,78 +437,81 @@ async fn one_discovery_in_kube_aggregator_order() {
         ["legacy.example.com/v1", "wardle.example.com/v1beta1"],
         "{table}"
     );
-    s.wait_for_request(from, "/apis?timeout=32s", 200).await;
-    let requests = s.requests_since(from);
+    wait_for_request(&s.gateway, from, "/apis?timeout=32s", 200).await;
+    let requests = requests_since(&s.gateway, from);
     assert!(
         !requests
             .iter()
             .any(|(uri, _)| is_group_version_discovery(uri)),
         "kubectl 1.29 fell back to legacy discovery: {requests:?}"
     );
+}
 
-    // OpenAPI v3: the merged root lists the core's and each APIService's document; those are
-    // passed through with their caching rules.
-    let root = json_or_null(&s.get("/openapi/v3", &[]).await.2);
-    for key in [
-        "api/v1",
-        "apis/apps/v1",
-        "apis/wardle.example.com/v1beta1",
-        "apis/wardle.example.com/v1alpha1",
-        "apis/wardle.example.com/v1",
-        "apis/legacy.example.com/v1",
-    ] {
-        assert!(
-            root["paths"][key]["serverRelativeURL"].is_string(),
-            "{key}: {root:#}"
-        );
-    }
+/// OpenAPI v3: the merged root lists the core's and each APIService's document; those are
+/// passed through with their caching rules, an old hash redirects, an unknown one is a 404.
+#[tokio::test]
+async fn the_openapi_v3_root_lists_every_document_and_passes_them_through_with_caching() {
+    let (s, alice) = discovery_session().await;
+    let root = wait_for_openapi_root(&s, &alice).await;
     let url = root["paths"]["apis/wardle.example.com/v1beta1"]["serverRelativeURL"]
         .as_str()
         .unwrap();
-    let (status, headers, body) = s.get(url, &[]).await;
+    let (status, headers, body) = get(&s, &alice, url, &[]).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(headers["cache-control"], "public, immutable");
     assert!(String::from_utf8_lossy(&body).contains("Flunder"));
     let etag = headers["etag"].to_str().unwrap().to_owned();
-    let (status, _, body) = s.get(url, &[("if-none-match", &etag)]).await;
+    let (status, _, body) = get(&s, &alice, url, &[("if-none-match", &etag)]).await;
     assert_eq!(status, StatusCode::NOT_MODIFIED);
     assert!(body.is_empty());
-    let (status, headers, _) = s
-        .get(
-            "/openapi/v3/apis/wardle.example.com/v1beta1?hash=0123456789ABCDEF",
-            &[],
-        )
-        .await;
+    let (status, headers, _) = get(
+        &s,
+        &alice,
+        "/openapi/v3/apis/wardle.example.com/v1beta1?hash=0123456789ABCDEF",
+        &[],
+    )
+    .await;
     assert_eq!(status, StatusCode::MOVED_PERMANENTLY);
     assert_eq!(headers["location"], url);
-    let (status, _, body) = s.get("/openapi/v3/apis/nope.example.com/v1", &[]).await;
+    let (status, _, body) = get(&s, &alice, "/openapi/v3/apis/nope.example.com/v1", &[]).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(json_or_null(&body)["kind"], "Status");
+}
 
-    // explain and strict server-side validation read the remote's OpenAPI.
+/// explain and strict server-side validation read the remote's OpenAPI.
+#[tokio::test]
+async fn explain_and_strict_apply_read_the_remotes_openapi() {
+    let (s, alice) = discovery_session().await;
+    wait_for_openapi_root(&s, &alice).await;
+    let kubectl = s.kubectl(&alice);
     let explain = kubectl.run_ok(&["explain", "flunders.spec"]).await.stdout;
     assert!(explain.contains("reference"), "{explain}");
     let applied = kubectl
         .apply_yaml("apiVersion: wardle.example.com/v1beta1\nkind: Flunder\nmetadata:\n  name: first\n  namespace: default\nspec:\n  reference: other\n")
         .await;
     assert!(applied.stdout.contains("created"), "{applied}");
+}
 
-    // The legacy backend stops: its group goes Stale with the resources it last listed, and
-    // kubectl hides only that group.
+/// The legacy backend stops: its group goes Stale with the resources it last listed, and
+/// kubectl hides only that group.
+#[tokio::test]
+async fn a_stopped_backend_turns_only_its_own_group_stale() {
+    let (mut s, alice) = discovery_session().await;
+    let doc = aggregated_apis(&s, &alice).await;
     let known = resources(&doc, LEGACY, "v1");
     assert_eq!(known, ["fischers", "flunders"]);
-    s.legacy.process.kill();
-    let doc = s
-        .wait_for_discovery(Duration::from_secs(15), "legacy.example.com Stale", |d| {
-            freshness(d, LEGACY) == ["Stale"]
-        })
-        .await;
+    s.backend_mut("legacy").process.kill();
+    let doc = wait_for_discovery(
+        &s,
+        &alice,
+        Duration::from_secs(15),
+        "legacy.example.com Stale",
+        |d| freshness(d, LEGACY) == ["Stale"],
+    )
+    .await;
     assert_eq!(resources(&doc, LEGACY, "v1"), known);
     assert_eq!(freshness(&doc, WARDLE), ["Current"; 3]);
-    let out = s
-        .kubectl(KubectlVersion::V1_32)
-        .run(&["api-resources"])
-        .await;
+    let out = s.kubectl(&alice).run(&["api-resources"]).await;
     assert!(out.success(), "{out}");
     assert_eq!(
         listed_versions(&out.stdout, "flunders"),
@@ -498,26 +520,41 @@ async fn one_discovery_in_kube_aggregator_order() {
     );
 }
 
-#[tokio::test]
-async fn backends_are_revalidated_once_per_service_and_a_new_one_shows_up_within_2s() {
-    let pki = Pki::for_services(&["wardle", "legacy", "late"]);
-    // A third team's API server, without OpenAPI v3, runs already; its APIService comes later.
-    let late = pki.start_backend(LATE, "v1", &["--no-openapi"]).await;
-    let s = Session::start(
-        pki,
-        &[("late", &late)],
-        &["--discovery-refresh-interval", "1s"],
-    )
-    .await;
+// ---- refreshing ---------------------------------------------------------------------------------
 
-    // Every round asks each backing Service once, however many APIServices it backs (wardle:
-    // three, legacy: one), revalidating what it has; a 304 rebuilds nothing.
-    let rebuilds = s.rebuilds().await;
-    s.forget_requests(&s.wardle, "wardle").await;
-    s.forget_requests(&s.legacy, "legacy").await;
+/// [`wardle_and_legacy`] refreshed every second, with a third team's API server (without OpenAPI
+/// v3) already running as Service `late/api`; its APIService comes later.
+async fn refresh_session() -> (Scenario, CertifiedPair) {
+    let builder = wardle_and_legacy(Pki::for_services(&["wardle", "legacy", "late"]))
+        .backend("late", LATE, "v1", &["--no-openapi"])
+        .gateway_args(&["--discovery-refresh-interval", "1s"]);
+    start(builder).await
+}
+
+/// Registers the late backend's APIService and waits, at most 2 s, until its group is Current.
+async fn register_late(s: &Scenario, alice: &CertifiedPair) -> Value {
+    s.register(&s.pki.apiservice(LATE, "v1", "late"));
+    wait_for_discovery(s, alice, Duration::from_secs(2), "the new backend", |d| {
+        freshness(d, LATE) == ["Current"]
+    })
+    .await
+}
+
+/// Every round asks each backing Service once, however many APIServices it backs (wardle:
+/// three, legacy: one), revalidating what it has; a 304 rebuilds nothing.
+#[tokio::test]
+async fn each_backing_service_is_revalidated_once_per_round_and_a_304_rebuilds_nothing() {
+    let (s, alice) = refresh_session().await;
+    let rebuilt = rebuilds(&s, &alice).await;
+    s.pki
+        .clear_backend_requests(s.backend("wardle"), "wardle")
+        .await;
+    s.pki
+        .clear_backend_requests(s.backend("legacy"), "legacy")
+        .await;
     tokio::time::sleep(Duration::from_millis(3500)).await;
-    let wardle = s.gateway_fetches(&s.wardle, "wardle", "/apis").await;
-    let legacy = s.gateway_fetches(&s.legacy, "legacy", "/apis").await;
+    let wardle = gateway_fetches(&s, "wardle", "/apis").await;
+    let legacy = gateway_fetches(&s, "legacy", "/apis").await;
     assert!(legacy.len() >= 2, "no round each second: {legacy:#?}");
     assert!(
         !wardle.is_empty() && wardle.len() <= legacy.len() + 1,
@@ -535,30 +572,32 @@ async fn backends_are_revalidated_once_per_service_and_a_new_one_shows_up_within
             .and_then(|h| h[1].as_str());
         assert_eq!(if_none_match, Some(etag.as_str()), "{request:#}");
     }
-    assert_eq!(s.rebuilds().await, rebuilds);
+    assert_eq!(rebuilds(&s, &alice).await, rebuilt);
+}
 
-    // The new backend's APIService: a Service the gateway never fetched shows up, Current and
-    // with its resources, within 2 s. At 1000 it ties with wardle.example.com and sorts first.
-    s.register(&s.pki.apiservice(LATE, "v1", "late"));
-    let doc = s
-        .wait_for_discovery(Duration::from_secs(2), "the new backend", |d| {
-            freshness(d, LATE) == ["Current"]
-        })
-        .await;
+/// The new backend's APIService: a Service the gateway never fetched shows up, Current and with
+/// its resources, within 2 s. At 1000 it ties with wardle.example.com and sorts first.
+#[tokio::test]
+async fn a_new_backend_shows_up_in_discovery_within_2s() {
+    let (s, alice) = refresh_session().await;
+    let rebuilt = rebuilds(&s, &alice).await;
+    let doc = register_late(&s, &alice).await;
     assert_eq!(resources(&doc, LATE, "v1"), ["fischers", "flunders"]);
     assert_eq!(group_names(&doc), with_group_before(&GROUPS, LATE, WARDLE));
-    assert!(s.rebuilds().await > rebuilds);
-    let table = s
-        .kubectl(KubectlVersion::V1_32)
-        .run_ok(&["api-resources"])
-        .await
-        .stdout;
+    assert!(rebuilds(&s, &alice).await > rebuilt);
+    let table = s.kubectl(&alice).run_ok(&["api-resources"]).await.stdout;
     assert!(
         listed_versions(&table, "flunders").contains(&"late.example.com/v1"),
         "{table}"
     );
+}
 
-    // It has no OpenAPI v3: it contributes no document, everyone else's stay listed.
+/// A backend without OpenAPI v3 contributes no document, everyone else's stay listed, and its
+/// group stays Current in discovery.
+#[tokio::test]
+async fn a_backend_without_openapi_v3_contributes_no_document() {
+    let (s, alice) = refresh_session().await;
+    register_late(&s, &alice).await;
     s.gateway
         .process
         .wait_for_line(
@@ -566,8 +605,8 @@ async fn backends_are_revalidated_once_per_service_and_a_new_one_shows_up_within
             Duration::from_secs(5),
         )
         .await
-        .unwrap_or_else(|| panic!("{}", s.gateway.process.logs()));
-    let root = json_or_null(&s.get("/openapi/v3", &[]).await.2);
+        .unwrap_or_else(|| panic!("{}", s.logs()));
+    let root = wait_for_openapi_root(&s, &alice).await;
     let keys: Vec<&str> = root["paths"]
         .as_object()
         .into_iter()
@@ -588,35 +627,28 @@ async fn backends_are_revalidated_once_per_service_and_a_new_one_shows_up_within
         .collect(),
         "{root:#}"
     );
-    let (status, _, _) = s.get("/openapi/v3/apis/late.example.com/v1", &[]).await;
+    let (status, _, _) = get(&s, &alice, "/openapi/v3/apis/late.example.com/v1", &[]).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(
-        freshness(&s.aggregated_apis().await, LATE),
+        freshness(&aggregated_apis(&s, &alice).await, LATE),
         ["Current"],
         "{}",
-        s.gateway.process.logs()
+        s.logs()
     );
 }
 
+// ---- a legacy-only core -------------------------------------------------------------------------
+
 #[tokio::test]
 async fn a_legacy_only_core_is_converted() {
-    let pki = Pki::new();
-    let core = FixtureCore::start(&["--no-aggregated-discovery"])
-        .await
-        .unwrap();
-    let wardle = pki
-        .start_backend("wardle.example.com", "v1alpha1", &[])
+    let s = Scenario::wardle()
+        .core_args(&["--no-aggregated-discovery"])
+        .apiservice(WARDLE, "v1alpha1", "wardle")
+        .start()
         .await;
-    let manifests = tempfile::tempdir().unwrap();
-    pki.apiservice("wardle.example.com", "v1alpha1", "wardle")
-        .write_to(manifests.path(), "wardle.yaml");
-    let config = pki.gateway_config(&[("wardle", &wardle)], "");
-    let gateway = pki
-        .start_gateway_with_file_source(&core, &config, manifests.path(), &[])
-        .await;
-    let alice = pki.user("alice", &[]);
+    let alice = s.user("alice", &[]);
     let ready = harness::wait_until(Duration::from_secs(10), || async {
-        let (status, headers, body) = get_raw(&gateway, &alice, "/api", &[("accept", AGG)]).await;
+        let (status, headers, body) = get(&s, &alice, "/api", &[("accept", AGG)]).await;
         let doc = json_or_null(&body);
         status == StatusCode::OK
             && headers
@@ -627,8 +659,8 @@ async fn a_legacy_only_core_is_converted() {
                 .is_some_and(|r| !r.is_empty())
     })
     .await;
-    assert!(ready, "{}", gateway.process.logs());
-    let kubectl = scenario::kubectl_as(&gateway, KubectlVersion::V1_32, &alice);
+    assert!(ready, "{}", s.logs());
+    let kubectl = s.kubectl(&alice);
     let current = harness::wait_until(Duration::from_secs(10), || async {
         let out = kubectl.run(&["api-resources"]).await;
         out.success()

@@ -6,24 +6,14 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use e2e::harness::{self, FixtureCore, Gateway, GatewayOptions};
+use e2e::scenario::core_and_gateway;
 use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-async fn core_and_gateway(extra: &[&str]) -> (FixtureCore, Gateway) {
-    let core = FixtureCore::start(&[]).await.expect("fixture core starts");
-    let gateway = Gateway::start(
-        GatewayOptions::new(core.url())
-            .args(["--apiservice-source", "none"].iter().chain(extra).copied()),
-    )
-    .await
-    .expect("gateway starts");
-    (core, gateway)
-}
-
 #[tokio::test]
-async fn kubectl_sees_the_core_through_the_gateway() {
+async fn kubectl_discovers_the_core_through_the_gateway() {
     let (_core, gateway) = core_and_gateway(&[]).await;
     let kubectl = gateway.kubectl().unwrap();
 
@@ -39,7 +29,12 @@ async fn kubectl_sees_the_core_through_the_gateway() {
             "{expected} missing:\n{resources}"
         );
     }
+}
 
+#[tokio::test]
+async fn kubectl_creates_reads_and_deletes_on_the_core_through_the_gateway() {
+    let (_core, gateway) = core_and_gateway(&[]).await;
+    let kubectl = gateway.kubectl().unwrap();
     kubectl
         .run_ok(&[
             "create",
@@ -253,9 +248,8 @@ async fn headers_path_and_bodies_pass_through_over_http1_and_http2() {
     }
 }
 
-#[tokio::test]
-async fn core_down_is_a_503_status_naming_the_core() {
-    // A port nothing listens on: bind, read the port, close.
+/// A gateway whose core URL is a port nothing listens on (bound, read, closed), and that URL.
+async fn gateway_without_core() -> (String, Gateway) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -266,6 +260,12 @@ async fn core_down_is_a_503_status_naming_the_core() {
         Gateway::start(GatewayOptions::new(core_url.clone()).args(["--apiservice-source", "none"]))
             .await
             .unwrap();
+    (core_url, gateway)
+}
+
+#[tokio::test]
+async fn core_down_is_a_503_status_naming_the_core() {
+    let (core_url, gateway) = gateway_without_core().await;
     let client = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
     let (status, headers, body) =
         harness::get(&client, &format!("{}/api/v1/namespaces", gateway.url()))
@@ -288,7 +288,12 @@ async fn core_down_is_a_503_status_naming_the_core() {
         out.stderr.contains(&core_url),
         "kubectl should print the gateway's message:\n{out}"
     );
+}
 
+#[tokio::test]
+async fn core_down_fails_the_core_server_readiness_check() {
+    let (_, gateway) = gateway_without_core().await;
+    let client = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
     let (ready, _, text) = harness::get(&client, &format!("{}/readyz?verbose", gateway.url()))
         .await
         .unwrap();
@@ -411,18 +416,16 @@ async fn metrics_count_requests_by_target_and_code() {
     );
 }
 
-/// The gateway reaches the core over HTTPS verified with --core-ca-file (HTTP/2 when offered),
-/// through a kubeconfig, and over a Unix socket; kubectl sees the same API each way.
-#[tokio::test]
-async fn the_core_is_reached_over_https_kubeconfig_and_unix_sockets() {
-    let dir = tempfile::tempdir().unwrap();
+/// A core serving HTTPS with a certificate of its own CA (written to `dir/core-ca.crt`, also
+/// returned) and on a Unix socket (`dir/core.sock`).
+async fn tls_core(dir: &std::path::Path) -> (FixtureCore, std::path::PathBuf) {
     let ca = e2e::certs::TestCa::new("core-ca");
-    let ca_file = ca.write(dir.path(), "core-ca").unwrap();
+    let ca_file = ca.write(dir, "core-ca").unwrap();
     let (cert, key) = ca
         .issue_server(&["localhost", "127.0.0.1"])
-        .write(dir.path(), "core")
+        .write(dir, "core")
         .unwrap();
-    let socket = dir.path().join("core.sock");
+    let socket = dir.join("core.sock");
     let core = FixtureCore::start(&[
         "--tls-cert-file",
         cert.to_str().unwrap(),
@@ -433,6 +436,17 @@ async fn the_core_is_reached_over_https_kubeconfig_and_unix_sockets() {
     ])
     .await
     .unwrap();
+    (core, ca_file)
+}
+
+/// The gateway reaches the core over HTTPS verified with --core-ca-file (HTTP/2 when offered),
+/// through a kubeconfig, and over a Unix socket; kubectl sees the same API each way. One row
+/// per way.
+#[tokio::test]
+async fn the_core_is_reached_over_https_kubeconfig_and_unix_sockets() {
+    let dir = tempfile::tempdir().unwrap();
+    let (core, ca_file) = tls_core(dir.path()).await;
+    let socket = dir.path().join("core.sock");
     let https_url = format!("https://{}", core.addr);
 
     let kubeconfig = dir.path().join("core.kubeconfig");
@@ -493,10 +507,15 @@ async fn the_core_is_reached_over_https_kubeconfig_and_unix_sockets() {
             gateway.process.logs()
         );
     }
+}
 
-    // Without the CA the core's certificate is refused, and the 503 says why.
+/// Without the CA the core's certificate is refused, and the 503 says why.
+#[tokio::test]
+async fn a_core_certificate_from_an_untrusted_ca_is_refused_with_a_503_saying_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let (core, _) = tls_core(dir.path()).await;
     let gateway = Gateway::start(
-        GatewayOptions::new(https_url.clone()).args(["--apiservice-source", "none"]),
+        GatewayOptions::new(format!("https://{}", core.addr)).args(["--apiservice-source", "none"]),
     )
     .await
     .unwrap();
