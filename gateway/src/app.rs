@@ -4,12 +4,11 @@
 //! finish within the timeout).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use gateway_config::tls::{self, ServerTlsSettings};
 use gateway_config::Config;
-use http::{Method, StatusCode};
+
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tower::ServiceBuilder;
@@ -115,7 +114,8 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         CoreBackend::new(&config.core, first_identity.as_deref(), drain_rx.clone()).await?,
     );
     tokio::spawn(
-        follow_proxy_identity(core.clone(), proxy_identity.clone())
+        core.clone()
+            .follow_proxy_identity(proxy_identity.clone())
             .instrument(tracing::info_span!("proxy_identity")),
     );
     let (authenticator, _ca_watch) =
@@ -182,7 +182,8 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         discovery,
     });
     tokio::spawn(
-        watch_core(gateway.clone(), core_check).instrument(tracing::info_span!("core_readiness")),
+        crate::backend::core_readiness::run(gateway.core.clone(), core_check)
+            .instrument(tracing::info_span!("core_readiness")),
     );
 
     let stack = ServiceBuilder::new()
@@ -358,56 +359,6 @@ fn start_apiservices(
         .instrument(tracing::info_span!("availability_controller")),
     );
     Ok(())
-}
-
-/// Rebuilds the core's proxy-certificate clients whenever the certificate is rotated.
-async fn follow_proxy_identity(core: Arc<CoreBackend>, mut identity: ProxyIdentity) {
-    while identity.changed().await.is_ok() {
-        let current = identity.borrow_and_update().clone();
-        core.set_proxy_identity(current.as_deref());
-    }
-}
-
-/// Keeps the `core-server` readiness check current. Any HTTP answer below 500 from the core's
-/// `/readyz` counts: the question is whether requests can reach it, not who may read that path.
-async fn watch_core(gateway: Arc<Gateway>, check: Arc<Check>) {
-    let mut refresh_token = tokio::time::interval(Duration::from_secs(60));
-    loop {
-        let req = http::Request::builder()
-            .method(Method::GET)
-            .uri("/readyz")
-            .body(crate::body::empty())
-            .expect("static request");
-        let outcome =
-            tokio::time::timeout(Duration::from_secs(2), gateway.core.send_own(req)).await;
-        match outcome {
-            Ok(Ok(resp)) if resp.status() < StatusCode::INTERNAL_SERVER_ERROR => {
-                if !check.is_ok() {
-                    tracing::info!(core = %gateway.core.url(), "core server reachable");
-                }
-                check.pass();
-            }
-            Ok(Ok(resp)) => check.fail(&format!(
-                "core server at {} answered /readyz with {}",
-                gateway.core.url(),
-                resp.status()
-            )),
-            Ok(Err(e)) => {
-                if check.is_ok() {
-                    tracing::warn!(error = %e, "core server unreachable");
-                }
-                check.fail(&e.to_string());
-            }
-            Err(_) => check.fail(&format!(
-                "core server at {} did not answer /readyz within 2s",
-                gateway.core.url()
-            )),
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(if check.is_ok() { Duration::from_secs(5) } else { Duration::from_millis(500) }) => {}
-            _ = refresh_token.tick() => gateway.core.refresh_token(),
-        }
-    }
 }
 
 async fn shutdown_signal() {

@@ -277,6 +277,18 @@ fn tcp_client(
 }
 
 impl CoreBackend {
+    /// Rebuilds the proxy-certificate clients whenever the certificate is rotated; runs until
+    /// the certificate's sender is gone.
+    pub async fn follow_proxy_identity(
+        self: Arc<Self>,
+        mut identity: watch::Receiver<Option<Arc<Identity>>>,
+    ) {
+        while identity.changed().await.is_ok() {
+            let current = identity.borrow_and_update().clone();
+            self.set_proxy_identity(current.as_deref());
+        }
+    }
+
     /// `proxy_identity` is the proxy client certificate (`--proxy-client-cert-file`), presented
     /// to the core for certificate users in passthrough mode.
     pub async fn new(

@@ -2,6 +2,7 @@
 //! and, per APIService, a remote aggregated server. Both share `crate::proxy`.
 
 pub mod core;
+pub mod core_readiness;
 pub mod kube_client;
 pub mod remote;
 pub mod unix;
