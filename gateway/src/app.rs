@@ -314,7 +314,7 @@ fn start_apiservices(
             tokio::spawn(apiservice::source::file::run(dir.clone(), set_tx));
         }
         ApiServiceSource::None => {
-            let _ = set_tx.send(Some(Arc::new(Vec::new())));
+            let _ = set_tx.send(Some(Arc::default()));
         }
     }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 use apiservice::model::{Backend, RegisteredAPIService};
 use apiservice::resolve::{Changes, ResolveError, ResolveReason, ServiceResolver};
 use apiservice::route::{Availability, RouteTable};
-use apiservice::source::{refusal, ApiServiceSet, Refusal};
+use apiservice::source::{ApiServiceSet, Refusal};
 use arc_swap::ArcSwap;
 use gateway_config::tls::Identity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -94,7 +94,7 @@ pub struct BackendFactory {
 /// Builds route tables from APIService sets and availability results.
 pub struct RouteController {
     routing: Arc<Routing>,
-    sets: watch::Receiver<Option<ApiServiceSet>>,
+    sets: watch::Receiver<Option<Arc<ApiServiceSet>>>,
     availability: watch::Receiver<AvailabilityMap>,
     factory: BackendFactory,
     metrics: Arc<Metrics>,
@@ -119,7 +119,7 @@ fn same_identity(a: &Option<Arc<Identity>>, b: &Option<Arc<Identity>>) -> bool {
 impl RouteController {
     pub fn new(
         routing: Arc<Routing>,
-        sets: watch::Receiver<Option<ApiServiceSet>>,
+        sets: watch::Receiver<Option<Arc<ApiServiceSet>>>,
         availability: watch::Receiver<AvailabilityMap>,
         factory: BackendFactory,
         metrics: Arc<Metrics>,
@@ -166,24 +166,24 @@ impl RouteController {
         }
         let availability = self.availability.borrow_and_update().clone();
         let mut builder = RouteTable::builder();
-        let mut specs = Vec::with_capacity(set.len());
+        let mut specs = Vec::with_capacity(set.apiservices.len());
         let mut backends = HashMap::new();
         let mut invalid = Vec::new();
         let mut invalid_files = Vec::new();
-        for api in set.iter() {
-            // The source refused this manifest and has logged why, naming the file: only count
-            // it here. A kept last good version is routed below like any other APIService.
-            match refusal(api) {
-                Some(Refusal::File { path, reason }) => {
+        // The source refused these manifests and has logged why, naming the file: only count
+        // them here. A kept last good version is in `set.apiservices` and routed below.
+        for refused in &set.refused {
+            match refused {
+                Refusal::File { path, reason } => {
+                    let path = path.display().to_string();
                     tracing::debug!(file = path, reason, "APIService manifest file refused");
                     self.metrics
                         .invalid_apiservice_manifest
-                        .with_label_values(&[path])
+                        .with_label_values(&[&path])
                         .set(1);
-                    invalid_files.push(path.to_owned());
-                    continue;
+                    invalid_files.push(path);
                 }
-                Some(Refusal::ApiService { name, kept, reason }) => {
+                Refusal::ApiService { name, kept, reason } => {
                     tracing::debug!(
                         apiservice = name,
                         kept,
@@ -194,13 +194,11 @@ impl RouteController {
                         .invalid_apiservice
                         .with_label_values(&[name])
                         .set(1);
-                    invalid.push(name.to_owned());
-                    if !kept {
-                        continue;
-                    }
+                    invalid.push(name.clone());
                 }
-                None => {}
             }
+        }
+        for api in &set.apiservices {
             let registered = match RegisteredAPIService::try_from(api) {
                 Ok(r) => r,
                 Err(e) => {
@@ -594,7 +592,6 @@ mod tests {
 
     use apiservice::model::{APIService, ServiceRef};
     use apiservice::resolve::Endpoint;
-    use apiservice::source::{MANIFEST_FILE_ANNOTATION, REFUSED_ANNOTATION};
 
     /// Services in whichever namespaces `answers` names; each resolves to a closed local port,
     /// so a probe fails fast with FailedDiscoveryCheck once the pre-check passes.
@@ -695,7 +692,7 @@ mod tests {
     struct Fixture {
         routing: Arc<Routing>,
         controller: RouteController,
-        sets: watch::Sender<Option<ApiServiceSet>>,
+        sets: watch::Sender<Option<Arc<ApiServiceSet>>>,
         results: watch::Receiver<AvailabilityMap>,
         metrics: Arc<Metrics>,
     }
@@ -703,7 +700,7 @@ mod tests {
     /// A route controller over `set` (its table installed) and, started beside it, an
     /// availability controller with a one-hour interval: only a spec change or a resolver change
     /// can make it check again within a test.
-    fn start(resolver: Arc<FakeResolver>, set: Vec<APIService>) -> Fixture {
+    fn start(resolver: Arc<FakeResolver>, set: ApiServiceSet) -> Fixture {
         let routing = Routing::new();
         let metrics = Arc::new(Metrics::new());
         let (sets, sets_rx) = watch::channel(Some(Arc::new(set)));
@@ -759,7 +756,7 @@ mod tests {
     #[tokio::test]
     async fn the_first_check_waits_for_the_service_caches() {
         let resolver = FakeResolver::new(false);
-        let mut f = start(resolver.clone(), vec![remote("a")]);
+        let mut f = start(resolver.clone(), ApiServiceSet::accepted(vec![remote("a")]));
         assert!(f.routing.is_synced());
 
         // Checking now would only say ServiceAccessError (and write Unknown to the core).
@@ -776,7 +773,10 @@ mod tests {
     #[tokio::test]
     async fn a_service_change_rechecks_only_the_apiservices_it_affects() {
         let resolver = FakeResolver::new(true);
-        let mut f = start(resolver.clone(), vec![remote("a"), remote("b")]);
+        let mut f = start(
+            resolver.clone(),
+            ApiServiceSet::accepted(vec![remote("a"), remote("b")]),
+        );
         let results = next_results(&mut f.results).await;
         assert_eq!(reason(&results, "v1.a.io"), "ServiceNotFound");
         assert_eq!(reason(&results, "v1.b.io"), "ServiceNotFound");
@@ -807,35 +807,29 @@ mod tests {
         drop(f.sets);
     }
 
-    fn refused(mut api: APIService, reason: &str, keep_spec: bool) -> APIService {
-        if !keep_spec {
-            api.spec = None;
+    fn refused(name: &str, reason: &str, kept: bool) -> Refusal {
+        Refusal::ApiService {
+            name: name.into(),
+            kept,
+            reason: reason.into(),
         }
-        api.metadata.annotations =
-            Some([(REFUSED_ANNOTATION.to_owned(), reason.to_owned())].into());
-        api
     }
 
     #[tokio::test]
     async fn refused_manifests_are_counted_and_kept_versions_routed() {
         let resolver = FakeResolver::new(true);
-        let mut file = APIService::default();
-        file.metadata.annotations = Some(
-            [
-                (
-                    REFUSED_ANNOTATION.to_owned(),
-                    "/m/x.yaml:1:1: bad".to_owned(),
-                ),
-                (MANIFEST_FILE_ANNOTATION.to_owned(), "/m/x.yaml".to_owned()),
-            ]
-            .into(),
-        );
-        let set = vec![
-            file,
-            refused(remote("a"), "/m/a.yaml:1: invalid", true),
-            refused(remote("b"), "/m/b.yaml:1: invalid", false),
-            remote("c"),
-        ];
+        let set = ApiServiceSet {
+            // v1.a.io's last good version is kept; v1.b.io has none.
+            apiservices: vec![remote("a"), remote("c")],
+            refused: vec![
+                Refusal::File {
+                    path: "/m/x.yaml".into(),
+                    reason: "/m/x.yaml:1:1: bad".into(),
+                },
+                refused("v1.a.io", "/m/a.yaml:1: invalid", true),
+                refused("v1.b.io", "/m/b.yaml:1: invalid", false),
+            ],
+        };
         let mut f = start(resolver, set);
         let routed: Vec<String> = f
             .routing
@@ -859,7 +853,10 @@ mod tests {
 
         // Fixed manifests: the series go away.
         f.sets
-            .send(Some(Arc::new(vec![remote("a"), remote("b")])))
+            .send(Some(Arc::new(ApiServiceSet::accepted(vec![
+                remote("a"),
+                remote("b"),
+            ]))))
             .unwrap();
         f.controller.rebuild();
         let text = f.metrics.encode();
