@@ -306,26 +306,25 @@ fn start_apiservices(
     let kube_source = matches!(api.source, ApiServiceSource::Kube { .. });
     if kube_source || api.static_services.is_empty() {
         let (resolver, run) = KubeResolver::start(kube.clone(), api.endpoint_routing);
-        tokio::spawn(run.instrument(tracing::info_span!("service_resolver")));
+        // apiservice's futures carry their own spans (`service_resolver`, `apiservice_source`).
+        tokio::spawn(run);
         resolvers.push(Arc::new(resolver));
     }
     let resolver: Arc<dyn ServiceResolver> = Arc::new(ChainResolver(resolvers));
 
     match &api.source {
         ApiServiceSource::Kube { label_selector } => {
-            tokio::spawn(
-                apiservice::source::kube::run(kube.clone(), label_selector.clone(), set_tx)
-                    .instrument(tracing::info_span!("apiservice_source", source = "kube")),
-            );
+            tokio::spawn(apiservice::source::kube::run(
+                kube.clone(),
+                label_selector.clone(),
+                set_tx,
+            ));
         }
         ApiServiceSource::File { dir } => {
-            tokio::spawn(
-                apiservice::source::file::run(dir.clone(), set_tx)
-                    .instrument(tracing::info_span!("apiservice_source", source = "file")),
-            );
+            tokio::spawn(apiservice::source::file::run(dir.clone(), set_tx));
         }
         ApiServiceSource::None => {
-            let _ = set_tx.send(Some(Arc::new(Vec::new())));
+            let _ = set_tx.send(Some(Arc::default()));
         }
     }
 

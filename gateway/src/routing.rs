@@ -9,7 +9,7 @@ use std::sync::Arc;
 use apiservice::model::{Backend, RegisteredAPIService};
 use apiservice::resolve::ServiceResolver;
 use apiservice::route::{Availability, RouteTable};
-use apiservice::source::{refusal, ApiServiceSet, Refusal};
+use apiservice::source::{ApiServiceSet, Refusal};
 use arc_swap::ArcSwap;
 use gateway_config::tls::Identity;
 use tokio::sync::watch;
@@ -108,7 +108,7 @@ pub struct BackendFactory {
 /// Builds route tables from APIService sets and availability results.
 pub struct RouteController {
     routing: Arc<Routing>,
-    sets: watch::Receiver<Option<ApiServiceSet>>,
+    sets: watch::Receiver<Option<Arc<ApiServiceSet>>>,
     availability: watch::Receiver<AvailabilityMap>,
     factory: BackendFactory,
     metrics: Arc<Metrics>,
@@ -133,7 +133,7 @@ fn same_identity(a: &Option<Arc<Identity>>, b: &Option<Arc<Identity>>) -> bool {
 impl RouteController {
     pub fn new(
         routing: Arc<Routing>,
-        sets: watch::Receiver<Option<ApiServiceSet>>,
+        sets: watch::Receiver<Option<Arc<ApiServiceSet>>>,
         availability: watch::Receiver<AvailabilityMap>,
         factory: BackendFactory,
         metrics: Arc<Metrics>,
@@ -180,24 +180,24 @@ impl RouteController {
         }
         let availability = self.availability.borrow_and_update().clone();
         let mut builder = RouteTable::builder();
-        let mut specs = Vec::with_capacity(set.len());
+        let mut specs = Vec::with_capacity(set.apiservices.len());
         let mut backends = HashMap::new();
         let mut invalid = Vec::new();
         let mut invalid_files = Vec::new();
-        for api in set.iter() {
-            // The source refused this manifest and has logged why, naming the file: only count
-            // it here. A kept last good version is routed below like any other APIService.
-            match refusal(api) {
-                Some(Refusal::File { path, reason }) => {
+        // The source refused these manifests and has logged why, naming the file: only count
+        // them here. A kept last good version is in `set.apiservices` and routed below.
+        for refused in &set.refused {
+            match refused {
+                Refusal::File { path, reason } => {
+                    let path = path.display().to_string();
                     tracing::debug!(file = path, reason, "APIService manifest file refused");
                     self.metrics
                         .invalid_apiservice_manifest
-                        .with_label_values(&[path])
+                        .with_label_values(&[&path])
                         .set(1);
-                    invalid_files.push(path.to_owned());
-                    continue;
+                    invalid_files.push(path);
                 }
-                Some(Refusal::ApiService { name, kept, reason }) => {
+                Refusal::ApiService { name, kept, reason } => {
                     tracing::debug!(
                         apiservice = name,
                         kept,
@@ -208,13 +208,11 @@ impl RouteController {
                         .invalid_apiservice
                         .with_label_values(&[name])
                         .set(1);
-                    invalid.push(name.to_owned());
-                    if !kept {
-                        continue;
-                    }
+                    invalid.push(name.clone());
                 }
-                None => {}
             }
+        }
+        for api in &set.apiservices {
             let registered = match RegisteredAPIService::try_from(api) {
                 Ok(r) => r,
                 Err(e) => {
@@ -309,7 +307,6 @@ mod tests {
 
     use apiservice::model::{APIService, ServiceRef};
     use apiservice::resolve::Endpoint;
-    use apiservice::source::{MANIFEST_FILE_ANNOTATION, REFUSED_ANNOTATION};
 
     /// Services in whichever namespaces `answers` names; each resolves to a closed local port,
     /// so a probe fails fast with FailedDiscoveryCheck once the pre-check passes.
@@ -419,7 +416,7 @@ mod tests {
     struct Fixture {
         routing: Arc<Routing>,
         controller: RouteController,
-        sets: watch::Sender<Option<ApiServiceSet>>,
+        sets: watch::Sender<Option<Arc<ApiServiceSet>>>,
         results: watch::Receiver<AvailabilityMap>,
         metrics: Arc<Metrics>,
     }
@@ -427,7 +424,7 @@ mod tests {
     /// A route controller over `set` (its table installed) and, started beside it, an
     /// availability controller with a one-hour interval: only a spec change or a resolver change
     /// can make it check again within a test.
-    fn start(resolver: Arc<FakeResolver>, set: Vec<APIService>) -> Fixture {
+    fn start(resolver: Arc<FakeResolver>, set: ApiServiceSet) -> Fixture {
         let routing = Routing::new();
         let metrics = Arc::new(Metrics::new());
         let (sets, sets_rx) = watch::channel(Some(Arc::new(set)));
@@ -489,7 +486,7 @@ mod tests {
     #[tokio::test]
     async fn the_first_check_waits_for_the_service_caches() {
         let resolver = FakeResolver::new(false);
-        let mut f = start(resolver.clone(), vec![remote("a")]);
+        let mut f = start(resolver.clone(), ApiServiceSet::accepted(vec![remote("a")]));
         assert!(f.routing.is_synced());
 
         // Checking now would only say ServiceAccessError (and write Unknown to the core).
@@ -506,7 +503,10 @@ mod tests {
     #[tokio::test]
     async fn a_service_change_rechecks_only_the_apiservices_it_affects() {
         let resolver = FakeResolver::new(true);
-        let mut f = start(resolver.clone(), vec![remote("a"), remote("b")]);
+        let mut f = start(
+            resolver.clone(),
+            ApiServiceSet::accepted(vec![remote("a"), remote("b")]),
+        );
         let results = next_results(&mut f.results).await;
         assert_eq!(reason(&results, "v1.a.io"), "ServiceNotFound");
         assert_eq!(reason(&results, "v1.b.io"), "ServiceNotFound");
@@ -569,35 +569,29 @@ mod tests {
         assert_eq!(reason(&results, "v1.a.io"), "FailedDiscoveryCheck");
     }
 
-    fn refused(mut api: APIService, reason: &str, keep_spec: bool) -> APIService {
-        if !keep_spec {
-            api.spec = None;
+    fn refused(name: &str, reason: &str, kept: bool) -> Refusal {
+        Refusal::ApiService {
+            name: name.into(),
+            kept,
+            reason: reason.into(),
         }
-        api.metadata.annotations =
-            Some([(REFUSED_ANNOTATION.to_owned(), reason.to_owned())].into());
-        api
     }
 
     #[tokio::test]
     async fn refused_manifests_are_counted_and_kept_versions_routed() {
         let resolver = FakeResolver::new(true);
-        let mut file = APIService::default();
-        file.metadata.annotations = Some(
-            [
-                (
-                    REFUSED_ANNOTATION.to_owned(),
-                    "/m/x.yaml:1:1: bad".to_owned(),
-                ),
-                (MANIFEST_FILE_ANNOTATION.to_owned(), "/m/x.yaml".to_owned()),
-            ]
-            .into(),
-        );
-        let set = vec![
-            file,
-            refused(remote("a"), "/m/a.yaml:1: invalid", true),
-            refused(remote("b"), "/m/b.yaml:1: invalid", false),
-            remote("c"),
-        ];
+        let set = ApiServiceSet {
+            // v1.a.io's last good version is kept; v1.b.io has none.
+            apiservices: vec![remote("a"), remote("c")],
+            refused: vec![
+                Refusal::File {
+                    path: "/m/x.yaml".into(),
+                    reason: "/m/x.yaml:1:1: bad".into(),
+                },
+                refused("v1.a.io", "/m/a.yaml:1: invalid", true),
+                refused("v1.b.io", "/m/b.yaml:1: invalid", false),
+            ],
+        };
         let mut f = start(resolver, set);
         let routed: Vec<String> = f
             .routing
@@ -621,7 +615,10 @@ mod tests {
 
         // Fixed manifests: the series go away.
         f.sets
-            .send(Some(Arc::new(vec![remote("a"), remote("b")])))
+            .send(Some(Arc::new(ApiServiceSet::accepted(vec![
+                remote("a"),
+                remote("b"),
+            ]))))
             .unwrap();
         f.controller.rebuild();
         let text = f.metrics.encode();

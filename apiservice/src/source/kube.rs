@@ -12,11 +12,11 @@ use ::kube::api::{Api, Patch, PatchParams};
 use ::kube::runtime::reflector::{self, Store};
 use ::kube::runtime::{watcher, WatchStreamExt};
 use ::kube::{Client, ResourceExt};
-use futures::{Stream, StreamExt};
-use tokio::sync::watch;
-use tracing::{debug, info, warn};
 
-use super::{publish, sort_by_name, ApiServiceSet, SourceError};
+use futures::{Stream, StreamExt};
+use tracing::{debug, info, warn, Instrument};
+
+use super::{publish, sort_by_name, ApiServiceSet, SetSender, SourceError};
 use crate::model::{set_condition, APIService, APIServiceCondition};
 
 /// How often a conflicting status write (someone else changed the object in between) is retried
@@ -29,11 +29,20 @@ const STATUS_WRITE_ATTEMPTS: usize = 3;
 /// Runs until every receiver of `tx` is gone. Watch errors (core down, RBAC, 410 Gone) are logged
 /// at warn and retried with kube-rs' default exponential backoff, so an outage produces a log line
 /// every few seconds at most, and the last published set stays in force meanwhile.
+///
+/// The future runs in an `apiservice_source` span naming the source and the label selector,
+/// wherever it is spawned, so its log lines need not repeat them.
 pub fn run(
     client: Client,
     label_selector: Option<String>,
-    tx: watch::Sender<Option<ApiServiceSet>>,
+    tx: SetSender,
 ) -> impl Future<Output = ()> + Send + 'static {
+    let span = tracing::info_span!(
+        "apiservice_source",
+        source = "kube",
+        // Absent without a selector (every APIService is watched).
+        label_selector = label_selector.as_deref()
+    );
     let api = Api::<APIService>::all(client);
     let mut config = watcher::Config::default();
     if let Some(selector) = label_selector.as_deref() {
@@ -43,16 +52,13 @@ pub fn run(
         .default_backoff()
         // managedFields can be several times the size of the object and nothing reads them.
         .modify(|api: &mut APIService| api.managed_fields_mut().clear());
-    drive(events, label_selector, tx)
+    drive(events, tx).instrument(span)
 }
 
 /// The source's loop over watcher events, separate from the watcher so tests can feed it a
 /// scripted stream (relists, errors) without a server.
-async fn drive<S>(
-    events: S,
-    label_selector: Option<String>,
-    tx: watch::Sender<Option<ApiServiceSet>>,
-) where
+async fn drive<S>(events: S, tx: SetSender)
+where
     S: Stream<Item = Result<watcher::Event<APIService>, watcher::Error>> + Send,
 {
     let (store, writer) = reflector::store::<APIService>();
@@ -91,7 +97,6 @@ async fn drive<S>(
                 failing = true;
                 warn!(
                     error = %error,
-                    label_selector = label_selector.as_deref().unwrap_or(""),
                     "APIService watch failed; keeping the last known APIServices and retrying with backoff"
                 );
             }
@@ -99,11 +104,12 @@ async fn drive<S>(
     }
 }
 
-fn publish_store(store: &Store<APIService>, tx: &watch::Sender<Option<ApiServiceSet>>) {
+fn publish_store(store: &Store<APIService>, tx: &SetSender) {
     let mut items: Vec<APIService> = store.state().iter().map(|a| (**a).clone()).collect();
     sort_by_name(&mut items);
     let count = items.len();
-    if publish(tx, items) {
+    // The API server validated every object; nothing here is refused.
+    if publish(tx, ApiServiceSet::accepted(items)) {
         debug!(count, "published APIServices from the core server");
     }
 }
@@ -194,6 +200,8 @@ mod tests {
     use crate::model::{available, APIServiceStatus, ConditionStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
     use k8s_openapi::jiff::Timestamp;
+    use std::sync::Arc;
+    use tokio::sync::watch;
 
     fn t(secs: i64) -> Time {
         Time(Timestamp::from_second(secs).unwrap())
@@ -223,9 +231,9 @@ mod tests {
         }
     }
 
-    fn names(set: &Option<ApiServiceSet>) -> Option<Vec<String>> {
+    fn names(set: &Option<Arc<ApiServiceSet>>) -> Option<Vec<String>> {
         set.as_ref()
-            .map(|s| s.iter().map(|a| a.name_any()).collect())
+            .map(|s| s.apiservices.iter().map(|a| a.name_any()).collect())
     }
 
     /// Relists (core restart, 410 Gone) and errors never publish a partial or empty set: the
@@ -235,7 +243,7 @@ mod tests {
         use watcher::Event::*;
         let (events_tx, events) = futures::channel::mpsc::unbounded();
         let (tx, mut rx) = super::super::channel();
-        let task = tokio::spawn(drive(events, None, tx));
+        let task = tokio::spawn(drive(events, tx));
         let send = |e| events_tx.unbounded_send(e).unwrap();
         let quiet = |rx: &mut watch::Receiver<_>| {
             let mut rx = rx.clone();

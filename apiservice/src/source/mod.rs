@@ -8,9 +8,10 @@
 //! simply stays current. A `watch` channel fits because only the latest set matters: a slow
 //! consumer skips intermediate sets instead of queueing them.
 //!
-//! The file source also puts what it *refused* into the set, so the consumer that owns the metrics
-//! and the route table (the gateway's route controller) sees every problem without a second
-//! channel: see [`refusal`]. Anything that routes must check it first.
+//! What a source *refused* travels in the same value, typed ([`Refusal`]), so the consumer that
+//! owns the metrics and the route table (the gateway's route controller) sees every problem
+//! without a second channel, and nothing can route a refusal by mistake: only
+//! [`ApiServiceSet::apiservices`] is ever routed.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -22,92 +23,63 @@ use crate::model::APIService;
 pub mod file;
 pub mod kube;
 
-/// A complete, name-sorted list of APIServices as one source currently sees it.
-pub type ApiServiceSet = Arc<Vec<APIService>>;
-
-/// The channel both sources publish on: `None` until the first complete sync.
-pub fn channel() -> (
-    watch::Sender<Option<ApiServiceSet>>,
-    watch::Receiver<Option<ApiServiceSet>>,
-) {
-    watch::channel(None)
-}
-
-/// Annotation on a set entry standing for a manifest the source refused; the value says why
-/// (file, line, and what to fix). On an entry with a `spec` it marks the last good version of an
-/// APIService whose current manifest is invalid: still routed, but reported. Without a `spec` it
-/// is a placeholder that must not be routed.
+/// Everything one source currently says: the APIServices to route and what it refused.
 ///
-/// The kube source never sets it; an APIService in a cluster that carries it by hand is reported
-/// the same way, which is harmless.
-pub const REFUSED_ANNOTATION: &str = "aggregation-gateway/refused";
-
-/// Annotation naming the manifest file of a placeholder for a file the source could not read or
-/// parse at all (so no APIService name is known). Such a placeholder has no `metadata.name`.
-pub const MANIFEST_FILE_ANNOTATION: &str = "aggregation-gateway/manifest-file";
-
-/// What a set entry says about a refused manifest, from [`refusal`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Refusal<'a> {
-    /// APIService `name`'s manifest is invalid. `kept` is true when the entry carries its last
-    /// good definition (route it); false when there is none (do not route).
-    ApiService {
-        name: &'a str,
-        kept: bool,
-        reason: &'a str,
-    },
-    /// A manifest file could not be read or parsed; the APIServices last loaded from it (if any)
-    /// are separate entries.
-    File { path: &'a str, reason: &'a str },
+/// Published whole (see the module comment); equal sets are not published twice, so a change in
+/// the refusals alone is a new set too (the metrics must follow a fix).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ApiServiceSet {
+    /// Name-sorted, one per name. For an APIService whose current manifest is refused this is its
+    /// last good version (see [`Refusal::ApiService`]).
+    pub apiservices: Vec<APIService>,
+    /// Refused manifest files first (by path), then refused APIServices (by name). Only the file
+    /// source refuses anything: the API server validated what the kube source sees.
+    pub refused: Vec<Refusal>,
 }
 
-/// Whether `api` reports a refused manifest rather than being a plain APIService.
-pub fn refusal(api: &APIService) -> Option<Refusal<'_>> {
-    let annotations = api.metadata.annotations.as_ref()?;
-    let reason = annotations.get(REFUSED_ANNOTATION)?.as_str();
-    match (
-        &api.metadata.name,
-        annotations.get(MANIFEST_FILE_ANNOTATION),
-    ) {
-        (Some(name), _) => Some(Refusal::ApiService {
-            name,
-            kept: api.spec.is_some(),
-            reason,
-        }),
-        (None, Some(path)) => Some(Refusal::File { path, reason }),
-        (None, None) => None,
+impl ApiServiceSet {
+    /// A set with nothing refused, e.g. the kube source's.
+    pub fn accepted(apiservices: Vec<APIService>) -> Self {
+        Self {
+            apiservices,
+            refused: Vec::new(),
+        }
     }
 }
 
-/// Marks `api` (the last good version of `name`, or `None` for a bare placeholder) as refused.
-pub(crate) fn refused_api_service(
-    name: &str,
-    kept: Option<APIService>,
-    reason: String,
-) -> APIService {
-    let mut api = kept.unwrap_or_default();
-    api.metadata.name = Some(name.to_owned());
-    api.metadata
-        .annotations
-        .get_or_insert_with(Default::default)
-        .insert(REFUSED_ANNOTATION.to_owned(), reason);
-    api
+/// A manifest the source refused. The source has logged it at error already, naming the file,
+/// the line and what to fix; the consumer only counts it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// APIService `name`'s manifest breaks validation (or has a wrong `apiVersion`, or a field of
+    /// the wrong type).
+    ApiService {
+        name: String,
+        /// Whether [`ApiServiceSet::apiservices`] carries the last good version of `name` (the
+        /// same file held a valid one before this edit): it stays routed. Without one, `name` is
+        /// not routed at all.
+        kept: bool,
+        /// The error, starting with `file:line`.
+        reason: String,
+    },
+    /// A manifest file could not be read or parsed, so nothing in it can be trusted; the
+    /// APIServices it last yielded (if any) stay in [`ApiServiceSet::apiservices`].
+    File {
+        path: PathBuf,
+        /// The error, starting with `file:line:column` where the parser knows them.
+        reason: String,
+    },
 }
 
-/// A placeholder for a manifest file that yielded no APIService names.
-pub(crate) fn refused_file(path: &std::path::Path, reason: String) -> APIService {
-    let mut api = APIService::default();
-    api.metadata.annotations = Some(
-        [
-            (REFUSED_ANNOTATION.to_owned(), reason),
-            (
-                MANIFEST_FILE_ANNOTATION.to_owned(),
-                path.display().to_string(),
-            ),
-        ]
-        .into(),
-    );
-    api
+/// The side of [`channel`] a source publishes on.
+pub type SetSender = watch::Sender<Option<Arc<ApiServiceSet>>>;
+
+/// The side of [`channel`] a consumer reads: `None` until the first complete sync.
+pub type SetReceiver = watch::Receiver<Option<Arc<ApiServiceSet>>>;
+
+/// The channel both sources publish on: `None` until the first complete sync.
+pub fn channel() -> (SetSender, SetReceiver) {
+    watch::channel(None)
 }
 
 /// Why a source could not deliver or write APIServices.
@@ -180,7 +152,7 @@ pub(crate) fn sort_by_name(items: &mut [APIService]) {
 /// Publishes `next` unless it equals what is already published, so a no-op event (a relist that
 /// changed nothing, a file touched but not changed) does not make every consumer rebuild.
 /// Returns whether a new set was published.
-pub(crate) fn publish(tx: &watch::Sender<Option<ApiServiceSet>>, next: Vec<APIService>) -> bool {
+pub(crate) fn publish(tx: &SetSender, next: ApiServiceSet) -> bool {
     tx.send_if_modified(|current| {
         if current.as_ref().is_some_and(|c| **c == next) {
             return false;
@@ -209,42 +181,39 @@ mod tests {
     fn publish_skips_identical_sets() {
         let (tx, rx) = channel();
         assert!(rx.borrow().is_none());
-        assert!(publish(&tx, vec![named("v1.a.io")]));
-        assert!(!publish(&tx, vec![named("v1.a.io")]));
+        assert!(publish(
+            &tx,
+            ApiServiceSet::accepted(vec![named("v1.a.io")])
+        ));
+        assert!(!publish(
+            &tx,
+            ApiServiceSet::accepted(vec![named("v1.a.io")])
+        ));
         // An empty set after a sync is a real state (everything deleted), not "not synced".
-        assert!(publish(&tx, Vec::new()));
-        assert_eq!(rx.borrow().as_ref().map(|s| s.len()), Some(0));
+        assert!(publish(&tx, ApiServiceSet::default()));
+        assert_eq!(rx.borrow().as_ref().map(|s| s.apiservices.len()), Some(0));
     }
 
+    /// The refusals are part of the set: a manifest refused (or fixed) while the routed
+    /// APIServices stay the same is still news for the metrics.
     #[test]
-    fn refusals_round_trip_and_plain_objects_are_not_refusals() {
-        assert_eq!(refusal(&named("v1.a.io")), None);
-
-        let bare = refused_api_service("v1.a.io", None, "bad".into());
-        assert_eq!(
-            refusal(&bare),
-            Some(Refusal::ApiService {
-                name: "v1.a.io",
-                kept: false,
-                reason: "bad"
-            })
-        );
-        let mut good = named("v1.a.io");
-        good.spec = Some(Default::default());
-        let kept = refused_api_service("v1.a.io", Some(good), "bad".into());
-        assert!(matches!(
-            refusal(&kept),
-            Some(Refusal::ApiService { kept: true, .. })
-        ));
-
-        let file = refused_file(std::path::Path::new("/m/x.yaml"), "broken".into());
-        assert_eq!(
-            refusal(&file),
-            Some(Refusal::File {
-                path: "/m/x.yaml",
-                reason: "broken"
-            })
-        );
+    fn publish_sends_a_change_in_refusals_alone() {
+        let (tx, rx) = channel();
+        let mut set = ApiServiceSet::accepted(vec![named("v1.a.io")]);
+        assert!(publish(&tx, set.clone()));
+        set.refused.push(Refusal::ApiService {
+            name: "v1.a.io".into(),
+            kept: true,
+            reason: "/m/a.yaml:1: bad".into(),
+        });
+        assert!(publish(&tx, set.clone()));
+        assert!(!publish(&tx, set.clone()));
+        set.refused.push(Refusal::File {
+            path: "/m/x.yaml".into(),
+            reason: "/m/x.yaml:1:1: broken".into(),
+        });
+        assert!(publish(&tx, set));
+        assert_eq!(rx.borrow().as_ref().map(|s| s.refused.len()), Some(2));
     }
 
     #[test]

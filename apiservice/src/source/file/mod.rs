@@ -3,7 +3,8 @@
 //!
 //! Every `*.yaml`, `*.yml` and `*.json` file in the directory is read the way `kubectl apply -f`
 //! reads it: several documents per file (`---`), `kind: List` / `APIServiceList` with `items`,
-//! documents of other kinds ignored.
+//! documents of other kinds ignored. Parsing one file is [`manifest`]'s job; this module owns the
+//! directory: watching it, scanning it, and remembering each file's last good APIServices.
 //!
 //! A problem stays where it is: one bad manifest must not take the other APIServices down (nor,
 //! at start, keep the gateway from ever becoming ready). So each file, and each APIService in it,
@@ -13,7 +14,7 @@
 //!   is refused as a whole, since nothing in it can be trusted.
 //!
 //! Every refusal is logged at error with the file, line and what to fix, and published in the set
-//! (see [`super::refusal`]) so the gateway counts it in its metrics. The valid rest is published.
+//! (see [`Refusal`]) so the gateway counts it in its metrics. The valid rest is published.
 //!
 //! What a refusal does to what was routed before: an edit is treated the way the API server treats
 //! `kubectl apply` of an invalid object — it is refused, and the previous object stays. Someone
@@ -32,7 +33,7 @@
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, HashMap};
-use std::fmt;
+use std::future::Future;
 use std::hash::{Hash, Hasher};
 use std::io;
 use std::path::{Path, PathBuf};
@@ -40,16 +41,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
-use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
-use serde_saphyr::Spanned;
-use tokio::sync::{watch, Notify};
-use tracing::{debug, error, info, warn};
+use tokio::sync::Notify;
+use tracing::{debug, error, info, warn, Instrument};
 
-use super::{publish, refused_api_service, refused_file, ApiServiceSet, SourceError};
-use crate::model::{APIService, APIServiceSpec, APIServiceStatus};
-use crate::validation::validate;
+use super::{publish, ApiServiceSet, Refusal, SetSender, SourceError};
+use crate::model::APIService;
+
+mod manifest;
+
+pub use manifest::{parse_manifests, Found};
 
 /// How long to wait after a change event before reading, so a burst (a ConfigMap swap, an editor
 /// writing a temp file then renaming) is read once, complete.
@@ -61,16 +62,18 @@ const DEBOUNCE: Duration = Duration::from_millis(200);
 /// start. The content hash makes a re-scan that finds nothing new cost one directory read.
 const RESCAN_INTERVAL: Duration = Duration::from_secs(30);
 
-/// `apiVersion`s an APIService manifest may have; v1beta1 has the same shape.
-const API_VERSIONS: [&str; 2] = [
-    "apiregistration.k8s.io/v1",
-    "apiregistration.k8s.io/v1beta1",
-];
-
 /// Watches `dir` and publishes its APIServices on `tx`: once after the first successful directory
 /// read (even if some manifests in it are refused), then after every change that yields a
 /// different set. Runs until every receiver is gone.
-pub async fn run(dir: PathBuf, tx: watch::Sender<Option<ApiServiceSet>>) {
+///
+/// The future runs in an `apiservice_source` span naming the source and the directory, wherever
+/// it is spawned, so its log lines need not repeat them.
+pub fn run(dir: PathBuf, tx: SetSender) -> impl Future<Output = ()> + Send + 'static {
+    let span = tracing::info_span!("apiservice_source", source = "file", dir = %dir.display());
+    watch_dir(dir, tx).instrument(span)
+}
+
+async fn watch_dir(dir: PathBuf, tx: SetSender) {
     let changed = Arc::new(Notify::new());
     let mut watcher = start_watch(&dir, &changed);
     let mut last_hash = None;
@@ -101,10 +104,12 @@ pub async fn run(dir: PathBuf, tx: watch::Sender<Option<ApiServiceSet>>) {
 /// cannot start: the periodic re-scan still notices changes, and retries the watch.
 fn start_watch(dir: &Path, changed: &Arc<Notify>) -> Option<RecommendedWatcher> {
     let notify = Arc::clone(changed);
+    // The handler runs on the watcher's own thread: give its log line the source's span.
+    let span = tracing::Span::current();
     let handler = move |res: notify::Result<notify::Event>| match res {
         Ok(event) if is_change(&event.kind) => notify.notify_one(),
         Ok(_) => {}
-        Err(error) => warn!(%error, "manifest directory watch reported an error"),
+        Err(error) => span.in_scope(|| warn!(%error, "manifest directory watch reported an error")),
     };
     let started = notify::recommended_watcher(handler).and_then(|mut w| {
         w.watch(dir, RecursiveMode::NonRecursive)?;
@@ -137,14 +142,12 @@ fn is_change(kind: &EventKind) -> bool {
 /// Reads the directory and publishes the result if it differs from the current set. Content that
 /// did not change since the last attempt is not parsed again, so a broken file is reported once
 /// per edit, not every re-scan.
-async fn reload(
-    dir: &Path,
-    tx: &watch::Sender<Option<ApiServiceSet>>,
-    last_hash: &mut Option<u64>,
-    loader: &mut Loader,
-) {
+async fn reload(dir: &Path, tx: &SetSender, last_hash: &mut Option<u64>, loader: &mut Loader) {
     let scan_dir = dir.to_owned();
-    let scanned = match tokio::task::spawn_blocking(move || scan(&scan_dir)).await {
+    // A blocking task does not inherit the caller's span; carry it over.
+    let span = tracing::Span::current();
+    let scanned = match tokio::task::spawn_blocking(move || span.in_scope(|| scan(&scan_dir))).await
+    {
         Ok(scanned) => scanned,
         Err(join) => {
             error!(error = %join, "manifest directory scan did not complete");
@@ -170,10 +173,9 @@ async fn reload(
         problem.log();
     }
     let refused = loaded.problems.len();
-    // Placeholders for refusals have no spec; everything routed has one.
-    let count = loaded.set.iter().filter(|a| a.spec.is_some()).count();
+    let count = loaded.set.apiservices.len();
     if publish(tx, loaded.set) {
-        info!(dir = %dir.display(), count, refused, "loaded APIService manifests");
+        info!(count, refused, "loaded APIService manifests");
     }
 }
 
@@ -293,10 +295,11 @@ impl Problem {
 /// The outcome of one directory read.
 #[derive(Debug)]
 pub struct Loaded {
-    /// What to publish: placeholders for refused files first (they have no name), then by name
-    /// valid APIServices, last good versions kept for refused edits, and placeholders for refused
-    /// APIServices without one (see [`super::refusal`]).
-    pub set: Vec<APIService>,
+    /// What to publish: by name, valid APIServices and the last good versions kept for refused
+    /// edits; and every refusal (files first, then APIServices by name).
+    pub set: ApiServiceSet,
+    /// Every problem, for the log: one per refused manifest, also where [`Loaded::set`] carries
+    /// one refusal for a name refused in several files.
     pub problems: Vec<Problem>,
 }
 
@@ -379,7 +382,7 @@ impl Loader {
 #[derive(Default)]
 struct SetBuilder {
     entries: BTreeMap<String, Entry>,
-    /// Refused files, in file-name order; one placeholder each.
+    /// Refused files, in file-name order, with why.
     files: BTreeMap<PathBuf, String>,
     problems: Vec<Problem>,
 }
@@ -387,28 +390,38 @@ struct SetBuilder {
 /// One name's entry in the set being built.
 #[derive(Default)]
 struct Entry {
-    api: Option<APIService>,
-    /// Where the definition in `api` is, for the duplicate warning.
-    origin: String,
+    /// The definition to route: valid, or the last good one of a refused edit.
+    api: Option<Defined>,
     /// Why this name's manifest was refused: the first refusal in file-name order.
     refused: Option<String>,
 }
 
+/// An APIService definition and where it came from.
+struct Defined {
+    api: APIService,
+    /// `file:line`, for the duplicate warning.
+    origin: String,
+}
+
+// === impl SetBuilder ===
+
 impl SetBuilder {
+    /// Adds a validated APIService (validation requires a name).
     fn add(&mut self, api: APIService, origin: String) {
-        let name = api.metadata.name.clone().unwrap_or_default();
+        let Some(name) = api.metadata.name.clone() else {
+            return;
+        };
         let entry = self.entries.entry(name.clone()).or_default();
-        if entry.api.is_some() {
+        if let Some(first) = &entry.api {
             warn!(
                 apiservice = %name,
                 ignored = %origin,
-                kept = %entry.origin,
+                kept = %first.origin,
                 "APIService defined twice; the first definition (in file-name order) wins"
             );
             return;
         }
-        entry.api = Some(api);
-        entry.origin = origin;
+        entry.api = Some(Defined { api, origin });
     }
 
     fn refuse_api_service(&mut self, name: String, error: SourceError, kept: bool) {
@@ -433,19 +446,27 @@ impl SetBuilder {
     }
 
     fn finish(self) -> Loaded {
-        let files = self
+        let mut refused: Vec<Refusal> = self
             .files
             .into_iter()
-            .map(|(path, reason)| refused_file(&path, reason));
-        let named = self
-            .entries
-            .into_iter()
-            .map(|(name, entry)| match entry.refused {
-                Some(reason) => refused_api_service(&name, entry.api, reason),
-                None => entry.api.unwrap_or_default(),
-            });
+            .map(|(path, reason)| Refusal::File { path, reason })
+            .collect();
+        let mut apiservices = Vec::with_capacity(self.entries.len());
+        for (name, entry) in self.entries {
+            if let Some(reason) = entry.refused {
+                refused.push(Refusal::ApiService {
+                    name,
+                    kept: entry.api.is_some(),
+                    reason,
+                });
+            }
+            apiservices.extend(entry.api.map(|d| d.api));
+        }
         Loaded {
-            set: files.chain(named).collect(),
+            set: ApiServiceSet {
+                apiservices,
+                refused,
+            },
             problems: self.problems,
         }
     }
@@ -459,424 +480,14 @@ fn origin(path: &Path, line: Option<u64>) -> String {
     }
 }
 
-/// An APIService found in a file, with the line its document (or List item) starts on.
-#[derive(Debug)]
-pub struct Found {
-    /// `metadata.name`, when it could be read (also for a refused APIService).
-    pub name: Option<String>,
-    pub line: Option<u64>,
-    /// The APIService, or why it is refused (wrong `apiVersion`, a field of the wrong type
-    /// before `kind`, a validation error). Errors carry the file and line.
-    pub api: Result<APIService, SourceError>,
-}
-
-/// Parses one manifest file: YAML (one or more documents) or JSON. APIServices are checked for
-/// `apiVersion` and validated, each on its own; other kinds are skipped. The error is for a file
-/// that cannot be parsed at all (syntax, or a value of the wrong type in a typed field), with the
-/// file and line.
-pub fn parse_manifests(path: &Path, text: &str) -> Result<Vec<Found>, SourceError> {
-    let options = serde_saphyr::options! { with_snippet: false };
-    let docs: Vec<Spanned<Doc>> = serde_saphyr::from_multiple_with_options(text, options)
-        .map_err(|e| saphyr_error(path, &e))?;
-    let mut found = Vec::new();
-    for doc in docs {
-        collect(path, doc, &mut found);
-    }
-    Ok(found)
-}
-
-fn collect(path: &Path, doc: Spanned<Doc>, out: &mut Vec<Found>) {
-    let line = Some(doc.referenced.line()).filter(|l| *l > 0);
-    match doc.value {
-        Doc::Other { kind } => {
-            debug!(
-                file = %path.display(),
-                line,
-                kind = kind.as_deref().unwrap_or("<none>"),
-                "ignoring a document that is not an APIService"
-            );
-        }
-        Doc::List(items) => {
-            for item in items {
-                collect(path, item, out);
-            }
-        }
-        Doc::ApiService(doc) => {
-            let name = doc.name();
-            out.push(Found {
-                name,
-                line,
-                api: api_service(path, line, *doc),
-            });
-        }
-    }
-}
-
-impl ApiServiceDoc {
-    /// `metadata.name`, also when `metadata` came before `kind` and is not decoded yet.
-    fn name(&self) -> Option<String> {
-        if let Some(meta) = &self.metadata {
-            return meta.name.clone();
-        }
-        self.deferred
-            .iter()
-            .rev()
-            .find_map(|(field, value)| match field {
-                Deferred::Metadata => value.value.get("name")?.as_str().map(str::to_owned),
-                _ => None,
-            })
-    }
-}
-
-fn api_service(
-    path: &Path,
-    line: Option<u64>,
-    doc: ApiServiceDoc,
-) -> Result<APIService, SourceError> {
-    let parse_err = |message: String| SourceError::Parse {
-        path: path.to_owned(),
-        line,
-        column: None,
-        message,
-    };
-    let ApiServiceDoc {
-        api_version,
-        metadata,
-        spec,
-        status,
-        deferred,
-    } = doc;
-    match api_version.as_deref() {
-        Some(v) if API_VERSIONS.contains(&v) => {}
-        Some(v) => {
-            return Err(parse_err(format!(
-                "kind APIService with apiVersion {v:?}: expected {:?}",
-                API_VERSIONS[0]
-            )))
-        }
-        None => {
-            return Err(parse_err(format!(
-                "kind APIService without apiVersion: expected {:?}",
-                API_VERSIONS[0]
-            )))
-        }
-    }
-    let mut api = APIService {
-        metadata: metadata.unwrap_or_default(),
-        spec,
-        status,
-    };
-    // Fields that came before `kind` in the document were kept as generic values; decode
-    // them now. serde_json knows no lines, so point at where the field's value starts.
-    for (field, value) in deferred {
-        let at = Some(value.referenced.line()).filter(|l| *l > 0);
-        let err = |e: serde_json::Error| SourceError::Parse {
-            path: path.to_owned(),
-            line: at,
-            column: Some(value.referenced.column()).filter(|_| at.is_some()),
-            message: format!("{field}: {e}"),
-        };
-        match field {
-            Deferred::Metadata => {
-                api.metadata = serde_json::from_value(value.value.clone()).map_err(err)?
-            }
-            Deferred::Spec => {
-                api.spec = serde_json::from_value(value.value.clone()).map_err(err)?
-            }
-            Deferred::Status => {
-                api.status = serde_json::from_value(value.value.clone()).map_err(err)?
-            }
-        }
-    }
-    validate(&api).map_err(|source| SourceError::Invalid {
-        path: path.to_owned(),
-        line,
-        source,
-    })?;
-    Ok(api)
-}
-
-fn saphyr_error(path: &Path, e: &serde_saphyr::Error) -> SourceError {
-    let location = e.location().filter(|l| l.line() > 0);
-    let mut message = e.to_string();
-    if let Some(l) = &location {
-        // The location goes in front, compiler style; drop the parser's own suffix.
-        let suffix = format!(" at line {}, column {}", l.line(), l.column());
-        if let Some(stripped) = message.strip_suffix(&suffix) {
-            message = stripped.to_owned();
-        }
-    }
-    SourceError::Parse {
-        path: path.to_owned(),
-        line: location.as_ref().map(|l| l.line()),
-        column: location.as_ref().map(|l| l.column()),
-        message,
-    }
-}
-
-/// A top-level field of an APIService that appeared before `kind` and so could not be decoded
-/// with its type on the spot.
-#[derive(Clone, Copy, Debug)]
-enum Deferred {
-    Metadata,
-    Spec,
-    Status,
-}
-
-impl fmt::Display for Deferred {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Metadata => "metadata",
-            Self::Spec => "spec",
-            Self::Status => "status",
-        })
-    }
-}
-
-/// One document (or List item), decoded just enough to know what it is.
-///
-/// Decoding is typed as early as possible so serde-saphyr's errors point at the offending line:
-/// once `kind` is known, an APIService's `metadata`, `spec` and `status` are decoded straight into
-/// their k8s-openapi types, and other kinds' fields are skipped unread. Only fields that come
-/// before `kind` are buffered (as JSON values) and decoded at the end.
-#[derive(Debug)]
-enum Doc {
-    ApiService(Box<ApiServiceDoc>),
-    List(Vec<Spanned<Doc>>),
-    Other { kind: Option<String> },
-}
-
-#[derive(Debug)]
-struct ApiServiceDoc {
-    api_version: Option<String>,
-    metadata: Option<ObjectMeta>,
-    spec: Option<APIServiceSpec>,
-    status: Option<APIServiceStatus>,
-    deferred: Vec<(Deferred, Spanned<serde_json::Value>)>,
-}
-
-fn is_list_kind(kind: &str) -> bool {
-    kind == "List" || kind == "APIServiceList"
-}
-
-impl<'de> Deserialize<'de> for Doc {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(DocVisitor)
-    }
-}
-
-struct DocVisitor;
-
-impl DocVisitor {
-    fn other<E>(self) -> Result<Doc, E> {
-        Ok(Doc::Other { kind: None })
-    }
-}
-
-impl<'de> Visitor<'de> for DocVisitor {
-    type Value = Doc;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a Kubernetes object")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Doc, A::Error> {
-        let mut kind: Option<String> = None;
-        let mut api_version: Option<String> = None;
-        let mut metadata = None;
-        let mut spec = None;
-        let mut status = None;
-        let mut items: Option<Vec<Spanned<Doc>>> = None;
-        let mut deferred = Vec::new();
-
-        while let Some(key) = map.next_key::<KeyName>()? {
-            let field = match key.0.as_deref() {
-                Some("kind") => {
-                    kind = Some(map.next_value()?);
-                    continue;
-                }
-                Some("apiVersion") => {
-                    api_version = Some(map.next_value()?);
-                    continue;
-                }
-                Some("items") if kind.as_deref().is_none_or(is_list_kind) => {
-                    items = map.next_value::<Items>()?.0;
-                    continue;
-                }
-                Some("metadata") => Deferred::Metadata,
-                Some("spec") => Deferred::Spec,
-                Some("status") => Deferred::Status,
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                    continue;
-                }
-            };
-            match kind.as_deref() {
-                Some("APIService") => match field {
-                    Deferred::Metadata => metadata = Some(map.next_value()?),
-                    Deferred::Spec => spec = Some(map.next_value()?),
-                    Deferred::Status => status = Some(map.next_value()?),
-                },
-                Some(_) => {
-                    map.next_value::<IgnoredAny>()?;
-                }
-                None => deferred.push((field, map.next_value()?)),
-            }
-        }
-
-        Ok(match kind.as_deref() {
-            Some("APIService") => Doc::ApiService(Box::new(ApiServiceDoc {
-                api_version,
-                metadata,
-                spec,
-                status,
-                deferred,
-            })),
-            Some(k) if is_list_kind(k) => Doc::List(items.unwrap_or_default()),
-            _ => Doc::Other { kind },
-        })
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Doc, A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
-        self.other()
-    }
-
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Doc, E> {
-        self.other()
-    }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Doc, E> {
-        self.other()
-    }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Doc, E> {
-        self.other()
-    }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Doc, E> {
-        self.other()
-    }
-    fn visit_str<E: de::Error>(self, _: &str) -> Result<Doc, E> {
-        self.other()
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<Doc, E> {
-        self.other()
-    }
-    fn visit_none<E: de::Error>(self) -> Result<Doc, E> {
-        self.other()
-    }
-}
-
-/// A mapping key; non-string keys (legal YAML, never in a Kubernetes object) become `None` and
-/// their values are skipped.
-struct KeyName(Option<String>);
-
-impl<'de> Deserialize<'de> for KeyName {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = KeyName;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a mapping key")
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<KeyName, E> {
-                Ok(KeyName(Some(v.to_owned())))
-            }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<KeyName, E> {
-                Ok(KeyName(None))
-            }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<KeyName, E> {
-                Ok(KeyName(None))
-            }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<KeyName, E> {
-                Ok(KeyName(None))
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<KeyName, E> {
-                Ok(KeyName(None))
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<KeyName, E> {
-                Ok(KeyName(None))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<KeyName, A::Error> {
-                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-                Ok(KeyName(None))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<KeyName, A::Error> {
-                while seq.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(KeyName(None))
-            }
-        }
-        deserializer.deserialize_any(V)
-    }
-}
-
-/// A List's `items`: a sequence of objects. Read before `kind` is known (kubectl prints
-/// `apiVersion, items, kind`), so anything that is not a sequence is skipped, not an error.
-struct Items(Option<Vec<Spanned<Doc>>>);
-
-impl<'de> Deserialize<'de> for Items {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Items;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a list of objects")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Items, A::Error> {
-                let mut items = Vec::new();
-                while let Some(item) = seq.next_element::<Spanned<Doc>>()? {
-                    items.push(item);
-                }
-                Ok(Items(Some(items)))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Items, A::Error> {
-                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-                Ok(Items(None))
-            }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Items, E> {
-                Ok(Items(None))
-            }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Items, E> {
-                Ok(Items(None))
-            }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Items, E> {
-                Ok(Items(None))
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Items, E> {
-                Ok(Items(None))
-            }
-            fn visit_str<E: de::Error>(self, _: &str) -> Result<Items, E> {
-                Ok(Items(None))
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<Items, E> {
-                Ok(Items(None))
-            }
-        }
-        deserializer.deserialize_any(V)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::future::Future;
+    use crate::source::SetReceiver;
     use std::os::unix::fs::symlink;
 
-    const A: &str = "\
-apiVersion: apiregistration.k8s.io/v1
-kind: APIService
-metadata:
-  name: v1alpha1.wardle.example.com
-spec:
-  group: wardle.example.com
-  version: v1alpha1
-  groupPriorityMinimum: 1000
-  versionPriority: 15
-  service:
-    namespace: wardle
-    name: api
-  caBundle: UEVN
-";
-
-    fn api_service(name: &str) -> String {
+    /// A valid APIService manifest `name` (`<version>.<group>`), local (no Service).
+    pub(super) fn api_service(name: &str) -> String {
         let (version, group) = name.split_once('.').unwrap();
         format!(
             "apiVersion: apiregistration.k8s.io/v1\nkind: APIService\nmetadata:\n  name: {name}\n\
@@ -899,164 +510,6 @@ spec:
         }
     }
 
-    #[test]
-    fn multi_document_list_and_other_kinds() {
-        let text = format!(
-            "# leading comment\n---\n{A}---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: x\n\
-             data:\n  items: nope\n---\n---\napiVersion: v1\nkind: List\nitems:\n- {}\n- apiVersion: v1\n  kind: Secret\n",
-            api_service("v1.b.io").replace('\n', "\n  ").trim_end()
-        );
-        let found = parse_manifests(Path::new("/m/a.yaml"), &text).unwrap();
-        assert_eq!(found.len(), 2);
-        let a = found[0].api.as_ref().unwrap();
-        let spec = a.spec.as_ref().unwrap();
-        assert_eq!(spec.group.as_deref(), Some("wardle.example.com"));
-        assert_eq!(spec.service.as_ref().unwrap().port, None);
-        assert_eq!(spec.ca_bundle.as_ref().unwrap().0, b"PEM");
-        assert_eq!(found[0].line, Some(3));
-        assert_eq!(found[1].name.as_deref(), Some("v1.b.io"));
-        assert!(found[1].api.is_ok());
-        // The List item's line, not the List's.
-        assert!(found[1].line.unwrap() > 20, "{:?}", found[1].line);
-    }
-
-    /// `kubectl get apiservices -o yaml` prints keys sorted: `items` before `kind`, and each
-    /// item's `apiVersion, kind, metadata, spec, status`; `APIServiceList` is accepted too.
-    #[test]
-    fn kubectl_style_list_with_status() {
-        let text = "\
-apiVersion: v1
-items:
-- apiVersion: apiregistration.k8s.io/v1
-  kind: APIService
-  metadata:
-    name: v1.a.io
-    resourceVersion: \"12\"
-  spec:
-    group: a.io
-    version: v1
-    groupPriorityMinimum: 100
-    versionPriority: 10
-  status:
-    conditions:
-    - type: Available
-      status: \"True\"
-      reason: Local
-      lastTransitionTime: \"2024-01-01T00:00:00Z\"
-kind: List
-metadata:
-  resourceVersion: \"\"
-";
-        let found = parse_manifests(Path::new("/m/l.yaml"), text).unwrap();
-        assert_eq!(found.len(), 1);
-        assert!(crate::model::is_available(found[0].api.as_ref().unwrap()));
-
-        let typed = text.replace("kind: List", "kind: APIServiceList");
-        assert_eq!(
-            parse_manifests(Path::new("/m/l.yaml"), &typed)
-                .unwrap()
-                .len(),
-            1
-        );
-    }
-
-    #[test]
-    fn json_and_fields_before_kind() {
-        let json = r#"{"metadata": {"name": "v1.j.io"}, "spec": {"group": "j.io", "version": "v1",
-            "groupPriorityMinimum": 100, "versionPriority": 10},
-            "kind": "APIService", "apiVersion": "apiregistration.k8s.io/v1"}"#;
-        let found = parse_manifests(Path::new("/m/j.json"), json).unwrap();
-        assert_eq!(
-            found[0].api.as_ref().unwrap().metadata.name.as_deref(),
-            Some("v1.j.io")
-        );
-
-        // A bad field before `kind` still names a line: where the field's value starts. Only
-        // that APIService is refused, under its name (read from the undecoded metadata).
-        let bad = "spec:\n  group: j.io\n  groupPriorityMinimum: lots\nkind: APIService\n\
-                   apiVersion: apiregistration.k8s.io/v1\nmetadata:\n  name: v1.j.io\n";
-        let mut found = parse_manifests(Path::new("/m/j.yaml"), bad).unwrap();
-        let found = found.remove(0);
-        assert_eq!(found.name.as_deref(), Some("v1.j.io"));
-        let err = found.api.unwrap_err();
-        let SourceError::Parse { line, message, .. } = &err else {
-            panic!("{err}")
-        };
-        assert!(line.is_some_and(|l| l <= 2), "{err}");
-        assert!(message.starts_with("spec: "), "{err}");
-    }
-
-    #[test]
-    fn syntax_and_type_errors_name_file_line_and_problem() {
-        let text = format!("{A}---\n{}", api_service("v1.b.io"))
-            .replace("versionPriority: 10", "versionPriority: ten");
-        let err = parse_manifests(Path::new("/m/b.yaml"), &text).unwrap_err();
-        let SourceError::Parse {
-            path,
-            line,
-            column,
-            message,
-        } = &err
-        else {
-            panic!("{err}")
-        };
-        assert_eq!(path, Path::new("/m/b.yaml"));
-        assert_eq!(*line, Some(23));
-        assert_eq!(*column, Some(20));
-        assert!(message.contains("i32"), "{message}");
-        assert!(err.to_string().starts_with("/m/b.yaml:23:20: "), "{err}");
-
-        let err = parse_manifests(
-            Path::new("/m/c.yaml"),
-            "kind: APIService\nspec: [a, b\nx: y\n",
-        )
-        .unwrap_err();
-        assert!(
-            matches!(err, SourceError::Parse { line: Some(_), .. }),
-            "{err}"
-        );
-    }
-
-    fn refused(text: &str) -> (Option<String>, SourceError) {
-        let mut found = parse_manifests(Path::new("/m/b.yaml"), text).unwrap();
-        assert_eq!(found.len(), 1);
-        let found = found.remove(0);
-        (found.name, found.api.unwrap_err())
-    }
-
-    #[test]
-    fn invalid_api_service_and_wrong_api_version_are_refused_by_name() {
-        let (name, err) = refused(
-            &api_service("v1.b.io").replace("groupPriorityMinimum: 100", "groupPriorityMinimum: 0"),
-        );
-        assert_eq!(name.as_deref(), Some("v1.b.io"));
-        assert!(
-            matches!(err, SourceError::Invalid { line: Some(1), .. }),
-            "{err}"
-        );
-        assert!(
-            err.to_string().contains(
-                "spec.groupPriorityMinimum: Invalid value: 0: must be positive and less than 20000"
-            ),
-            "{err}"
-        );
-
-        let (name, err) =
-            refused(&api_service("v1.b.io").replace("apiregistration.k8s.io/v1", "v1"));
-        assert_eq!(name.as_deref(), Some("v1.b.io"));
-        assert!(err.to_string().contains(r#"apiVersion "v1""#), "{err}");
-
-        // One refused APIService does not take its neighbours in the same file down.
-        let text = format!(
-            "{}---\n{}",
-            api_service("v1.a.io").replace("version: v1", "version: V1"),
-            api_service("v1.b.io")
-        );
-        let found = parse_manifests(Path::new("/m/b.yaml"), &text).unwrap();
-        assert!(found[0].api.is_err());
-        assert!(found[1].api.is_ok());
-    }
-
     fn scanned(files: &[ManifestFile]) -> Scanned {
         Scanned {
             files: files.to_vec(),
@@ -1069,25 +522,31 @@ metadata:
     }
 
     /// The routed APIServices (plain, or the last good version of a refused one) with their
-    /// `versionPriority`, and the refusals, as the gateway reads them from the set.
-    fn routed_and_refused(set: &[APIService]) -> (Vec<(String, i32)>, Vec<String>) {
-        let mut routed = Vec::new();
-        let mut refusals = Vec::new();
-        for api in set {
-            match super::super::refusal(api) {
-                Some(super::super::Refusal::File { path, .. }) => refusals.push(path.to_owned()),
-                Some(super::super::Refusal::ApiService { name, kept, .. }) => {
-                    refusals.push(name.to_owned());
-                    if kept {
-                        routed.push((name.to_owned(), api.spec.as_ref().unwrap().version_priority));
-                    }
-                }
-                None => routed.push((
+    /// `versionPriority`, and the refusals (file paths and APIService names), as the gateway
+    /// reads them from the set.
+    fn routed_and_refused(set: &ApiServiceSet) -> (Vec<(String, i32)>, Vec<String>) {
+        let routed: Vec<(String, i32)> = set
+            .apiservices
+            .iter()
+            .map(|api| {
+                (
                     api.metadata.name.clone().unwrap(),
                     api.spec.as_ref().unwrap().version_priority,
-                )),
-            }
-        }
+                )
+            })
+            .collect();
+        let refusals = set
+            .refused
+            .iter()
+            .map(|refusal| match refusal {
+                Refusal::File { path, .. } => path.display().to_string(),
+                Refusal::ApiService { name, kept, .. } => {
+                    // `kept` says whether the set routes a last good version; it must not lie.
+                    assert_eq!(*kept, routed.iter().any(|(n, _)| n == name), "{name}");
+                    name.clone()
+                }
+            })
+            .collect();
         (routed, refusals)
     }
 
@@ -1105,9 +564,16 @@ metadata:
         ];
         let loaded = Loader::default().load(scanned(&files));
         assert!(loaded.problems.is_empty());
-        assert_eq!(names(&loaded.set), ["v1.b.io", "v1.z.io"]);
+        assert_eq!(names(&loaded.set.apiservices), ["v1.b.io", "v1.z.io"]);
         // First definition in file-name order wins.
-        assert_eq!(loaded.set[0].spec.as_ref().unwrap().version_priority, 10);
+        assert_eq!(
+            loaded.set.apiservices[0]
+                .spec
+                .as_ref()
+                .unwrap()
+                .version_priority,
+            10
+        );
 
         // At start (nothing known before): a broken file and an invalid APIService are skipped,
         // everything else is published, and each problem names its file.
@@ -1294,13 +760,13 @@ metadata:
         assert!(matches!(err, SourceError::ReadDir { .. }), "{err}");
     }
 
-    async fn next_set(rx: &mut watch::Receiver<Option<ApiServiceSet>>) -> Vec<String> {
+    async fn next_set(rx: &mut SetReceiver) -> Vec<String> {
         tokio::time::timeout(Duration::from_secs(5), rx.changed())
             .await
             .expect("a new set within 5s")
             .unwrap();
         let set = rx.borrow_and_update();
-        names(set.as_ref().expect("a set"))
+        names(&set.as_ref().expect("a set").apiservices)
     }
 
     /// Swaps `..data` to a new timestamped directory the way the kubelet does: build the new
