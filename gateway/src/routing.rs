@@ -547,7 +547,10 @@ mod tests {
         resolver.set("a", Ok(()));
         resolver.set("b", Ok(()));
         let started = std::time::Instant::now();
-        let mut f = start(resolver.clone(), vec![remote("a"), remote("b")]);
+        let mut f = start(
+            resolver.clone(),
+            ApiServiceSet::accepted(vec![remote("a"), remote("b")]),
+        );
         let results = next_results(&mut f.results).await;
         assert!(
             started.elapsed() < Duration::from_secs(2),
