@@ -5,4 +5,5 @@
 pub mod certs;
 pub mod fixture;
 pub mod harness;
+pub mod helm;
 pub mod scenario;
