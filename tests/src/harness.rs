@@ -247,6 +247,8 @@ pub struct Process {
     readers: Vec<std::thread::JoinHandle<()>>,
     /// Kept so temporary files the process needs live as long as it does.
     keep: Vec<tempfile::TempDir>,
+    /// Taken just before spawning; [`LogLine::at`] counts from here.
+    spawned_at: Instant,
 }
 
 impl std::fmt::Debug for Process {
@@ -321,6 +323,7 @@ impl Process {
             captured,
             readers,
             keep: Vec::new(),
+            spawned_at: started,
         })
     }
 
@@ -337,6 +340,11 @@ impl Process {
     /// The OS process id.
     pub fn id(&self) -> u32 {
         self.child.id()
+    }
+
+    /// When the process was spawned: the origin of [`LogLine::at`], for timing start-up.
+    pub fn spawned_at(&self) -> Instant {
+        self.spawned_at
     }
 
     /// A copy of every line captured so far.
@@ -695,6 +703,10 @@ pub struct GatewayOptions {
     pub binary: Option<PathBuf>,
     /// How long to wait for the `serving` log line.
     pub startup_timeout: Duration,
+    /// `--config`, when set.
+    pub config: Option<PathBuf>,
+    /// `--secure-port` (default 0: OS-assigned, announced in the `serving` event).
+    pub secure_port: u16,
 }
 
 impl GatewayOptions {
@@ -706,7 +718,28 @@ impl GatewayOptions {
             env: Vec::new(),
             binary: None,
             startup_timeout: STARTUP_TIMEOUT,
+            config: None,
+            secure_port: 0,
         }
+    }
+
+    /// Runs this gateway binary instead of building `aggregation-gateway` (e.g. a release build).
+    pub fn binary(mut self, binary: impl Into<PathBuf>) -> GatewayOptions {
+        self.binary = Some(binary.into());
+        self
+    }
+
+    /// Passes `--config <file>`.
+    pub fn config(mut self, file: impl Into<PathBuf>) -> GatewayOptions {
+        self.config = Some(file.into());
+        self
+    }
+
+    /// Listens on this port instead of an OS-assigned one, for callers that must know the address
+    /// before the gateway announces it (timing start-up from the first connection attempt).
+    pub fn secure_port(mut self, port: u16) -> GatewayOptions {
+        self.secure_port = port;
+        self
     }
 
     /// Appends extra flags.
@@ -768,9 +801,9 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// Builds (once) and starts the gateway on an OS-assigned port, and waits for its `serving`
-    /// event. On failure the error carries the gateway's logs, so tests of bad configurations can
-    /// assert on them.
+    /// Builds (once) and starts the gateway on an OS-assigned port (unless
+    /// [`GatewayOptions::secure_port`] names one), and waits for its `serving` event. On failure
+    /// the error carries the gateway's logs, so tests of bad configurations can assert on them.
     pub async fn start(options: GatewayOptions) -> Result<Gateway, HarnessError> {
         let binary = match &options.binary {
             Some(binary) => binary.clone(),
@@ -787,7 +820,7 @@ impl Gateway {
             "--bind-address",
             "127.0.0.1",
             "--secure-port",
-            "0",
+            &options.secure_port.to_string(),
             "--cert-dir",
         ])
         .arg(cert_dir.path())
@@ -797,9 +830,12 @@ impl Gateway {
             "json",
             "--log-level",
             &options.log_level,
-        ])
-        .args(&options.args)
-        .envs(options.env.iter().map(|(k, v)| (k, v)));
+        ]);
+        if let Some(config) = &options.config {
+            cmd.arg("--config").arg(config);
+        }
+        cmd.args(&options.args)
+            .envs(options.env.iter().map(|(k, v)| (k, v)));
         let mut process = Process::spawn(GATEWAY_BIN, cmd)?;
         let cert_dir_path = cert_dir.path().to_path_buf();
         process.keep_dir(cert_dir);

@@ -1,0 +1,215 @@
+//! What every network scenario runs against: the two static backends, the gateway in front of
+//! them, and a CA all of them and the load generator trust.
+//!
+//! The gateway is started through the e2e harness ([`Gateway::start`]) like in every other e2e
+//! test; the bench only says what differs: its own binary (a release build), its certificates, a
+//! file APIService source with one remote APIService (`v1.bench.example.com`, served by the TLS
+//! backend), and a quieter access log.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::StatusCode;
+use http_body_util::BodyExt;
+
+use super::load::{client_tls, connect, request, Endpoint, Proto};
+use super::{BoxError, AGGREGATED_V2, BENCH_GROUP};
+use crate::certs::TestCa;
+use crate::harness::{FixtureServer, Gateway, GatewayOptions};
+
+/// The running backends and gateway; dropping it stops them and removes their files.
+pub struct Setup {
+    pub tls_backend: FixtureServer,
+    pub gateway: Gateway,
+    /// How the gateway was started, to start more like it (the start-to-ready scenario).
+    pub gateway_options: GatewayOptions,
+    /// The bench CA, trusted by the load generator for the backend and the gateway alike.
+    pub ca_pem: Arc<str>,
+    pub plain_pid: u32,
+    _plain: FixtureServer,
+    _dir: tempfile::TempDir,
+}
+
+impl Setup {
+    /// Starts the backends (this binary again, `serve-backend`) and the gateway, and waits until
+    /// the gateway is ready, has merged discovery and routes the remote APIService.
+    pub async fn start(gateway_binary: &Path) -> Result<Setup, BoxError> {
+        let dir = tempfile::Builder::new().prefix("bench-").tempdir()?;
+        let ca = TestCa::try_new("bench-ca")?;
+        ca.write(dir.path(), "ca.crt")?;
+        let ca_pem: Arc<str> = Arc::from(ca.cert_pem());
+        let (backend_cert, backend_key) = ca
+            .issue_server(&["api.bench.svc", "localhost", "127.0.0.1"])
+            .write(dir.path(), "backend")?;
+        let (gateway_cert, gateway_key) = ca
+            .issue_server(&["localhost", "127.0.0.1"])
+            .write(dir.path(), "gateway")?;
+        let (proxy_cert, proxy_key) = ca
+            .issue_client("aggregator", &[])
+            .write(dir.path(), "proxy-client")?;
+        let me = std::env::current_exe()?;
+        let plain = FixtureServer::start_binary("backend-plain", &me, &["serve-backend"]).await?;
+        let backend_cert_s = backend_cert.display().to_string();
+        let backend_key_s = backend_key.display().to_string();
+        let tls_backend = FixtureServer::start_binary(
+            "backend-tls",
+            &me,
+            &[
+                "serve-backend",
+                "--tls-cert",
+                &backend_cert_s,
+                "--tls-key",
+                &backend_key_s,
+            ],
+        )
+        .await?;
+
+        let apiservices = dir.path().join("apiservices");
+        std::fs::create_dir_all(&apiservices)?;
+        let ca_b64 = {
+            use base64::Engine;
+            base64::engine::general_purpose::STANDARD.encode(ca.cert_pem())
+        };
+        std::fs::write(
+            apiservices.join("bench.yaml"),
+            format!(
+                "apiVersion: apiregistration.k8s.io/v1\nkind: APIService\nmetadata:\n  name: v1.{BENCH_GROUP}\n\
+                 spec:\n  group: {BENCH_GROUP}\n  version: v1\n  groupPriorityMinimum: 1000\n  versionPriority: 15\n  \
+                 caBundle: {ca_b64}\n  service:\n    namespace: bench\n    name: api\n    port: 443\n"
+            ),
+        )?;
+        let config = dir.path().join("gateway.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "services:\n- namespace: bench\n  name: api\n  port: 443\n  urls: [\"https://{}\"]\n",
+                tls_backend.addr
+            ),
+        )?;
+        let p = |p: &Path| p.display().to_string();
+        let mut args = vec![
+            "--tls-cert-file".to_owned(),
+            p(&gateway_cert),
+            "--tls-private-key-file".to_owned(),
+            p(&gateway_key),
+            "--proxy-client-cert-file".to_owned(),
+            p(&proxy_cert),
+            "--proxy-client-key-file".to_owned(),
+            p(&proxy_key),
+            "--apiservice-source".to_owned(),
+            "file".to_owned(),
+            "--apiservice-dir".to_owned(),
+            p(&apiservices),
+            "--apiservice-availability-interval".to_owned(),
+            "1s".to_owned(),
+        ];
+        args.extend(webhooks_off(gateway_binary)?);
+        // The per-request access log is silenced: at tens of thousands of requests per second its
+        // lines (captured by this process) would measure the log pipeline, not the proxy.
+        let options = GatewayOptions::new(plain.url())
+            .binary(gateway_binary)
+            .config(config)
+            .args(args)
+            .log_level("info,access=warn");
+        let gateway = Gateway::start(options.clone()).await?;
+        let plain_pid = plain.process.id();
+        let setup = Setup {
+            tls_backend,
+            gateway,
+            gateway_options: options,
+            ca_pem,
+            plain_pid,
+            _plain: plain,
+            _dir: dir,
+        };
+        setup.wait_until_routing().await?;
+        Ok(setup)
+    }
+
+    /// The TLS backend itself, as a client without the gateway would reach it.
+    pub fn direct(&self) -> Endpoint {
+        Endpoint {
+            addr: self.tls_backend.addr,
+            ca_pem: Some(self.ca_pem.clone()),
+        }
+    }
+
+    /// The gateway.
+    pub fn via(&self) -> Endpoint {
+        Endpoint {
+            addr: self.gateway.addr,
+            ca_pem: Some(self.ca_pem.clone()),
+        }
+    }
+
+    /// Ready, discovery merged and the remote APIService available, within 60 s.
+    async fn wait_until_routing(&self) -> Result<(), BoxError> {
+        let via = self.via();
+        let tls = client_tls(&self.ca_pem, Proto::H1)?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        for path in [
+            "/readyz",
+            &format!("/apis/{BENCH_GROUP}/v1/namespaces/default/things/x"),
+            "/apis",
+        ] {
+            loop {
+                let ok = async {
+                    let mut s = connect(&via, Some(&tls), Proto::H1).await?;
+                    let accept = (path == "/apis").then_some(AGGREGATED_V2);
+                    let resp = s.send(request(&via, Proto::H1, path, accept)).await?;
+                    let status = resp.status();
+                    let body = resp.into_body().collect().await?.to_bytes();
+                    let good = status == StatusCode::OK
+                        && (path != "/apis"
+                            || body
+                                .windows(BENCH_GROUP.len())
+                                .any(|w| w == BENCH_GROUP.as_bytes()));
+                    Ok::<_, BoxError>(good)
+                }
+                .await
+                .unwrap_or(false);
+                if ok {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    return Err(format!(
+                        "the gateway did not answer {path} with 200 within 60s\n{}",
+                        self.gateway.process.logs()
+                    )
+                    .into());
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `--authorization-webhook=false` and `--authentication-token-webhook=false`, for the gateways
+/// that have these flags (`--gateway` may name an older build). Requests carry no credentials
+/// (anonymous); nothing to review. The remote route would ask the core for a
+/// SubjectAccessReview, which the static core cannot answer.
+fn webhooks_off(gateway_binary: &Path) -> Result<Vec<String>, BoxError> {
+    let help = Command::new(gateway_binary).arg("--help").output()?;
+    let help = String::from_utf8_lossy(&help.stdout);
+    Ok(
+        ["--authorization-webhook", "--authentication-token-webhook"]
+            .into_iter()
+            .filter(|flag| {
+                help.contains(&format!("{flag}[=")) || help.contains(&format!("{flag} "))
+            })
+            .map(|flag| format!("{flag}=false"))
+            .collect(),
+    )
+}
+
+/// The gateway binary the bench measures: `--gateway`, or `aggregation-gateway` built with this
+/// binary's profile by the harness.
+pub async fn gateway_binary(given: Option<PathBuf>) -> Result<PathBuf, BoxError> {
+    Ok(match given {
+        Some(path) => path,
+        None => tokio::task::spawn_blocking(crate::harness::ensure_gateway_built).await??,
+    })
+}

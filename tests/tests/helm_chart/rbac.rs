@@ -1,0 +1,375 @@
+//! RBAC: the gateway's rules are exactly the verbs it uses, granted where the identity it presents
+//! to the core is authorized (the host cluster for the Pod's ServiceAccount, `<fullname>-core`
+//! otherwise), bound to the configured subjects, and the ServiceAccount token is mounted only when
+//! the gateway sends it.
+
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, PolicyRule};
+use serde_json::{json, Value};
+
+use e2e::helm::{example_file, helm_template, label, Rendered, FULLNAME, NAMESPACE, SA_DIR};
+
+use crate::cases::check_each;
+
+// === the rules the gateway may need ===
+
+fn rule(group: &str, resource: &str, verbs: &[&str]) -> PolicyRule {
+    PolicyRule {
+        api_groups: Some(vec![group.to_owned()]),
+        resources: Some(vec![resource.to_owned()]),
+        verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
+        ..Default::default()
+    }
+}
+
+fn watch_apiservices() -> PolicyRule {
+    rule(
+        "apiregistration.k8s.io",
+        "apiservices",
+        &["get", "list", "watch"],
+    )
+}
+fn write_apiservice_status() -> PolicyRule {
+    rule(
+        "apiregistration.k8s.io",
+        "apiservices/status",
+        &["update", "patch"],
+    )
+}
+fn watch_services() -> PolicyRule {
+    rule("", "services", &["get", "list", "watch"])
+}
+fn watch_endpointslices() -> PolicyRule {
+    rule(
+        "discovery.k8s.io",
+        "endpointslices",
+        &["get", "list", "watch"],
+    )
+}
+fn create_tokenreviews() -> PolicyRule {
+    rule("authentication.k8s.io", "tokenreviews", &["create"])
+}
+fn create_subjectaccessreviews() -> PolicyRule {
+    rule("authorization.k8s.io", "subjectaccessreviews", &["create"])
+}
+
+fn every_rule() -> Vec<PolicyRule> {
+    vec![
+        watch_apiservices(),
+        write_apiservice_status(),
+        watch_services(),
+        watch_endpointslices(),
+        create_tokenreviews(),
+        create_subjectaccessreviews(),
+    ]
+}
+
+/// One way of reaching the core, and where the gateway's rules must be for it.
+struct Case {
+    /// Named in failures: which identity the gateway presents to which core.
+    name: &'static str,
+    example: Option<&'static str>,
+    sets: &'static [&'static str],
+    /// Rules of the ClusterRole in the host cluster (the one Helm installs into).
+    host: Vec<PolicyRule>,
+    /// Rules of the ClusterRole rendered into `<fullname>-core` for the user to apply.
+    core: Vec<PolicyRule>,
+}
+
+/// The gateway makes its own requests (APIService watch and status, Service/EndpointSlice
+/// lookups, TokenReviews, SubjectAccessReviews) only to the core, so its rules belong where the
+/// identity it presents there is authorized: the host cluster when that identity is the Pod's
+/// ServiceAccount, the core otherwise (rendered into `<fullname>-core` for the user to apply).
+#[test]
+fn rbac_grants_exactly_the_verbs_the_gateway_uses_where_its_identity_is_authorized() {
+    let none = Vec::new;
+    let cases = vec![
+        Case {
+            name: "the cluster's own API server with the ServiceAccount: everything, in the host cluster",
+            example: None,
+            sets: &[],
+            host: every_rule(),
+            core: none(),
+        },
+        Case {
+            name: "cert-manager certificates, the cluster's own API server with the ServiceAccount",
+            example: Some("cert-manager"),
+            sets: &[],
+            host: every_rule(),
+            core: none(),
+        },
+        Case {
+            name: "a sidecar reached with a token from a Secret: nothing in the host cluster",
+            example: Some("sidecar-core"),
+            sets: &[],
+            host: none(),
+            core: every_rule(),
+        },
+        Case {
+            name: "an external server reached with a client certificate, token webhook off",
+            example: Some("external-core"),
+            sets: &[],
+            host: none(),
+            core: vec![
+                watch_apiservices(),
+                write_apiservice_status(),
+                watch_services(),
+                watch_endpointslices(),
+                create_subjectaccessreviews(),
+            ],
+        },
+        Case {
+            name: "file source, static services, both webhooks off: the gateway calls nothing on the core",
+            example: Some("file-apiservices"),
+            sets: &[],
+            host: none(),
+            core: none(),
+        },
+        Case {
+            name: "file source resolving Services on the core",
+            example: Some("file-apiservices"),
+            sets: &["serviceResolution.enabled=true"],
+            host: none(),
+            core: vec![watch_services(), watch_endpointslices()],
+        },
+        Case {
+            name: "file source resolving Services with the ServiceAccount",
+            example: Some("file-apiservices"),
+            sets: &[
+                "serviceResolution.enabled=true",
+                "core.serviceAccountAuth=true",
+            ],
+            host: vec![watch_services(), watch_endpointslices()],
+            core: none(),
+        },
+        Case {
+            name: "no APIService source: only the webhooks",
+            example: None,
+            sets: &["apiServices.source=none"],
+            host: vec![create_tokenreviews(), create_subjectaccessreviews()],
+            core: none(),
+        },
+        Case {
+            name: "no Service resolution, no authorization webhook",
+            example: None,
+            sets: &[
+                "serviceResolution.enabled=false",
+                "authorization.webhook.enabled=false",
+            ],
+            host: vec![
+                watch_apiservices(),
+                write_apiservice_status(),
+                create_tokenreviews(),
+            ],
+            core: none(),
+        },
+        // The ServiceAccount is never presented, so it gets nothing.
+        Case {
+            name: "the host's API server, but as whoever the token Secret holds",
+            example: None,
+            sets: &["core.tokenSecret=gateway-token"],
+            host: none(),
+            core: every_rule(),
+        },
+        // It delegates authn/authz to the host, as aggregated API servers do: the host's RBAC is
+        // what authorizes the gateway.
+        Case {
+            name: "a sidecar that trusts the host's ServiceAccount tokens",
+            example: Some("sidecar-core"),
+            sets: &["core.serviceAccountAuth=true", "core.tokenSecret="],
+            host: every_rule(),
+            core: none(),
+        },
+        Case {
+            name: "rbac.create=false with the defaults",
+            example: None,
+            sets: &["rbac.create=false"],
+            host: none(),
+            core: none(),
+        },
+        Case {
+            name: "rbac.create=false with a sidecar",
+            example: Some("sidecar-core"),
+            sets: &["rbac.create=false"],
+            host: none(),
+            core: none(),
+        },
+    ];
+    let name = |case: &Case| format!("{} ({} {:?})", case.name, label(case.example), case.sets);
+    check_each(cases, name, |case| {
+        let Case {
+            example,
+            sets,
+            host,
+            core,
+            ..
+        } = case;
+        let r = Rendered::with(example, sets);
+        let ctx = format!("{} {sets:?}", label(example));
+        assert_eq!(r.cluster_role_rules(), host, "{ctx}: host cluster rules");
+        assert_eq!(
+            r.core_cluster_role_rules(),
+            core,
+            "{ctx}: rules for the core"
+        );
+        assert!(
+            !r.has("Role") && !r.has("RoleBinding"),
+            "{ctx}: only cluster-scoped RBAC is needed"
+        );
+        let pod = r.deployment().spec.template.spec.unwrap();
+        assert_eq!(pod.service_account_name.as_deref(), Some(FULLNAME), "{ctx}");
+
+        // Host-cluster RBAC exists exactly when the ServiceAccount token is mounted and is the
+        // token the gateway sends; a grant to a token the gateway never presents is an over-grant.
+        let token_in_use = r.config()["coreTokenFile"] == format!("{SA_DIR}/token");
+        assert_eq!(
+            pod.automount_service_account_token,
+            Some(token_in_use),
+            "{ctx}"
+        );
+        if host.is_empty() {
+            assert!(
+                !r.has("ClusterRole") && !r.has("ClusterRoleBinding"),
+                "{ctx}: no RBAC in the host cluster, not even an empty role"
+            );
+        } else {
+            assert!(
+                token_in_use,
+                "{ctx}: host RBAC for an unused ServiceAccount"
+            );
+            let binding: ClusterRoleBinding = r.get("ClusterRoleBinding", FULLNAME);
+            assert_eq!(
+                (
+                    binding.role_ref.kind.as_str(),
+                    binding.role_ref.name.as_str()
+                ),
+                ("ClusterRole", FULLNAME),
+                "{ctx}"
+            );
+            let subjects = binding.subjects.unwrap();
+            assert_eq!(subjects.len(), 1, "{ctx}");
+            assert_eq!(
+                (
+                    subjects[0].kind.as_str(),
+                    subjects[0].name.as_str(),
+                    subjects[0].namespace.as_deref()
+                ),
+                ("ServiceAccount", FULLNAME, Some(NAMESPACE)),
+                "{ctx}"
+            );
+        }
+        if core.is_empty() {
+            assert!(
+                !r.core_manifests().contains_key("rbac.yaml"),
+                "{ctx}: no RBAC for the core, not even an empty role"
+            );
+        }
+    });
+}
+
+/// On the core the gateway is whoever `rbac.coreSubjects` says (the token's user, the
+/// certificate's CN): the binding names them, with the apiGroup RBAC requires for users and groups.
+#[test]
+fn rbac_for_the_core_binds_the_configured_subjects() {
+    let manifests = Rendered::of(Some("sidecar-core")).core_manifests();
+    let docs = &manifests["rbac.yaml"];
+    let binding: ClusterRoleBinding = serde_json::from_value(
+        docs.iter()
+            .find(|d| d["kind"] == "ClusterRoleBinding")
+            .expect("a ClusterRoleBinding for the core")
+            .clone(),
+    )
+    .unwrap();
+    assert_eq!(
+        (
+            binding.role_ref.kind.as_str(),
+            binding.role_ref.name.as_str()
+        ),
+        ("ClusterRole", FULLNAME)
+    );
+    let subjects = binding.subjects.unwrap();
+    assert_eq!(
+        subjects
+            .iter()
+            .map(|s| (
+                s.kind.as_str(),
+                s.name.as_str(),
+                s.api_group.as_deref(),
+                s.namespace.as_deref()
+            ))
+            .collect::<Vec<_>>(),
+        [(
+            "User",
+            "edge-gateway",
+            Some("rbac.authorization.k8s.io"),
+            None
+        )]
+    );
+
+    let r = Rendered::with(
+        Some("sidecar-core"),
+        &[
+            "rbac.coreSubjects[0].kind=ServiceAccount",
+            "rbac.coreSubjects[0].name=gateway",
+            "rbac.coreSubjects[0].namespace=platform",
+        ],
+    );
+    let manifests = r.core_manifests();
+    let subject = &manifests["rbac.yaml"][1]["subjects"][0];
+    assert_eq!(
+        subject,
+        &json!({"kind": "ServiceAccount", "name": "gateway", "namespace": "platform"})
+    );
+    let err = helm_template(
+        &[example_file("sidecar-core")],
+        &[
+            "rbac.coreSubjects[0].kind=ServiceAccount",
+            "rbac.coreSubjects[0].name=gateway",
+        ],
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("ServiceAccount gateway needs a namespace"),
+        "{err}"
+    );
+
+    // Without subjects only the role is rendered; binding it is left to the user.
+    let manifests = Rendered::of(Some("external-core")).core_manifests();
+    let kinds: Vec<&Value> = manifests["rbac.yaml"].iter().map(|d| &d["kind"]).collect();
+    assert_eq!(kinds, [&json!("ClusterRole")]);
+}
+
+#[test]
+fn the_service_account_token_is_mounted_only_when_the_gateway_uses_it() {
+    let cases = [
+        (None, true),
+        (Some("sidecar-core"), false),
+        (Some("external-core"), false),
+        (Some("cert-manager"), true),
+    ];
+    check_each(
+        cases,
+        |(example, _)| label(*example).to_owned(),
+        |(example, want)| {
+            let r = Rendered::of(example);
+            let pod = r.deployment().spec.template.spec.unwrap();
+            assert_eq!(
+                pod.automount_service_account_token,
+                Some(want),
+                "{}",
+                label(example)
+            );
+            let config = r.config();
+            let uses_sa = config
+                .as_object()
+                .unwrap()
+                .values()
+                .any(|v| v.as_str().is_some_and(|s| s.starts_with(SA_DIR)));
+            assert_eq!(uses_sa, want, "{}", label(example));
+        },
+    );
+    // The cluster's own API server, reached with the Pod's ServiceAccount.
+    let config = Rendered::of(None).config();
+    assert_eq!(config["coreUrl"], "https://kubernetes.default.svc");
+    assert_eq!(config["coreTokenFile"], format!("{SA_DIR}/token"));
+    assert_eq!(config["coreCaFile"], format!("{SA_DIR}/ca.crt"));
+}
