@@ -123,6 +123,7 @@ pub fn remote_discovery(
 }
 
 /// One backing Service and the remote APIServices pointing at it.
+#[derive(Default)]
 pub struct ServiceEntry {
     /// Sorted by name; what the last routing snapshot said.
     pub apiservices: Vec<(Arc<RegisteredAPIService>, Availability)>,
@@ -136,17 +137,6 @@ pub struct ServiceEntry {
 }
 
 impl ServiceEntry {
-    pub fn new() -> Self {
-        Self {
-            apiservices: Vec::new(),
-            backend: None,
-            etag: None,
-            doc: None,
-            openapi: RootDocument::default(),
-            last_error: None,
-        }
-    }
-
     /// The next discovery fetch, revalidating what is cached; `None` without a usable transport
     /// (e.g. a bad caBundle): nothing to ask, its APIServices stay `Stale`.
     pub fn discovery_fetch(

@@ -267,10 +267,7 @@ fn reconcile(state: &mut State, table: Arc<Routes>, queue: &mut WorkQueue<Key, O
     let mut dirty_services = Vec::new();
     for (key, (mut apiservices, backend)) in by_service {
         apiservices.sort_by(|a, b| a.0.name.cmp(&b.0.name));
-        let entry = state
-            .services
-            .entry(key.clone())
-            .or_insert_with(ServiceEntry::new);
+        let entry = state.services.entry(key.clone()).or_default();
         let same_backend = match (&entry.backend, &backend) {
             (Some(a), Some(b)) => Arc::ptr_eq(a, b),
             (None, None) => true,
@@ -529,9 +526,11 @@ mod tests {
 
     /// The wardle Service with `api` pointing at it, its backend at `addr`.
     fn state_with_wardle(api: &Arc<RegisteredAPIService>, addr: std::net::SocketAddr) -> State {
-        let mut entry = ServiceEntry::new();
-        entry.apiservices = vec![(api.clone(), Availability::Available)];
-        entry.backend = Some(backend_at(addr));
+        let entry = ServiceEntry {
+            apiservices: vec![(api.clone(), Availability::Available)],
+            backend: Some(backend_at(addr)),
+            ..Default::default()
+        };
         let mut state = State::default();
         state.services.insert(wardle_service(), entry);
         state
@@ -705,9 +704,11 @@ mod tests {
             name: "api".into(),
             port: 443,
         };
-        let mut entry = ServiceEntry::new();
-        entry.apiservices = vec![(wardle_apiservice("v1beta1"), Availability::Available)];
-        entry.backend = Some(backend_at("127.0.0.1:9".parse().unwrap()));
+        let entry = ServiceEntry {
+            apiservices: vec![(wardle_apiservice("v1beta1"), Availability::Available)],
+            backend: Some(backend_at("127.0.0.1:9".parse().unwrap())),
+            ..Default::default()
+        };
         state.services.insert(refused.clone(), entry);
         let mut queue = WorkQueue::new(backoff);
         let started = tokio::time::Instant::now();
