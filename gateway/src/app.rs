@@ -25,6 +25,7 @@ use crate::health::{self, Check, Health};
 use crate::listener::{self, ListenerSettings};
 use crate::metrics::Metrics;
 use crate::router::{Gateway, Router};
+use crate::routing::availability::{AvailabilitySettings, AVAILABILITY_BACKOFF};
 use crate::routing::{
     AvailabilityController, AvailabilityMap, BackendFactory, ProxyIdentity, RouteController,
     Routing,
@@ -328,34 +329,32 @@ fn start_apiservices(
         }
     }
 
+    let availability = AvailabilityController::new(
+        routing.clone(),
+        results_tx,
+        AvailabilitySettings {
+            interval: api.availability_interval,
+            backoff: AVAILABILITY_BACKOFF,
+            resolver: resolver.clone(),
+            kube: kube_source.then_some(kube),
+        },
+        metrics.clone(),
+    );
     let factory = BackendFactory {
         proxy_identity,
-        resolver: resolver.clone(),
+        resolver,
         drain,
+        failures: Some(availability.rechecks()),
     };
     tokio::spawn(
-        RouteController::new(
-            routing.clone(),
-            set_rx,
-            results_rx,
-            factory,
-            metrics.clone(),
-        )
-        .run()
-        .instrument(tracing::info_span!("route_controller")),
+        RouteController::new(routing, set_rx, results_rx, factory, metrics)
+            .run()
+            .instrument(tracing::info_span!("route_controller")),
     );
     tokio::spawn(
-        AvailabilityController {
-            routing,
-            results: results_tx,
-            interval: api.availability_interval,
-            backoff: crate::routing::availability::AVAILABILITY_BACKOFF,
-            resolver,
-            kube: kube_source.then_some(kube),
-            metrics,
-        }
-        .run()
-        .instrument(tracing::info_span!("availability_controller")),
+        availability
+            .run()
+            .instrument(tracing::info_span!("availability_controller")),
     );
     Ok(())
 }

@@ -102,7 +102,7 @@ pub struct WorkQueue<K, O> {
     running_keys: HashSet<K>,
     /// Keys that failed last time, with where they are in their backoff.
     failing: HashMap<K, ExponentialBackoff>,
-    backoff: Box<dyn Fn(&K) -> Backoff + Send>,
+    backoff: Box<dyn Fn(&K) -> Backoff + Send + Sync>,
 }
 
 impl<K, O> WorkQueue<K, O>
@@ -111,7 +111,7 @@ where
     O: Send + 'static,
 {
     /// `backoff` gives each key's retry policy (several kinds of key can share one queue).
-    pub fn new(backoff: impl Fn(&K) -> Backoff + Send + 'static) -> Self {
+    pub fn new(backoff: impl Fn(&K) -> Backoff + Send + Sync + 'static) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         Self {
             queue: Queue { tx },

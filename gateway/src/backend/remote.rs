@@ -25,6 +25,8 @@ use hyper_util::client::legacy::Client;
 use rustls::pki_types::ServerName;
 use tokio::sync::watch;
 
+use crate::workqueue::Queue;
+
 use crate::body::{self, Body, Request, Response};
 use crate::error::GatewayError;
 use crate::identity::{set_identity_headers, UserInfo};
@@ -75,6 +77,38 @@ pub struct RemoteBackend {
     next: std::sync::atomic::AtomicUsize,
     upgrades: HttpsClient,
     drain: watch::Receiver<bool>,
+    /// Where a connection failure on real traffic asks for an availability re-check (the
+    /// availability controller's queue), so a dead backend is noticed at its first failed
+    /// request instead of at the next periodic check.
+    failures: Option<FailureReports>,
+}
+
+/// Reports of connection failures to the availability controller, at most one per
+/// [`FailureReports::EVERY`] per backend: the queue de-duplicates anyway, this keeps a flood of
+/// failing requests from becoming a flood of messages.
+struct FailureReports {
+    queue: Queue<String>,
+    last: std::sync::Mutex<Option<tokio::time::Instant>>,
+}
+
+impl FailureReports {
+    const EVERY: Duration = Duration::from_millis(200);
+
+    fn report(&self, name: &str) {
+        let now = tokio::time::Instant::now();
+        let Ok(mut last) = self.last.try_lock() else {
+            return; // another request is reporting right now
+        };
+        if last.is_some_and(|at| now.duration_since(at) < Self::EVERY) {
+            return;
+        }
+        *last = Some(now);
+        tracing::debug!(
+            apiservice = name,
+            "connection to the backend failed; re-checking availability"
+        );
+        self.queue.add(name.to_owned());
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -161,7 +195,17 @@ impl RemoteBackend {
             next: std::sync::atomic::AtomicUsize::new(0),
             upgrades,
             drain,
+            failures: None,
         })
+    }
+
+    /// Connection failures on proxied requests ask `queue` to re-check this APIService.
+    pub fn reporting_failures_to(mut self, queue: Queue<String>) -> Self {
+        self.failures = Some(FailureReports {
+            queue,
+            last: std::sync::Mutex::new(None),
+        });
+        self
     }
 
     /// Whether this backend was built from the same spec (so it can be kept across a rebuild).
@@ -214,7 +258,7 @@ impl RemoteBackend {
         if upgrade {
             return proxy::forward_upgrade(req, |r| self.upgrades.request(r), self.drain.clone())
                 .await
-                .map_err(|e| self.transport_error(e));
+                .map_err(|e| self.failed_request(e));
         }
         let send = self.pooled().request(req);
         let resp = if discovery {
@@ -224,7 +268,7 @@ impl RemoteBackend {
         } else {
             send.await
         }
-        .map_err(|e| self.transport_error(e))?;
+        .map_err(|e| self.failed_request(e))?;
         if resp.status().is_redirection() {
             return Err(GatewayError::BackendRedirect {
                 api_service: self.name.to_string(),
@@ -307,6 +351,17 @@ impl RemoteBackend {
         &self.pooled[i % self.pooled.len()]
     }
 
+    /// A proxied request that failed in transport. One that could not connect (refused, reset
+    /// during the handshake, TLS refused) says the backend may be gone: re-check it now.
+    fn failed_request(&self, e: hyper_util::client::legacy::Error) -> GatewayError {
+        if e.is_connect() {
+            if let Some(failures) = &self.failures {
+                failures.report(&self.name);
+            }
+        }
+        self.transport_error(e)
+    }
+
     fn transport_error(&self, e: hyper_util::client::legacy::Error) -> GatewayError {
         self.unavailable(format!(
             "error trying to reach service: {}",
@@ -329,6 +384,77 @@ fn is_group_version_discovery(method: &Method, path: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    struct Closed(u16);
+
+    impl ServiceResolver for Closed {
+        fn resolve(
+            &self,
+            _: &apiservice::model::ServiceRef,
+        ) -> Result<apiservice::resolve::Endpoint, apiservice::resolve::ResolveError> {
+            Ok(apiservice::resolve::Endpoint::new("127.0.0.1", self.0))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_asks_for_an_availability_recheck_once_per_burst() {
+        use crate::workqueue::{Next, WorkQueue};
+        let api = RegisteredAPIService {
+            name: "v1.dead.io".into(),
+            group: "dead.io".into(),
+            version: "v1".into(),
+            group_priority_minimum: 100,
+            version_priority: 10,
+            backend: apiservice::model::Backend::Remote(RemoteBackendSpec {
+                service: apiservice::model::ServiceRef {
+                    namespace: "dead".into(),
+                    name: "api".into(),
+                    port: 443,
+                },
+                ca_bundle: None,
+                insecure_skip_tls_verify: true,
+            }),
+        };
+        let apiservice::model::Backend::Remote(spec) = &api.backend else {
+            unreachable!()
+        };
+        // A port nothing listens on: every connection is refused.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut rechecks: WorkQueue<String, ()> = WorkQueue::new(|_| crate::workqueue::Backoff {
+            min: Duration::from_millis(5),
+            max: Duration::from_secs(1),
+        });
+        let (_, drain) = watch::channel(false);
+        let backend = RemoteBackend::new(&api, spec, None, Arc::new(Closed(port)), drain)
+            .unwrap()
+            .reporting_failures_to(rechecks.queue().clone());
+        for _ in 0..3 {
+            let req = http::Request::get("/apis/dead.io/v1/things")
+                .body(body::empty())
+                .unwrap();
+            let result = backend
+                .forward(req, &crate::identity::UserInfo::anonymous(), None, false)
+                .await;
+            assert!(
+                matches!(result, Err(GatewayError::BackendUnavailable { .. })),
+                "a refused connection is a 503"
+            );
+        }
+        let first = tokio::time::timeout(Duration::from_secs(1), rechecks.next())
+            .await
+            .expect("a recheck was asked for");
+        assert!(matches!(first, Next::Ready(ref name) if name == "v1.dead.io"));
+        // Three failures within 200 ms are one report.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(300), rechecks.next())
+                .await
+                .is_err()
+        );
+    }
 
     #[test]
     fn own_requests_use_kube_aggregators_identities() {

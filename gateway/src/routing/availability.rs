@@ -26,7 +26,7 @@ use tracing::Instrument;
 
 use super::{AvailabilityMap, RouteTarget, Routes, Routing, Target};
 use crate::metrics::Metrics;
-use crate::workqueue::{Backoff, Next, WorkQueue};
+use crate::workqueue::{Backoff, Next, Queue, WorkQueue};
 
 /// kube-aggregator's rate limiter for availability checks.
 pub const AVAILABILITY_BACKOFF: Backoff = Backoff {
@@ -42,10 +42,8 @@ const RESOLVER_SYNC_SLOW: Duration = Duration::from_secs(10);
 /// useful than no condition at all; they re-run as soon as the caches sync.
 const RESOLVER_SYNC_LIMIT: Duration = Duration::from_secs(60);
 
-/// Checks APIServices one key at a time; see the module docs.
-pub struct AvailabilityController {
-    pub routing: Arc<Routing>,
-    pub results: watch::Sender<AvailabilityMap>,
+/// What the availability controller is built from.
+pub struct AvailabilitySettings {
     /// The resync of a passed check.
     pub interval: Duration,
     /// The retry of a failed check ([`AVAILABILITY_BACKOFF`] outside tests).
@@ -54,7 +52,15 @@ pub struct AvailabilityController {
     pub resolver: Arc<dyn ServiceResolver>,
     /// Present with the kube source: conditions are written back through the status subresource.
     pub kube: Option<kube::Client>,
-    pub metrics: Arc<Metrics>,
+}
+
+/// Checks APIServices one key at a time; see the module docs.
+pub struct AvailabilityController {
+    routing: Arc<Routing>,
+    results: watch::Sender<AvailabilityMap>,
+    settings: AvailabilitySettings,
+    metrics: Arc<Metrics>,
+    queue: WorkQueue<String, Checked>,
 }
 
 /// The outcome of [`ServiceResolver::check_endpoints`]; `None` for routes without one.
@@ -90,15 +96,34 @@ enum Write {
 }
 
 impl AvailabilityController {
-    pub async fn run(self) {
-        let mut changes = self.resolver.changes();
-        self.wait_for_resolver(&mut changes).await;
+    pub fn new(
+        routing: Arc<Routing>,
+        results: watch::Sender<AvailabilityMap>,
+        settings: AvailabilitySettings,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let backoff = settings.backoff;
+        Self {
+            routing,
+            results,
+            settings,
+            metrics,
+            queue: WorkQueue::new(move |_| backoff),
+        }
+    }
+
+    /// Adds APIService names to check now: what the proxy uses to report failed connections.
+    pub fn rechecks(&self) -> Queue<String> {
+        self.queue.queue().clone()
+    }
+
+    pub async fn run(mut self) {
+        let mut changes = self.settings.resolver.changes();
+        wait_for_resolver(self.settings.resolver.as_ref(), &mut changes).await;
         let mut routes = self.routing.subscribe();
-        let backoff = self.backoff;
-        let mut queue: WorkQueue<String, Checked> = WorkQueue::new(move |_| backoff);
         let mut known: HashMap<String, Known> = HashMap::new();
         if let Some(table) = routes.borrow_and_update().clone() {
-            self.follow_routes(&table, &mut known, &mut queue);
+            self.follow_routes(&table, &mut known);
         }
         loop {
             tokio::select! {
@@ -107,7 +132,7 @@ impl AvailabilityController {
                         return;
                     }
                     if let Some(table) = routes.borrow_and_update().clone() {
-                        self.follow_routes(&table, &mut known, &mut queue);
+                        self.follow_routes(&table, &mut known);
                     }
                 }
                 _ = changes.changed() => {
@@ -115,30 +140,30 @@ impl AvailabilityController {
                     for (name, k) in &known {
                         if self.precheck(k) != k.precheck {
                             tracing::debug!(apiservice = %name, "Service or endpoints changed; re-checking");
-                            queue.queue().add(name.clone());
+                            self.queue.queue().add(name.clone());
                         }
                     }
                 }
-                next = queue.next() => match next {
+                next = self.queue.next() => match next {
                     Next::Ready(name) => match known.get(&name) {
                         Some(k) => {
                             let check = self.check(k);
                             let span = tracing::info_span!("availability_check", apiservice = %name);
-                            queue.start(name, check.instrument(span));
+                            self.queue.start(name, check.instrument(span));
                         }
-                        None => queue.forget(&name),
+                        None => self.queue.forget(&name),
                     },
                     Next::Done(name, checked) => {
                         let Some(k) = known.get_mut(&name) else {
-                            queue.forget(&name);
+                            self.queue.forget(&name);
                             continue;
                         };
                         let passed = checked.availability.is_available();
                         let written = self.take_in(&name, k, checked);
                         if passed && written {
-                            queue.resync(name, Some(self.interval));
+                            self.queue.resync(name, Some(self.settings.interval));
                         } else {
-                            queue.retry(name);
+                            self.queue.retry(name);
                         }
                         self.publish(&known);
                     }
@@ -148,12 +173,8 @@ impl AvailabilityController {
     }
 
     /// Takes in a new route table: new and edited routes are checked now, gone ones forgotten.
-    fn follow_routes(
-        &self,
-        table: &Routes,
-        known: &mut HashMap<String, Known>,
-        queue: &mut WorkQueue<String, Checked>,
-    ) {
+    fn follow_routes(&mut self, table: &Routes, known: &mut HashMap<String, Known>) {
+        let queue = &mut self.queue;
         let mut seen = HashMap::with_capacity(known.len());
         for route in table.routes() {
             let name = &route.api_service.name;
@@ -202,7 +223,7 @@ impl AvailabilityController {
             Target::Remote(_) => k
                 .api_service
                 .service()
-                .map(|svc| self.resolver.check_endpoints(svc)),
+                .map(|svc| self.settings.resolver.check_endpoints(svc)),
             Target::Local | Target::Broken(_) => None,
         }
     }
@@ -213,7 +234,7 @@ impl AvailabilityController {
         let api = k.api_service.clone();
         let target = k.target.clone();
         let written = k.written.clone();
-        let kube = self.kube.clone();
+        let kube = self.settings.kube.clone();
         async move {
             let availability = match (&target, &precheck) {
                 (Target::Local, _) => Availability::Available,
@@ -313,43 +334,43 @@ impl AvailabilityController {
             tracing::info!(apiservice = %name, "APIService available");
         }
     }
+}
 
-    /// Holds the first check until the resolver's caches are loaded, so startup does not publish
-    /// (and write to the core) `ServiceAccessError` for every remote APIService. Bounded: see
-    /// [`RESOLVER_SYNC_LIMIT`].
-    async fn wait_for_resolver(&self, changes: &mut Changes) {
-        let start = tokio::time::Instant::now();
-        let mut logged = false;
-        while !self.resolver.synced() {
-            let waited = start.elapsed();
-            if waited >= RESOLVER_SYNC_LIMIT {
-                tracing::warn!(
-                    waited = ?waited,
-                    "Service/EndpointSlice caches still not synced; checking APIService availability anyway (ServiceAccessError until they sync)"
-                );
-                return;
-            }
-            let next_log = if logged {
-                RESOLVER_SYNC_LIMIT
-            } else {
-                RESOLVER_SYNC_SLOW
-            };
-            tokio::select! {
-                _ = changes.changed() => {}
-                _ = tokio::time::sleep_until(start + next_log) => {
-                    if !logged && !self.resolver.synced() {
-                        tracing::warn!(
-                            waited = ?start.elapsed(),
-                            "waiting for the Service/EndpointSlice caches before checking APIService availability (RBAC list/watch on services and endpointslices? core reachable?)"
-                        );
-                        logged = true;
-                    }
+/// Holds the first check until the resolver's caches are loaded, so startup does not publish
+/// (and write to the core) `ServiceAccessError` for every remote APIService. Bounded: see
+/// [`RESOLVER_SYNC_LIMIT`].
+async fn wait_for_resolver(resolver: &dyn ServiceResolver, changes: &mut Changes) {
+    let start = tokio::time::Instant::now();
+    let mut logged = false;
+    while !resolver.synced() {
+        let waited = start.elapsed();
+        if waited >= RESOLVER_SYNC_LIMIT {
+            tracing::warn!(
+                waited = ?waited,
+                "Service/EndpointSlice caches still not synced; checking APIService availability anyway (ServiceAccessError until they sync)"
+            );
+            return;
+        }
+        let next_log = if logged {
+            RESOLVER_SYNC_LIMIT
+        } else {
+            RESOLVER_SYNC_SLOW
+        };
+        tokio::select! {
+            _ = changes.changed() => {}
+            _ = tokio::time::sleep_until(start + next_log) => {
+                if !logged && !resolver.synced() {
+                    tracing::warn!(
+                        waited = ?start.elapsed(),
+                        "waiting for the Service/EndpointSlice caches before checking APIService availability (RBAC list/watch on services and endpointslices? core reachable?)"
+                    );
+                    logged = true;
                 }
             }
         }
-        if logged {
-            tracing::info!(waited = ?start.elapsed(), "Service/EndpointSlice caches synced");
-        }
+    }
+    if logged {
+        tracing::info!(waited = ?start.elapsed(), "Service/EndpointSlice caches synced");
     }
 }
 

@@ -17,6 +17,7 @@ use super::{AvailabilityMap, RouteTarget, Routing, Target};
 use crate::backend::remote::RemoteBackend;
 use crate::metrics::Metrics;
 use crate::request::RoutedTo;
+use crate::workqueue::Queue;
 
 /// The proxy client certificate remote backends present. A new value (the files were rotated)
 /// makes the route controller rebuild every `RemoteBackend`; requests already in flight keep the
@@ -29,6 +30,8 @@ pub struct BackendFactory {
     pub proxy_identity: ProxyIdentity,
     pub resolver: Arc<dyn ServiceResolver>,
     pub drain: watch::Receiver<bool>,
+    /// The availability controller's queue, told of connection failures on real traffic.
+    pub failures: Option<Queue<String>>,
 }
 
 /// Builds route tables from APIService sets and availability results.
@@ -167,7 +170,10 @@ impl RouteController {
                         self.factory.resolver.clone(),
                         self.factory.drain.clone(),
                     ) {
-                        Ok(b) => Target::Remote(Arc::new(b)),
+                        Ok(b) => Target::Remote(Arc::new(match &self.factory.failures {
+                            Some(queue) => b.reporting_failures_to(queue.clone()),
+                            None => b,
+                        })),
                         Err(e) => {
                             tracing::warn!(apiservice = %registered.name, error = %e, "cannot build the backend transport");
                             Target::Broken(e.to_string().into())

@@ -1,5 +1,6 @@
 //! The route and availability controllers together, over a fake resolver.
 
+use super::availability::AvailabilitySettings;
 use super::*;
 use crate::metrics::Metrics;
 use apiservice::resolve::ServiceResolver;
@@ -139,6 +140,7 @@ fn start(resolver: Arc<FakeResolver>, set: ApiServiceSet) -> Fixture {
         proxy_identity: watch::channel(None).1,
         resolver: resolver.clone(),
         drain: watch::channel(false).1,
+        failures: None,
     };
     let mut controller = RouteController::new(
         routing.clone(),
@@ -149,20 +151,22 @@ fn start(resolver: Arc<FakeResolver>, set: ApiServiceSet) -> Fixture {
     );
     controller.rebuild();
     tokio::spawn(
-        AvailabilityController {
-            routing: routing.clone(),
-            results: results_tx,
-            interval: Duration::from_secs(3600),
-            // Failed checks are not retried within a test either: what is probed is what a
-            // change asked for.
-            backoff: crate::workqueue::Backoff {
-                min: Duration::from_secs(3600),
-                max: Duration::from_secs(3600),
+        AvailabilityController::new(
+            routing.clone(),
+            results_tx,
+            AvailabilitySettings {
+                interval: Duration::from_secs(3600),
+                // Failed checks are not retried within a test either: what is probed is what a
+                // change asked for.
+                backoff: crate::workqueue::Backoff {
+                    min: Duration::from_secs(3600),
+                    max: Duration::from_secs(3600),
+                },
+                resolver,
+                kube: None,
             },
-            resolver,
-            kube: None,
-            metrics: metrics.clone(),
-        }
+            metrics.clone(),
+        )
         .run(),
     );
     Fixture {
