@@ -8,7 +8,7 @@ pub mod model;
 pub mod order;
 pub mod priority;
 pub mod resolve;
-pub mod route;
+pub mod route_table;
 pub mod source;
 pub mod validation;
 pub mod version;

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use apiservice::route::Lookup;
+use apiservice::route_table::Lookup;
 use http::{header, HeaderValue, Method};
 use tower::Service;
 
@@ -155,12 +155,14 @@ impl Service<Request> for Router {
     }
 }
 
-fn unavailable_reason(a: &apiservice::route::Availability) -> String {
+fn unavailable_reason(a: &apiservice::route_table::Availability) -> String {
     match a {
-        apiservice::route::Availability::Unavailable { reason, message } if !message.is_empty() => {
+        apiservice::route_table::Availability::Unavailable { reason, message }
+            if !message.is_empty() =>
+        {
             format!("{message} ({reason})")
         }
-        apiservice::route::Availability::Unavailable { reason, .. } => reason.to_string(),
+        apiservice::route_table::Availability::Unavailable { reason, .. } => reason.to_string(),
         _ => "availability not yet known; the first check is under way".into(),
     }
 }
@@ -169,7 +171,7 @@ fn unavailable_reason(a: &apiservice::route::Availability) -> String {
 mod tests {
     use super::*;
     use apiservice::model::{Backend, RegisteredAPIService};
-    use apiservice::route::RouteTable;
+    use apiservice::route_table::RouteTable;
 
     use crate::routing::RouteTarget;
 

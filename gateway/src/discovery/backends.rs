@@ -11,7 +11,7 @@ use std::sync::Arc;
 use apiservice::discovery::legacy::convert_resources;
 use apiservice::discovery::RemoteDiscovery;
 use apiservice::model::{GroupVersion, RegisteredAPIService};
-use apiservice::route::Availability;
+use apiservice::route_table::Availability;
 use http::header;
 use http::StatusCode;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::APIResourceList;

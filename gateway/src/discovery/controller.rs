@@ -475,13 +475,13 @@ mod tests {
     use crate::discovery::backends::tests::{doc, resources, wardle_doc};
     use crate::discovery::fetch::DISCOVERY_TIMEOUT;
     use apiservice::discovery::CoreDiscovery;
-    use apiservice::route::Availability;
+    use apiservice::route_table::Availability;
     use kube::core::discovery::v2::APIGroupDiscoveryList;
     use tokio::sync::watch;
 
     use apiservice::model::{Backend, RemoteBackendSpec};
     use apiservice::resolve::{Endpoint, ResolveError, ServiceResolver};
-    use apiservice::route::RouteTable;
+    use apiservice::route_table::RouteTable;
 
     /// Every Service resolves to one fixed address.
     struct FixedAddress(std::net::SocketAddr);

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use apiservice::model::RegisteredAPIService;
 use apiservice::resolve::{Changes, ResolveError, ServiceResolver};
-use apiservice::route::{Availability, Route, UnavailableReason};
+use apiservice::route_table::{Availability, Route, UnavailableReason};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tokio::sync::watch;
 use tracing::Instrument;

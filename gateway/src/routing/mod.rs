@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use apiservice::route::{Availability, RouteTable};
+use apiservice::route_table::{Availability, RouteTable};
 use arc_swap::ArcSwap;
 use tokio::sync::watch;
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use apiservice::model::{Backend, RegisteredAPIService};
 use apiservice::resolve::ServiceResolver;
-use apiservice::route::{Availability, RouteTable};
+use apiservice::route_table::{Availability, RouteTable};
 use apiservice::source::{ApiServiceSet, Refusal};
 use gateway_config::tls::Identity;
 use tokio::sync::watch;

@@ -29,7 +29,7 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use apiservice::route::Lookup;
+use apiservice::route_table::Lookup;
 use http::{Method, StatusCode};
 use tower::layer::layer_fn;
 use tower::{Layer, Service};

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use apiservice::discovery::merge::{merge, APIServiceDiscovery, CoreDiscovery, RemoteDiscovery};
 use apiservice::model::{Backend, RegisteredAPIService, RemoteBackendSpec, ServiceRef};
-use apiservice::route::{Availability, Lookup, RouteTable};
+use apiservice::route_table::{Availability, Lookup, RouteTable};
 use kube_core::discovery::v2::APIGroupDiscoveryList;
 use serde_json::{json, Value};
 
