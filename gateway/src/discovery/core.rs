@@ -34,7 +34,13 @@ pub struct CoreDocument {
     /// Legacy mode: the index document (`APIVersions`/`APIGroupList`) last converted and when
     /// its per-version lists were fetched, so they are re-read only when the index changed or
     /// once per refresh interval.
-    legacy: Option<(Bytes, Instant)>,
+    legacy: Option<LegacyIndex>,
+}
+
+/// A legacy index document as last converted.
+struct LegacyIndex {
+    body: Bytes,
+    converted_at: Instant,
 }
 
 impl CoreDocument {
@@ -74,8 +80,8 @@ impl CoreDocument {
                 doc
             }
             StatusCode::OK => {
-                let fresh = self.legacy.as_ref().is_some_and(|(index, at)| {
-                    *index == answer.body && at.elapsed() < legacy_refresh
+                let fresh = self.legacy.as_ref().is_some_and(|index| {
+                    index.body == answer.body && index.converted_at.elapsed() < legacy_refresh
                 });
                 if fresh && self.doc.is_some() {
                     return Ok(false);
@@ -86,7 +92,10 @@ impl CoreDocument {
                     legacy_groups(core, &answer).await?
                 };
                 self.etag = None;
-                self.legacy = Some((answer.body.clone(), Instant::now()));
+                self.legacy = Some(LegacyIndex {
+                    body: answer.body.clone(),
+                    converted_at: Instant::now(),
+                });
                 doc
             }
             // client-go tolerates a server without `/api`; so do we.
