@@ -298,6 +298,19 @@ async fn deleting_the_apiservice_sends_the_group_back_to_the_core() {
     assert!(back, "after delete the core should answer 404");
 }
 
+/// Flunders are listed for `user` through the gateway within 5 s.
+async fn assert_flunders_served(s: &Scenario, user: &CertifiedPair) {
+    let served = scenario::serves(
+        &s.gateway,
+        user,
+        FLUNDERS,
+        "FlunderList",
+        Duration::from_secs(5),
+    )
+    .await;
+    assert!(served, "{}", s.logs());
+}
+
 /// The wardle backend behind a gateway reading an empty `--apiservice-dir`.
 async fn file_source_session() -> (Scenario, CertifiedPair) {
     let s = Scenario::wardle().file_source().start().await;
@@ -324,15 +337,7 @@ async fn file_source_picks_up_edited_manifests_without_restart() {
     assert!(unavailable, "{}", s.logs());
 
     wardle.write_to(s.manifests(), "wardle.yaml");
-    let served = scenario::serves(
-        &s.gateway,
-        &alice,
-        FLUNDERS,
-        "FlunderList",
-        Duration::from_secs(5),
-    )
-    .await;
-    assert!(served, "{}", s.logs());
+    assert_flunders_served(&s, &alice).await;
 }
 
 /// A broken edit keeps the last good set and says which file is wrong.
@@ -342,15 +347,7 @@ async fn a_broken_manifest_edit_keeps_the_last_good_set_and_names_the_file() {
     s.pki
         .apiservice(GROUP, "v1alpha1", "wardle")
         .write_to(s.manifests(), "wardle.yaml");
-    let served = scenario::serves(
-        &s.gateway,
-        &alice,
-        FLUNDERS,
-        "FlunderList",
-        Duration::from_secs(5),
-    )
-    .await;
-    assert!(served, "{}", s.logs());
+    assert_flunders_served(&s, &alice).await;
 
     std::fs::write(
         s.manifests().join("wardle.yaml"),
@@ -484,15 +481,7 @@ async fn a_label_selector_limits_the_apiservices_a_gateway_serves() {
             "gateway.example.com/owner=edge",
         ])
         .await;
-    let served = scenario::serves(
-        &s.gateway,
-        &alice,
-        FLUNDERS,
-        "FlunderList",
-        Duration::from_secs(5),
-    )
-    .await;
-    assert!(served, "{}", s.logs());
+    assert_flunders_served(&s, &alice).await;
 }
 
 /// A backend that authorizes discovery like a kube API server (anonymous callers are refused)
