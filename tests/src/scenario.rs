@@ -933,3 +933,26 @@ pub async fn clear_core_requests(core: &FixtureCore) {
         .unwrap();
     harness::send(&core_client(), req).await.unwrap();
 }
+
+/// The `Available` condition of APIService `name` as stored on the core (what `kubectl get
+/// apiservices` shows): `(status, reason)`, or `None` while the APIService or its condition
+/// does not exist.
+pub async fn available_condition(core: &FixtureCore, name: &str) -> Option<(String, String)> {
+    let url = format!(
+        "{}/apis/apiregistration.k8s.io/v1/apiservices/{name}",
+        core.url()
+    );
+    let (status, _, body) = harness::get(&core_client(), &url).await.ok()?;
+    if status != StatusCode::OK {
+        return None;
+    }
+    let api = json_or_null(&body);
+    let condition = api["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "Available")?;
+    Some((
+        condition["status"].as_str()?.to_owned(),
+        condition["reason"].as_str().unwrap_or_default().to_owned(),
+    ))
+}

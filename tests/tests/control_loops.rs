@@ -1,0 +1,419 @@
+//! How fast what changes around the gateway reaches the route table, availability and discovery,
+//! as a user sees it: a new APIService is served and discovered, an endpoint appearing on the core
+//! makes its APIService Available, a killed backend gets a 503 and goes `Stale` in discovery, and a
+//! hung backend holds back no other APIService.
+//!
+//! Each test times one reaction with [`Instant`] from the change to the first observation (polled
+//! every [`POLL`]), prints it as `reaction: <what> <ms> ms` (`cargo test -- --nocapture` shows the
+//! lines; they are the before/after figures of the control-loop redesign), and asserts a bound
+//! generous enough for a loaded machine but well below any fixed interval that could explain it.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use e2e::certs::CertifiedPair;
+use e2e::harness::{self, FixtureCore, Gateway, HttpClient};
+use e2e::scenario::{self, available_condition, create_on_core, ApiService, Pki, Scenario};
+use http::StatusCode;
+use serde_json::{json, Value};
+
+const GROUP: &str = "wardle.example.com";
+const NAME: &str = "v1alpha1.wardle.example.com";
+const FLUNDERS: &str = "/apis/wardle.example.com/v1alpha1/namespaces/default/flunders";
+const AGGREGATED: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
+
+/// How often an observation is repeated while waiting for a reaction.
+const POLL: Duration = Duration::from_millis(25);
+
+/// Repeats `observed` every [`POLL`] until it holds, prints the time from `since` to that first
+/// observation as `reaction: <what> <ms> ms` and returns it; `None` if it did not hold by `limit`
+/// after `since`.
+async fn reaction<F, Fut>(
+    what: &str,
+    since: Instant,
+    limit: Duration,
+    mut observed: F,
+) -> Option<Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    loop {
+        if observed().await {
+            let took = since.elapsed();
+            eprintln!("reaction: {what} {} ms", took.as_millis());
+            return Some(took);
+        }
+        if since.elapsed() >= limit {
+            eprintln!("reaction: {what} none within {} ms", limit.as_millis());
+            return None;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Fails unless `took` is a reaction within `bound`.
+fn assert_within(what: &str, took: Option<Duration>, bound: Duration) {
+    match took {
+        Some(took) => assert!(
+            took <= bound,
+            "{what}: took {} ms, more than {} ms",
+            took.as_millis(),
+            bound.as_millis()
+        ),
+        None => panic!("{what}: not seen at all"),
+    }
+}
+
+/// A user's own HTTP/2 connection to the gateway, reused across polls so that a poll measures
+/// the gateway and not a TLS handshake.
+struct User {
+    client: HttpClient,
+    base: String,
+}
+
+impl User {
+    fn new(gateway: &Gateway, user: &CertifiedPair) -> User {
+        User {
+            client: harness::http2_client(&gateway.ca_pem().unwrap(), Some(user)).unwrap(),
+            base: gateway.url(),
+        }
+    }
+
+    /// GET `path` with `accept`: the status and the body as JSON (`null` if it is not); `None`
+    /// without an answer.
+    async fn get(&self, path: &str, accept: &str) -> Option<(StatusCode, Value)> {
+        let req = http::Request::get(format!("{}{path}", self.base))
+            .header("accept", accept)
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap();
+        let (status, _, body) = harness::send(&self.client, req).await.ok()?;
+        Some((status, scenario::json_or_null(&body)))
+    }
+
+    /// Whether `path` is served by the backend: a 200 `FlunderList`.
+    async fn reaches_backend(&self, path: &str) -> bool {
+        self.get(path, "application/json")
+            .await
+            .is_some_and(|(status, body)| status == StatusCode::OK && body["kind"] == "FlunderList")
+    }
+
+    /// The 503 `Status` message for `path`, if that is the answer.
+    async fn unavailable_message(&self, path: &str) -> Option<String> {
+        let (status, body) = self.get(path, "application/json").await?;
+        (status == StatusCode::SERVICE_UNAVAILABLE && body["kind"] == "Status")
+            .then(|| body["message"].as_str().unwrap_or_default().to_owned())
+    }
+
+    /// The versions of `group` in the merged aggregated `/apis` that list `resource`, each with
+    /// its `freshness`.
+    async fn discovered(&self, group: &str, resource: &str) -> Vec<(String, String)> {
+        let Some((StatusCode::OK, doc)) = self.get("/apis", AGGREGATED).await else {
+            return Vec::new();
+        };
+        doc["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|g| g["metadata"]["name"] == group)
+            .flat_map(|g| g["versions"].as_array().cloned().unwrap_or_default())
+            .filter(|v| {
+                v["resources"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|r| r["resource"] == resource)
+            })
+            .map(|v| {
+                let field = |name: &str| v[name].as_str().unwrap_or_default().to_owned();
+                (field("version"), field("freshness"))
+            })
+            .collect()
+    }
+}
+
+/// `apiservice` stored straight on the core, as `kubectl apply` would (without kubectl's own
+/// start-up time in a measurement).
+async fn create_apiservice_on_core(core: &FixtureCore, apiservice: &ApiService) {
+    let object: Value = serde_saphyr::from_str(&apiservice.yaml()).unwrap();
+    assert_eq!(
+        create_on_core(core, "/apis/apiregistration.k8s.io/v1/apiservices", object).await,
+        StatusCode::CREATED
+    );
+}
+
+/// Waits up to `timeout` for APIService `name`'s `Available` condition on the core to be
+/// `(status, reason)`.
+async fn wait_for_condition(core: &FixtureCore, name: &str, want: (&str, &str), timeout: Duration) {
+    let seen = harness::wait_until(timeout, || async {
+        available_condition(core, name)
+            .await
+            .is_some_and(|(status, reason)| (status.as_str(), reason.as_str()) == want)
+    })
+    .await;
+    assert!(
+        seen,
+        "{name}: Available is {:?}, not {want:?}",
+        available_condition(core, name).await
+    );
+}
+
+/// Resumes a process stopped with SIGSTOP when dropped, so a failing test leaves nothing stopped.
+struct Stopped(u32);
+
+impl Stopped {
+    fn stop(pid: u32) -> Stopped {
+        signal("STOP", pid);
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        signal("CONT", self.0);
+    }
+}
+
+fn signal(name: &str, pid: u32) {
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{name} {pid}: {status}");
+}
+
+/// With the file source, a manifest for a new APIService is routed and discovered as soon as it
+/// is written: no availability round (60 s here) and no discovery refresh (60 s) is waited for.
+#[tokio::test]
+async fn a_new_apiservice_manifest_is_served_and_discovered_at_once() {
+    let s = Scenario::wardle()
+        .file_source()
+        .availability_interval("60s")
+        .start()
+        .await;
+    let alice = User::new(&s.gateway, &s.user("alice", &[]));
+    // Not registered yet: the core has no such group.
+    assert_eq!(
+        alice
+            .get(FLUNDERS, "application/json")
+            .await
+            .map(|(status, _)| status),
+        Some(StatusCode::NOT_FOUND)
+    );
+
+    let since = Instant::now();
+    s.register(&s.pki.apiservice(GROUP, "v1alpha1", "wardle"));
+    let limit = Duration::from_secs(10);
+    let (routed, discovered) = tokio::join!(
+        reaction(
+            "new APIService manifest -> request reaches the backend",
+            since,
+            limit,
+            || alice.reaches_backend(FLUNDERS)
+        ),
+        reaction(
+            "new APIService manifest -> listed in aggregated /apis",
+            since,
+            limit,
+            || async {
+                alice.discovered(GROUP, "flunders").await == [("v1alpha1".into(), "Current".into())]
+            }
+        ),
+    );
+    // The file watch's 200 ms burst window, one probe, one discovery fetch.
+    assert_within("routed", routed, Duration::from_secs(3));
+    assert_within("discovered", discovered, Duration::from_secs(3));
+}
+
+/// With the kube source, an APIService whose Service has no endpoints becomes Available as soon
+/// as an EndpointSlice with a ready endpoint appears on the core, and serves requests: the next
+/// availability check (60 s here) is not waited for.
+#[tokio::test]
+async fn a_new_endpointslice_makes_its_apiservice_available_at_once() {
+    // No static services map: the backend is found through the core's Service and endpoints.
+    let s = Scenario::wardle()
+        .without_static_services()
+        .availability_interval("60s")
+        .start()
+        .await;
+    let port = s.backend("wardle").addr.port();
+    let alice_pair = s.user("alice", &[]);
+    let kubectl = s.kubectl(&alice_pair);
+    let alice = User::new(&s.gateway, &alice_pair);
+
+    let service = json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "api", "namespace": "wardle"},
+        "spec": {"type": "ClusterIP", "clusterIP": "127.0.0.1",
+                 "ports": [{"name": "https", "port": port, "targetPort": port, "protocol": "TCP"}]}
+    });
+    assert_eq!(
+        create_on_core(&s.core, "/api/v1/namespaces/wardle/services", service).await,
+        StatusCode::CREATED
+    );
+    kubectl
+        .apply_yaml(
+            &s.pki
+                .apiservice(GROUP, "v1alpha1", "wardle")
+                .port(port)
+                .yaml(),
+        )
+        .await;
+    wait_for_condition(
+        &s.core,
+        NAME,
+        ("False", "EndpointsNotFound"),
+        Duration::from_secs(10),
+    )
+    .await;
+
+    let slice = json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": "api-abcde", "namespace": "wardle",
+                     "labels": {"kubernetes.io/service-name": "api"}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": true}}],
+        "ports": [{"name": "https", "port": port, "protocol": "TCP"}]
+    });
+    let since = Instant::now();
+    assert_eq!(
+        create_on_core(
+            &s.core,
+            "/apis/discovery.k8s.io/v1/namespaces/wardle/endpointslices",
+            slice
+        )
+        .await,
+        StatusCode::CREATED
+    );
+    let limit = Duration::from_secs(10);
+    let (available, routed) = tokio::join!(
+        reaction(
+            "new EndpointSlice -> Available True on the core",
+            since,
+            limit,
+            || async {
+                available_condition(&s.core, NAME)
+                    .await
+                    .is_some_and(|(status, _)| status == "True")
+            }
+        ),
+        reaction(
+            "new EndpointSlice -> request reaches the backend",
+            since,
+            limit,
+            || alice.reaches_backend(FLUNDERS)
+        ),
+    );
+    // The resolver's watch, one probe and one status write.
+    assert_within("Available", available, Duration::from_secs(3));
+    assert_within("routed", routed, Duration::from_secs(3));
+    scenario::wait_for_apiservice_row(&kubectl, NAME, "True", Duration::from_secs(5)).await;
+}
+
+/// A killed backend: requests to its group get a 503 Status naming the APIService, the route is
+/// marked unavailable and its versions go `Stale` in the merged discovery (the resources it listed
+/// stay), all within seconds, not at the next 30 s availability check.
+#[tokio::test]
+async fn a_killed_backend_gets_503_and_goes_stale_in_discovery() {
+    // The gateway's default availability interval (30 s), as most users run it.
+    let mut s = Scenario::wardle()
+        .apiservice(GROUP, "v1alpha1", "wardle")
+        .availability_interval("30s")
+        .start()
+        .await;
+    let alice = User::new(&s.gateway, &s.user("alice", &[]));
+    let ready = harness::wait_until(Duration::from_secs(10), || async {
+        alice.reaches_backend(FLUNDERS).await
+            && alice.discovered(GROUP, "flunders").await == [("v1alpha1".into(), "Current".into())]
+    })
+    .await;
+    assert!(ready, "{NAME} was never served and discovered");
+
+    let since = Instant::now();
+    s.backend_mut("wardle").process.kill();
+    let limit = Duration::from_secs(40);
+    let (refused, unavailable, stale) = tokio::join!(
+        reaction(
+            "killed backend -> 503 naming the APIService",
+            since,
+            limit,
+            || async {
+                alice
+                    .unavailable_message(FLUNDERS)
+                    .await
+                    .is_some_and(|m| m.contains(NAME))
+            }
+        ),
+        reaction(
+            "killed backend -> route unavailable (FailedDiscoveryCheck)",
+            since,
+            limit,
+            || async {
+                alice
+                    .unavailable_message(FLUNDERS)
+                    .await
+                    .is_some_and(|m| m.contains(NAME) && m.contains("FailedDiscoveryCheck"))
+            }
+        ),
+        reaction(
+            "killed backend -> Stale in aggregated /apis",
+            since,
+            limit,
+            || async {
+                alice.discovered(GROUP, "flunders").await == [("v1alpha1".into(), "Stale".into())]
+            }
+        ),
+    );
+    // The request path notices at once (the connection is refused) and tells the availability
+    // queue, which re-checks the APIService; discovery follows the route table it publishes.
+    // Before the redesign both waited for the next availability round (up to 30 s).
+    assert_within("503", refused, Duration::from_secs(2));
+    assert_within("route unavailable", unavailable, Duration::from_secs(5));
+    assert_within("Stale", stale, Duration::from_secs(5));
+}
+
+/// One backend hanging (stopped with SIGSTOP: connections are accepted, nothing is answered) does
+/// not hold back another APIService: a new one on a healthy backend is Available within 2 s,
+/// though the hung backend's probe only gives up after its 5 s timeout.
+#[tokio::test]
+async fn a_hung_backend_does_not_delay_another_apiservices_availability() {
+    const FLOWERS: &str = "flowers.example.com";
+    // Availability probed every second: the hung backend's probe is in flight when B arrives.
+    let s = Scenario::with_pki(Pki::for_services(&["wardle", "flowers"]))
+        .backend("wardle", GROUP, "v1alpha1", &[])
+        .backend("flowers", FLOWERS, "v1", &[])
+        .start()
+        .await;
+    let kubectl = s.kubectl(&s.user("alice", &[]));
+    kubectl
+        .apply_yaml(&s.pki.apiservice(GROUP, "v1alpha1", "wardle").yaml())
+        .await;
+    wait_for_condition(&s.core, NAME, ("True", "Passed"), Duration::from_secs(10)).await;
+
+    let stopped = Stopped::stop(s.backend("wardle").process.id());
+    // More than one interval: a probe of the hung backend has started and is waiting.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let flowers = s.pki.apiservice(FLOWERS, "v1", "flowers");
+    let since = Instant::now();
+    create_apiservice_on_core(&s.core, &flowers).await;
+    let available = reaction(
+        "new APIService beside a hung backend -> Available True on the core",
+        since,
+        Duration::from_secs(15),
+        || async {
+            available_condition(&s.core, &flowers.name())
+                .await
+                .is_some_and(|(status, _)| status == "True")
+        },
+    )
+    .await;
+    assert_within(
+        "Available beside a hung backend (one hung probe must not hold back other APIServices)",
+        available,
+        Duration::from_secs(2),
+    );
+    scenario::wait_for_apiservice_row(&kubectl, &flowers.name(), "True", Duration::from_secs(5))
+        .await;
+    drop(stopped);
+}
