@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use e2e::certs::CertifiedPair;
-use e2e::harness::{self, FixtureCore, Gateway, GatewayOptions, Kubectl};
-use e2e::scenario::{self, create_on_core, get_as, json_or_null, ApiService, Scenario};
+use e2e::harness::{self, Gateway, GatewayOptions, Kubectl};
+use e2e::scenario::{self, get_as, json_or_null, ApiService, Scenario};
 use http::{Request, StatusCode};
 use http_body_util::Full;
 use serde_json::{json, Value};
@@ -58,29 +58,6 @@ fn resources_of(doc: &Value, group: &str) -> Vec<String> {
 /// Polls `kubectl get apiservices` until the row for NAME contains `wanted`.
 async fn wait_for_row(kubectl: &Kubectl, wanted: &str, timeout: Duration) -> String {
     scenario::wait_for_apiservice_row(kubectl, NAME, wanted, timeout).await
-}
-
-/// Creates an EndpointSlice of Service `wardle/api` on the core, with one endpoint at
-/// 127.0.0.1:`port`.
-async fn create_endpoint_slice(
-    core: &FixtureCore,
-    name: &str,
-    port: u16,
-    ready: bool,
-) -> StatusCode {
-    let slice = serde_json::json!({
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": name, "namespace": "wardle", "labels": {"kubernetes.io/service-name": "api"}},
-        "addressType": "IPv4",
-        "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": ready}}],
-        "ports": [{"name": "https", "port": port, "protocol": "TCP"}]
-    });
-    create_on_core(
-        core,
-        "/apis/discovery.k8s.io/v1/namespaces/wardle/endpointslices",
-        slice,
-    )
-    .await
 }
 
 const FLUNDERS: &str = "/apis/wardle.example.com/v1alpha1/namespaces/default/flunders";
@@ -410,16 +387,7 @@ async fn services_and_endpointslices_on_the_core_resolve_the_backend() {
     let alice = s.user("alice", &[]);
     let kubectl = s.kubectl(&alice);
 
-    let service = serde_json::json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": "api", "namespace": "wardle"},
-        "spec": {"type": "ClusterIP", "clusterIP": "127.0.0.1",
-                 "ports": [{"name": "https", "port": port, "targetPort": port, "protocol": "TCP"}]}
-    });
-    assert_eq!(
-        create_on_core(core, "/api/v1/namespaces/wardle/services", service).await,
-        StatusCode::CREATED
-    );
+    scenario::create_wardle_service(core, port).await;
     let wardle = pki.apiservice(GROUP, "v1alpha1", "wardle").port(port);
     kubectl.apply_yaml(&wardle.yaml()).await;
 
@@ -432,7 +400,7 @@ async fn services_and_endpointslices_on_the_core_resolve_the_backend() {
     .await;
     // A slice whose only endpoint is not ready: MissingEndpoints.
     assert_eq!(
-        create_endpoint_slice(core, "api-unready", port, false).await,
+        scenario::create_endpoint_slice(core, "api-unready", port, false).await,
         StatusCode::CREATED
     );
     wait_for_row(
@@ -443,7 +411,7 @@ async fn services_and_endpointslices_on_the_core_resolve_the_backend() {
     .await;
 
     assert_eq!(
-        create_endpoint_slice(core, "api-abcde", port, true).await,
+        scenario::create_endpoint_slice(core, "api-abcde", port, true).await,
         StatusCode::CREATED
     );
     wait_for_row(&kubectl, "True", Duration::from_secs(10)).await;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use e2e::certs::CertifiedPair;
 use e2e::harness::{self, FixtureCore, Gateway, Kubectl};
-use e2e::scenario::{self, create_on_core, ApiService, Pki, Scenario};
+use e2e::scenario::{self, ApiService, Pki, Scenario};
 use http::StatusCode;
 
 const GROUP: &str = "wardle.example.com";
@@ -189,16 +189,7 @@ async fn a_new_service_and_endpointslice_make_the_apiservice_available_without_w
     .await;
 
     // Each step below would otherwise wait for the 60 s interval.
-    let service = serde_json::json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": "api", "namespace": "wardle"},
-        "spec": {"type": "ClusterIP", "clusterIP": "127.0.0.1",
-                 "ports": [{"name": "https", "port": port, "targetPort": port, "protocol": "TCP"}]}
-    });
-    assert_eq!(
-        create_on_core(core, "/api/v1/namespaces/wardle/services", service).await,
-        StatusCode::CREATED
-    );
+    scenario::create_wardle_service(core, port).await;
     scenario::wait_for_apiservice_row(
         &kubectl,
         NAME,
@@ -207,21 +198,8 @@ async fn a_new_service_and_endpointslice_make_the_apiservice_available_without_w
     )
     .await;
 
-    let slice = serde_json::json!({
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": "api-abcde", "namespace": "wardle",
-                     "labels": {"kubernetes.io/service-name": "api"}},
-        "addressType": "IPv4",
-        "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": true}}],
-        "ports": [{"name": "https", "port": port, "protocol": "TCP"}]
-    });
     assert_eq!(
-        create_on_core(
-            core,
-            "/apis/discovery.k8s.io/v1/namespaces/wardle/endpointslices",
-            slice,
-        )
-        .await,
+        scenario::create_endpoint_slice(core, "api-abcde", port, true).await,
         StatusCode::CREATED
     );
     scenario::wait_for_apiservice_row(&kubectl, NAME, "True", Duration::from_secs(5)).await;

@@ -15,7 +15,7 @@ use e2e::certs::CertifiedPair;
 use e2e::harness::{self, FixtureCore, Gateway, HttpClient};
 use e2e::scenario::{self, available_condition, create_on_core, ApiService, Pki, Scenario};
 use http::StatusCode;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 const GROUP: &str = "wardle.example.com";
 const NAME: &str = "v1alpha1.wardle.example.com";
@@ -242,16 +242,7 @@ async fn a_new_endpointslice_makes_its_apiservice_available_at_once() {
     let kubectl = s.kubectl(&alice_pair);
     let alice = User::new(&s.gateway, &alice_pair);
 
-    let service = json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": "api", "namespace": "wardle"},
-        "spec": {"type": "ClusterIP", "clusterIP": "127.0.0.1",
-                 "ports": [{"name": "https", "port": port, "targetPort": port, "protocol": "TCP"}]}
-    });
-    assert_eq!(
-        create_on_core(&s.core, "/api/v1/namespaces/wardle/services", service).await,
-        StatusCode::CREATED
-    );
+    scenario::create_wardle_service(&s.core, port).await;
     kubectl
         .apply_yaml(
             &s.pki
@@ -268,22 +259,9 @@ async fn a_new_endpointslice_makes_its_apiservice_available_at_once() {
     )
     .await;
 
-    let slice = json!({
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": "api-abcde", "namespace": "wardle",
-                     "labels": {"kubernetes.io/service-name": "api"}},
-        "addressType": "IPv4",
-        "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": true}}],
-        "ports": [{"name": "https", "port": port, "protocol": "TCP"}]
-    });
     let since = Instant::now();
     assert_eq!(
-        create_on_core(
-            &s.core,
-            "/apis/discovery.k8s.io/v1/namespaces/wardle/endpointslices",
-            slice
-        )
-        .await,
+        scenario::create_endpoint_slice(&s.core, "api-abcde", port, true).await,
         StatusCode::CREATED
     );
     let limit = Duration::from_secs(10);

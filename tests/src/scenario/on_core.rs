@@ -1,0 +1,104 @@
+//! The core fixture, directly: creating objects on it, reading what it recorded, and APIService conditions.
+
+use super::*;
+
+/// A plain-HTTP client for the fixture core.
+pub fn core_client() -> HttpClient {
+    harness::http1_client(TestCa::new("unused").cert_pem(), None).unwrap()
+}
+
+/// POSTs a JSON object straight to the core fixture (what a cluster's controllers would create).
+pub async fn create_on_core(core: &FixtureCore, path: &str, object: Value) -> StatusCode {
+    let req = Request::post(format!("{}{path}", core.url()))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(object.to_string())))
+        .unwrap();
+    harness::send(&core_client(), req).await.unwrap().0
+}
+
+/// The requests the core recorded since the last [`clear_core_requests`], oldest first.
+pub async fn core_requests(core: &FixtureCore) -> Vec<Value> {
+    let (_, _, body) = harness::get(&core_client(), &format!("{}/fixture/requests", core.url()))
+        .await
+        .unwrap();
+    serde_json::from_slice(&body).unwrap()
+}
+
+/// The recorded POSTs whose path contains `fragment` (e.g. `subjectaccessreviews`).
+pub async fn core_posts(core: &FixtureCore, fragment: &str) -> Vec<Value> {
+    core_requests(core)
+        .await
+        .into_iter()
+        .filter(|r| {
+            r["method"] == "POST" && r["path"].as_str().is_some_and(|p| p.contains(fragment))
+        })
+        .collect()
+}
+
+/// Forgets the requests the core recorded so far.
+pub async fn clear_core_requests(core: &FixtureCore) {
+    let req = Request::delete(format!("{}/fixture/requests", core.url()))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    harness::send(&core_client(), req).await.unwrap();
+}
+
+/// The `Available` condition of APIService `name` as stored on the core (what `kubectl get
+/// apiservices` shows): `(status, reason)`, or `None` while the APIService or its condition
+/// does not exist.
+pub async fn available_condition(core: &FixtureCore, name: &str) -> Option<(String, String)> {
+    let url = format!(
+        "{}/apis/apiregistration.k8s.io/v1/apiservices/{name}",
+        core.url()
+    );
+    let (status, _, body) = harness::get(&core_client(), &url).await.ok()?;
+    if status != StatusCode::OK {
+        return None;
+    }
+    let api = json_or_null(&body);
+    let condition = api["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "Available")?;
+    Some((
+        condition["status"].as_str()?.to_owned(),
+        condition["reason"].as_str().unwrap_or_default().to_owned(),
+    ))
+}
+
+/// Service `wardle/api` on the core: a ClusterIP of 127.0.0.1 whose `https` port is `port`, as
+/// the wardle backend listens on loopback.
+pub async fn create_wardle_service(core: &FixtureCore, port: u16) {
+    let service = serde_json::json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "api", "namespace": "wardle"},
+        "spec": {"type": "ClusterIP", "clusterIP": "127.0.0.1",
+                 "ports": [{"name": "https", "port": port, "targetPort": port, "protocol": "TCP"}]}
+    });
+    assert_eq!(
+        create_on_core(core, "/api/v1/namespaces/wardle/services", service).await,
+        StatusCode::CREATED
+    );
+}
+
+/// EndpointSlice `name` of Service `wardle/api` on the core: 127.0.0.1 on `port`, `ready` or not.
+pub async fn create_endpoint_slice(
+    core: &FixtureCore,
+    name: &str,
+    port: u16,
+    ready: bool,
+) -> StatusCode {
+    let slice = serde_json::json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": name, "namespace": "wardle", "labels": {"kubernetes.io/service-name": "api"}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": ready}}],
+        "ports": [{"name": "https", "port": port, "protocol": "TCP"}]
+    });
+    create_on_core(
+        core,
+        "/apis/discovery.k8s.io/v1/namespaces/wardle/endpointslices",
+        slice,
+    )
+    .await
+}
