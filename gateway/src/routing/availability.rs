@@ -136,7 +136,6 @@ impl AvailabilityController {
                     }
                 }
                 _ = changes.changed() => {
-                    changes.mark_seen();
                     for (name, k) in &known {
                         if self.precheck(k) != k.precheck {
                             tracing::debug!(apiservice = %name, "Service or endpoints changed; re-checking");
