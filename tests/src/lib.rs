@@ -9,3 +9,4 @@ pub mod fixture;
 pub mod harness;
 pub mod helm;
 pub mod scenario;
+pub mod table;

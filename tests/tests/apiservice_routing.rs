@@ -72,19 +72,7 @@ async fn applied_wardle() -> (Scenario, CertifiedPair, Kubectl) {
     kubectl
         .apply_yaml(&s.pki.apiservice(GROUP, "v1alpha1", "wardle").yaml())
         .await;
-    let served = scenario::serves(
-        &s.gateway,
-        &alice,
-        FLUNDERS,
-        "FlunderList",
-        Duration::from_secs(2),
-    )
-    .await;
-    assert!(
-        served,
-        "the remote did not serve {FLUNDERS} within 2s:\n{}",
-        s.logs()
-    );
+    assert_flunders_served(&s, &alice, Duration::from_secs(2)).await;
     (s, alice, kubectl)
 }
 
@@ -100,19 +88,7 @@ async fn an_applied_apiservice_takes_its_group_from_the_core_within_2s() {
     s.kubectl(&alice)
         .apply_yaml(&s.pki.apiservice(GROUP, "v1alpha1", "wardle").yaml())
         .await;
-    let served = scenario::serves(
-        &s.gateway,
-        &alice,
-        FLUNDERS,
-        "FlunderList",
-        Duration::from_secs(2),
-    )
-    .await;
-    assert!(
-        served,
-        "the remote did not serve {FLUNDERS} within 2s:\n{}",
-        s.logs()
-    );
+    assert_flunders_served(&s, &alice, Duration::from_secs(2)).await;
 }
 
 /// The backend sees the authenticated caller, never what the client claimed. (A forged
@@ -275,17 +251,14 @@ async fn deleting_the_apiservice_sends_the_group_back_to_the_core() {
     assert!(back, "after delete the core should answer 404");
 }
 
-/// Flunders are listed for `user` through the gateway within 5 s.
-async fn assert_flunders_served(s: &Scenario, user: &CertifiedPair) {
-    let served = scenario::serves(
-        &s.gateway,
-        user,
-        FLUNDERS,
-        "FlunderList",
-        Duration::from_secs(5),
-    )
-    .await;
-    assert!(served, "{}", s.logs());
+/// Flunders are listed for `user` through the gateway `within` the given time.
+async fn assert_flunders_served(s: &Scenario, user: &CertifiedPair, within: Duration) {
+    let served = scenario::serves(&s.gateway, user, FLUNDERS, "FlunderList", within).await;
+    assert!(
+        served,
+        "the remote did not serve {FLUNDERS} within {within:?}:\n{}",
+        s.logs()
+    );
 }
 
 /// The wardle backend behind a gateway reading an empty `--apiservice-dir`.
@@ -314,7 +287,7 @@ async fn file_source_picks_up_edited_manifests_without_restart() {
     assert!(unavailable, "{}", s.logs());
 
     wardle.write_to(s.manifests(), "wardle.yaml");
-    assert_flunders_served(&s, &alice).await;
+    assert_flunders_served(&s, &alice, Duration::from_secs(5)).await;
 }
 
 /// A broken edit keeps the last good set and says which file is wrong.
@@ -324,7 +297,7 @@ async fn a_broken_manifest_edit_keeps_the_last_good_set_and_names_the_file() {
     s.pki
         .apiservice(GROUP, "v1alpha1", "wardle")
         .write_to(s.manifests(), "wardle.yaml");
-    assert_flunders_served(&s, &alice).await;
+    assert_flunders_served(&s, &alice, Duration::from_secs(5)).await;
 
     std::fs::write(
         s.manifests().join("wardle.yaml"),
@@ -449,7 +422,7 @@ async fn a_label_selector_limits_the_apiservices_a_gateway_serves() {
             "gateway.example.com/owner=edge",
         ])
         .await;
-    assert_flunders_served(&s, &alice).await;
+    assert_flunders_served(&s, &alice, Duration::from_secs(5)).await;
 }
 
 /// A backend that authorizes discovery like a kube API server (anonymous callers are refused)

@@ -3,6 +3,7 @@
 //! rejects, a file that is not usable PEM, a kubeconfig that leads nowhere, a log filter or a label
 //! selector; and a complete, correct configuration passes `--check-config`.
 
+use e2e::table::assert_rows_passed;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::Duration;
@@ -279,13 +280,7 @@ async fn a_bad_configuration_exits_64_with_one_line_naming_the_flag() {
             }
         })
         .await;
-        assert!(
-            failures.is_empty(),
-            "with check-config {check}, {} of {} rows failed:\n{}",
-            failures.len(),
-            rows.len(),
-            failures.join("\n")
-        );
+        assert_rows_passed(&format!("with check-config {check}"), rows.len(), &failures);
     }
 }
 
@@ -336,13 +331,7 @@ async fn file_refusals_say_what_is_wrong() {
         }
     })
     .await;
-    assert!(
-        failures.is_empty(),
-        "{} of {} rows failed:\n{}",
-        failures.len(),
-        rows.len(),
-        failures.join("\n")
-    );
+    assert_rows_passed("refusals", rows.len(), &failures);
 }
 
 #[tokio::test]

@@ -105,6 +105,11 @@ impl User {
             .then(|| body["message"].as_str().unwrap_or_default().to_owned())
     }
 
+    /// Whether aggregated `/apis` lists flunders in exactly `v1alpha1`, with `freshness`.
+    async fn flunders_discovered_as(&self, freshness: &str) -> bool {
+        self.discovered(GROUP, "flunders").await == [("v1alpha1".to_owned(), freshness.to_owned())]
+    }
+
     /// The versions of `group` in the merged aggregated `/apis` that list `resource`, each with
     /// its `freshness`.
     async fn discovered(&self, group: &str, resource: &str) -> Vec<(String, String)> {
@@ -216,9 +221,7 @@ async fn a_new_apiservice_manifest_is_served_and_discovered_at_once() {
             "new APIService manifest -> listed in aggregated /apis",
             since,
             limit,
-            || async {
-                alice.discovered(GROUP, "flunders").await == [("v1alpha1".into(), "Current".into())]
-            }
+            || async { alice.flunders_discovered_as("Current").await }
         ),
     );
     // The file watch's 200 ms burst window, one probe, one discovery fetch.
@@ -302,8 +305,7 @@ async fn a_killed_backend_gets_503_and_goes_stale_in_discovery() {
         .await;
     let alice = User::new(&s.gateway, &s.user("alice", &[]));
     let ready = harness::wait_until(Duration::from_secs(10), || async {
-        alice.reaches_backend(FLUNDERS).await
-            && alice.discovered(GROUP, "flunders").await == [("v1alpha1".into(), "Current".into())]
+        alice.reaches_backend(FLUNDERS).await && alice.flunders_discovered_as("Current").await
     })
     .await;
     assert!(ready, "{NAME} was never served and discovered");
@@ -338,9 +340,7 @@ async fn a_killed_backend_gets_503_and_goes_stale_in_discovery() {
             "killed backend -> Stale in aggregated /apis",
             since,
             limit,
-            || async {
-                alice.discovered(GROUP, "flunders").await == [("v1alpha1".into(), "Stale".into())]
-            }
+            || async { alice.flunders_discovered_as("Stale").await }
         ),
     );
     // The request path notices at once (the connection is refused) and tells the availability

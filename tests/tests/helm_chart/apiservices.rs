@@ -13,8 +13,8 @@ use e2e::helm::{
     example_file, helm_template, label, Rendered, CONFIG_DIR, EXAMPLES, FULLNAME, RELEASE,
 };
 
-use crate::cases::check_each;
 use crate::typed::round_trip;
+use e2e::table::check_each;
 
 /// The CRD is for a core without apiregistration.k8s.io, which Helm never reaches: it is rendered
 /// into `<fullname>-core` for the user to apply there, and never installed into the host cluster,

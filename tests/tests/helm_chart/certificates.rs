@@ -3,8 +3,8 @@
 
 use e2e::helm::{label, Rendered, CONFIG_DIR, EXAMPLES, FULLNAME, NAMESPACE};
 
-use crate::cases::check_each;
 use crate::typed::Certificate;
+use e2e::table::check_each;
 
 #[test]
 fn cert_manager_certificates_are_rendered_only_when_enabled_and_are_the_ones_mounted() {

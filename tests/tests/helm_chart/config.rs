@@ -8,7 +8,7 @@ use std::process::Command;
 use e2e::harness::ensure_gateway_built;
 use e2e::helm::{label, Rendered, CONFIG_DIR, EXAMPLES, FULLNAME, NAMESPACE, SA_DIR};
 
-use crate::cases::check_each;
+use e2e::table::check_each;
 
 /// A stand-in for the Pod's filesystem: the files the config names, with real PEM contents, under a
 /// temporary root; the config's absolute paths are rewritten to point there.

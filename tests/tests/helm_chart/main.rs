@@ -21,7 +21,6 @@
 //! Needs `helm` on PATH: run `../shared/tools/install-helm` (CI does it in `.ci/run`).
 
 mod apiservices;
-mod cases;
 mod certificates;
 mod config;
 mod manifests;

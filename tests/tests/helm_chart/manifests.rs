@@ -8,8 +8,8 @@ use serde_json::json;
 
 use e2e::helm::{chart_dir, example_file, helm, label, Rendered, EXAMPLES, NAMESPACE, RELEASE};
 
-use crate::cases::check_each;
 use crate::typed::round_trip_by_kind;
+use e2e::table::check_each;
 
 #[test]
 fn helm_lint_strict_passes_for_defaults_and_every_example() {

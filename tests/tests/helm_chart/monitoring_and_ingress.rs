@@ -5,8 +5,8 @@ use k8s_openapi::api::networking::v1::Ingress;
 
 use e2e::helm::{label, Rendered, EXAMPLES, FULLNAME};
 
-use crate::cases::check_each;
 use crate::typed::ServiceMonitor;
+use e2e::table::check_each;
 
 #[test]
 fn service_monitor_and_ingress_follow_their_switches() {

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use e2e::helm::{label, Rendered, CONFIG_DIR, EXAMPLES, FULLNAME, RELEASE, SA_DIR};
 
-use crate::cases::check_each;
+use e2e::table::check_each;
 
 #[test]
 fn gateway_container_serves_https_with_health_probes_and_a_locked_down_context() {

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use e2e::helm::{example_file, helm_template, label, Rendered, FULLNAME, NAMESPACE, SA_DIR};
 
-use crate::cases::check_each;
+use e2e::table::check_each;
 
 // === the rules the gateway may need ===
 

@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use e2e::helm::{chart_dir, helm_template};
 
-use crate::cases::check_each;
+use e2e::table::check_each;
 
 #[test]
 fn the_schema_rejects_typos_and_wrong_types_naming_the_field() {

@@ -1,6 +1,7 @@
 //! Tables of cases, each case checked on its own, as kube-aggregator's `handler_proxy_test.go`
 //! runs its table: one failing row does not hide the rows after it, and the failure names every
-//! row that failed.
+//! row that failed. [`check_each`] runs rows that assert (panic); [`assert_rows_passed`] reports
+//! rows an async check already judged.
 
 use std::any::Any;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -34,4 +35,16 @@ fn panic_message(panic: &(dyn Any + Send)) -> &str {
         .map(String::as_str)
         .or_else(|| panic.downcast_ref::<&str>().copied())
         .unwrap_or("(a panic without a message)")
+}
+
+/// Fails listing `failures` (each already naming its row) unless there are none; `context` says
+/// which table, `rows` how many rows it had.
+#[track_caller]
+pub fn assert_rows_passed(context: &str, rows: usize, failures: &[String]) {
+    assert!(
+        failures.is_empty(),
+        "{context}: {} of {rows} rows failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
