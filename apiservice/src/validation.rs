@@ -14,6 +14,9 @@ use std::fmt;
 
 use crate::model::{APIService, APIServiceSpec, APIServiceStatus};
 
+/// The APIService API's own group: always the core server's.
+pub const APIREGISTRATION_GROUP: &str = "apiregistration.k8s.io";
+
 /// Why a field is rejected; renders as kube's `field.ErrorType` does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FieldErrorKind {
@@ -291,6 +294,15 @@ pub fn validate(api: &APIService) -> Result<(), ValidationErrors> {
             }
         }
         Some(service) => {
+            // kube-aggregator serves this group itself, before any proxying, so a remote
+            // APIService for it would never be reached there; here it would hand the APIService
+            // API (and with it every route) to someone else's server.
+            if group == APIREGISTRATION_GROUP {
+                errs.push(FieldError::forbidden(
+                    "spec.service",
+                    "apiregistration.k8s.io is served by the core server and cannot be delegated to a Service; remove spec.service (a local APIService) or use another group",
+                ));
+            }
             if service.namespace.as_deref().unwrap_or("").is_empty() {
                 errs.push(FieldError::required("spec.service.namespace", ""));
             }
@@ -684,6 +696,24 @@ mod tests {
         let mut api = local("v1.a.io", "a.io", "v1");
         spec(&mut api).ca_bundle = Some(ByteString(Vec::new()));
         validate(&api).unwrap();
+    }
+
+    #[test]
+    fn apiregistration_stays_with_the_core() {
+        let remote_api = remote("v1.apiregistration.k8s.io", APIREGISTRATION_GROUP, "v1");
+        let err = only_error(&remote_api);
+        assert!(
+            err.starts_with(
+                "spec.service: Forbidden: apiregistration.k8s.io is served by the core server"
+            ),
+            "{err}"
+        );
+        assert!(validate(&local(
+            "v1.apiregistration.k8s.io",
+            APIREGISTRATION_GROUP,
+            "v1"
+        ))
+        .is_ok());
     }
 
     #[test]

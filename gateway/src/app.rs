@@ -180,7 +180,7 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         health,
         metrics: metrics.clone(),
         routing,
-        discovery,
+        discovery: discovery.clone(),
     });
     tokio::spawn(
         crate::backend::core_readiness::run(gateway.core.clone(), core_check)
@@ -188,7 +188,7 @@ pub async fn run(config: Config) -> Result<(), StartError> {
     );
 
     let stack = ServiceBuilder::new()
-        .layer(AccessLog::layer(metrics.clone()))
+        .layer(AccessLog::layer(metrics.clone(), discovery.clone()))
         .layer(Audit::layer(audit))
         .layer(Rescue::layer())
         .layer(RequestInfoService::layer())

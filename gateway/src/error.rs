@@ -82,14 +82,38 @@ impl GatewayError {
         }
     }
 
+    /// kube's `apiserver_request_terminations_total` counts what the server refused in
+    /// self-defense (too busy, too slow, too large) and what the aggregator could not proxy;
+    /// `None` for every other error.
+    fn termination(&self) -> Option<Terminated> {
+        match self {
+            Self::Timeout(_)
+            | Self::TooManyRequests { .. }
+            | Self::BodyTooLarge { .. }
+            | Self::BackendUnavailable { .. }
+            | Self::BackendRedirect { .. } => Some(Terminated),
+            _ => None,
+        }
+    }
+
     pub fn into_response(self) -> Response {
         let details = self.retry_after().map(|s| StatusDetails {
             retry_after_seconds: Some(s),
             ..Default::default()
         });
-        status_response(self.code(), &self.to_string(), details)
+        let terminated = self.termination();
+        let mut resp = status_response(self.code(), &self.to_string(), details);
+        if let Some(t) = terminated {
+            resp.extensions_mut().insert(t);
+        }
+        resp
     }
 }
+
+/// Set on a response the gateway answered itself with an error kube counts as a termination
+/// (see `GatewayError::termination`); read by the request metrics.
+#[derive(Clone, Copy, Debug)]
+pub struct Terminated;
 
 /// Turns whatever error reached the top of the stack into a Status.
 pub fn rescue(err: BoxError) -> Response {

@@ -13,14 +13,31 @@ pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 pub enum RoutedTo {
     Gateway,
     Core,
-    /// An APIService's route, carrying its label `apiservice/<name>`. The label is built once
-    /// per route (see `routing::RouteTarget`), so tagging a response only clones an `Arc`.
+    /// A remote APIService's route, carrying its label `apiservice/<name>`. The label is built
+    /// once per route (see `routing::RouteTarget`), so tagging a response only clones an `Arc`.
     ApiService(Arc<str>),
+    /// A local APIService's route (served by the core), labelled the same way.
+    LocalApiService(Arc<str>),
 }
 
 impl RoutedTo {
-    pub fn api_service(name: &str) -> Self {
-        Self::ApiService(format!("apiservice/{name}").into())
+    /// The tag of an APIService's route; `local` when the core serves it.
+    pub fn api_service(name: &str, local: bool) -> Self {
+        let label = format!("apiservice/{name}").into();
+        if local {
+            Self::LocalApiService(label)
+        } else {
+            Self::ApiService(label)
+        }
+    }
+
+    /// kube's `component` label: what kube-aggregator proxies is recorded as the aggregator's,
+    /// everything else as the apiserver's.
+    pub fn component(&self) -> &'static str {
+        match self {
+            Self::ApiService(_) => crate::metrics::AGGREGATOR,
+            Self::Gateway | Self::Core | Self::LocalApiService(_) => crate::metrics::APISERVER,
+        }
     }
 
     /// The `routed` field of the access log and the metrics label.
@@ -28,7 +45,7 @@ impl RoutedTo {
         match self {
             Self::Gateway => "gateway",
             Self::Core => "core",
-            Self::ApiService(label) => label,
+            Self::ApiService(label) | Self::LocalApiService(label) => label,
         }
     }
 }
@@ -50,7 +67,7 @@ mod tests {
         assert_eq!(RoutedTo::Gateway.label(), "gateway");
         assert_eq!(RoutedTo::Core.label(), "core");
         assert_eq!(
-            RoutedTo::api_service("v1alpha1.wardle.example.com").label(),
+            RoutedTo::api_service("v1alpha1.wardle.example.com", false).label(),
             "apiservice/v1alpha1.wardle.example.com"
         );
     }

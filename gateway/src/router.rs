@@ -186,7 +186,7 @@ mod tests {
         };
         let target = RouteTarget {
             target,
-            routed_to: RoutedTo::api_service(&api.name),
+            routed_to: RoutedTo::api_service(&api.name, true),
         };
         Arc::new(RouteTable::from_routes([(api, target)]).0)
     }

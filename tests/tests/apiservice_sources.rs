@@ -98,6 +98,43 @@ async fn an_invalid_apiservice_in_the_manifest_directory_does_not_block_the_othe
     );
 }
 
+/// An APIService that would send `apiregistration.k8s.io` to a backend is refused with a
+/// message saying why, and the APIService API stays the core's.
+#[tokio::test]
+async fn no_apiservice_takes_apiregistration_away_from_the_core() {
+    let pki = Pki::new();
+    let alpha = pki.apiservice(GROUP, "v1alpha1", "wardle");
+    let hijack = pki.apiservice("apiregistration.k8s.io", "v1", "wardle");
+    let s = Scenario::with_pki(pki)
+        .backend("wardle", GROUP, "v1alpha1", &[])
+        .manifest("alpha.yaml", &alpha.yaml())
+        .manifest("hijack.yaml", &hijack.yaml())
+        .start()
+        .await;
+    let alice = s.user("alice", &[]);
+    assert!(serves(&s, &alice, ALPHA_FLUNDERS, Duration::from_secs(5)).await);
+    let (status, body) = s
+        .get(&alice, "/apis/apiregistration.k8s.io/v1/apiservices", &[])
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["kind"], "APIServiceList", "{body}");
+    let text = scenario::metrics(&s.gateway).await;
+    assert!(
+        text.contains(
+            "aggregation_gateway_invalid_apiservice{name=\"v1.apiregistration.k8s.io\"} 1"
+        ),
+        "{text}"
+    );
+    let logs = s.logs();
+    assert!(
+        logs.lines().any(|l| l.contains("hijack.yaml")
+            && l.contains(
+                "spec.service: Forbidden: apiregistration.k8s.io is served by the core server"
+            )),
+        "{logs}"
+    );
+}
+
 /// An invalid edit of a working APIService leaves it working and is reported; fixing it clears
 /// the report.
 #[tokio::test]

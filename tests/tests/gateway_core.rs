@@ -405,12 +405,14 @@ async fn metrics_count_requests_by_target_and_code() {
         .starts_with("text/plain"));
     let text = String::from_utf8_lossy(&body);
     assert!(
-        text.contains(r#"apiserver_request_total{code="200",target="core",verb="GET"}"#),
+        text.contains(
+            r#"aggregation_gateway_requests_total{code="200",target="core",verb="LIST"}"#
+        ),
         "{text}"
     );
     assert!(
         text.contains(
-            r#"apiserver_request_duration_seconds_count{code="200",target="core",verb="GET"}"#
+            r#"aggregation_gateway_request_duration_seconds_count{target="core",verb="LIST"}"#
         ),
         "{text}"
     );

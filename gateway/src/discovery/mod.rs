@@ -29,9 +29,10 @@ pub mod openapi;
 use std::sync::Arc;
 
 use apiservice::discovery::{MergedDiscovery, MergedOpenApiRoot};
-use arc_swap::ArcSwapOption;
+use arc_swap::{ArcSwap, ArcSwapOption};
 
 use crate::backend::remote::RemoteBackend;
+use crate::metrics::KnownResources;
 use crate::routing::Routing;
 
 pub use controller::DiscoveryController;
@@ -53,6 +54,8 @@ pub type OpenApiSnapshot = MergedOpenApiRoot<OpenApiOwner>;
 pub struct DiscoveryCache {
     merged: ArcSwapOption<MergedDiscovery>,
     openapi: ArcSwapOption<OpenApiSnapshot>,
+    /// The names the merged documents list: the vocabulary of the request metrics' labels.
+    known_resources: ArcSwap<KnownResources>,
     /// Read on `/api` only, to let a remote `v1.` APIService keep all of `/api`.
     routing: Arc<Routing>,
 }
@@ -62,6 +65,7 @@ impl DiscoveryCache {
         Self {
             merged: ArcSwapOption::empty(),
             openapi: ArcSwapOption::empty(),
+            known_resources: ArcSwap::from_pointee(KnownResources::default()),
             routing,
         }
     }
@@ -76,8 +80,16 @@ impl DiscoveryCache {
         self.openapi.load_full()
     }
 
+    /// The group, version, resource and subresource names the merged discovery lists.
+    pub fn known_resources(&self) -> arc_swap::Guard<Arc<KnownResources>> {
+        self.known_resources.load()
+    }
+
     pub(crate) fn store_merged(&self, merged: MergedDiscovery) {
+        // Indexed here, once per change, so labelling a request is a lookup.
+        let known = KnownResources::from_aggregated([&merged.apis.v2[..], &merged.api.v2[..]]);
         self.merged.store(Some(Arc::new(merged)));
+        self.known_resources.store(Arc::new(known));
     }
 
     pub(crate) fn store_openapi(&self, root: OpenApiSnapshot) {

@@ -191,7 +191,8 @@ impl RouteController {
                     .cloned()
                     .unwrap_or_else(|| Availability::of(api)),
             };
-            let routed_to = RoutedTo::api_service(&registered.name);
+            let routed_to =
+                RoutedTo::api_service(&registered.name, matches!(target, Target::Local));
             specs.push(registered.clone());
             builder.insert(registered, RouteTarget { target, routed_to }, available);
         }

@@ -10,20 +10,28 @@ use tower::layer::layer_fn;
 use tower::{Layer, Service};
 
 use crate::body::{Request, Response};
-use crate::metrics::Metrics;
+use crate::discovery::DiscoveryCache;
+use crate::error::Terminated;
+use crate::metrics::{Metrics, Observed, RequestLabels, APISERVER};
 use crate::request::{BoxFuture, RoutedTo};
 
 #[derive(Clone)]
 pub struct AccessLog<S> {
     inner: S,
     metrics: Arc<Metrics>,
+    /// Where the names the metrics may carry come from (see `metrics::known_resources`).
+    discovery: Arc<DiscoveryCache>,
 }
 
 impl<S> AccessLog<S> {
-    pub fn layer(metrics: Arc<Metrics>) -> impl Layer<S, Service = Self> + Clone {
+    pub fn layer(
+        metrics: Arc<Metrics>,
+        discovery: Arc<DiscoveryCache>,
+    ) -> impl Layer<S, Service = Self> + Clone {
         layer_fn(move |inner| Self {
             inner,
             metrics: metrics.clone(),
+            discovery: discovery.clone(),
         })
     }
 }
@@ -52,24 +60,29 @@ where
             .get::<crate::request::ConnInfo>()
             .map(|c| c.remote);
         let version = req.version();
+        let labels = RequestLabels::of(
+            req.method(),
+            req.uri().path(),
+            req.uri().query().unwrap_or(""),
+            req.headers(),
+            &self.discovery.known_resources(),
+        );
         let fut = self.inner.call(req);
         let metrics = self.metrics.clone();
         Box::pin(async move {
             let Ok(resp) = fut.await;
             let elapsed = start.elapsed();
-            let target = resp
-                .extensions()
-                .get::<RoutedTo>()
-                .map_or("gateway", RoutedTo::label);
+            let routed = resp.extensions().get::<RoutedTo>();
+            let target = routed.map_or("gateway", RoutedTo::label);
             let code = resp.status().as_u16();
-            metrics
-                .requests
-                .with_label_values(&[method.as_str(), target, resp.status().as_str()])
-                .inc();
-            metrics
-                .duration
-                .with_label_values(&[method.as_str(), target, resp.status().as_str()])
-                .observe(elapsed.as_secs_f64());
+            metrics.observe(Observed {
+                labels: &labels,
+                component: routed.map_or(APISERVER, RoutedTo::component),
+                target,
+                code: resp.status(),
+                elapsed,
+                terminated: resp.extensions().get::<Terminated>().is_some(),
+            });
             tracing::info!(
                 target: "access",
                 method = %method,

@@ -127,11 +127,6 @@ where
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
         if declared.is_some_and(|n| n > max_body) {
-            limits
-                .metrics
-                .rejected
-                .with_label_values(&["RequestEntityTooLarge"])
-                .inc();
             return Box::pin(
                 async move { Err(GatewayError::BodyTooLarge { limit: max_body }.into()) },
             );
@@ -142,11 +137,6 @@ where
             (&limits.readonly, "readOnly", "read-only")
         };
         let Some(guard) = slots.try_take() else {
-            limits
-                .metrics
-                .rejected
-                .with_label_values(&["TooManyRequests"])
-                .inc();
             return Box::pin(async move {
                 Err(GatewayError::TooManyRequests { kind: kind_name }.into())
             });

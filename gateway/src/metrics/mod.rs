@@ -1,0 +1,282 @@
+//! Prometheus metrics in the classic text format, named as kube-apiserver and kube-aggregator
+//! name them where the concept is the same (so existing dashboards and alerts such as
+//! `KubeAggregatedAPIDown` work unchanged). Families are registered once at start; recording is
+//! lock-free after the first use of a label set.
+
+pub mod known_resources;
+pub mod request_labels;
+
+use prometheus::{
+    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+
+pub use known_resources::KnownResources;
+pub use request_labels::RequestLabels;
+
+/// kube's `component` label for requests the gateway proxies to a remote APIService, as
+/// kube-aggregator records them.
+pub const AGGREGATOR: &str = "aggregator";
+/// kube's `component` label for everything else.
+pub const APISERVER: &str = "apiserver";
+
+/// kube-apiserver's buckets for `apiserver_request_duration_seconds`.
+const REQUEST_DURATION_BUCKETS: [f64; 23] = [
+    0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0,
+    10.0, 15.0, 20.0, 30.0, 45.0, 60.0,
+];
+/// kube-apiserver's buckets for `apiserver_request_sli_duration_seconds`.
+const REQUEST_SLI_BUCKETS: [f64; 21] = [
+    0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 15.0, 20.0,
+    30.0, 45.0, 60.0,
+];
+/// The gateway's own latency buckets: finer at the low end, where a proxy's cost shows.
+const GATEWAY_DURATION_BUCKETS: [f64; 16] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0,
+];
+
+pub struct Metrics {
+    registry: Registry,
+    /// kube's labels: verb, dry_run, group, version, resource, subresource, scope, component,
+    /// code, system_client.
+    requests: IntCounterVec,
+    /// kube's labels without code and system_client: time to response headers.
+    duration: HistogramVec,
+    /// kube's labels without dry_run, code and system_client.
+    sli_duration: HistogramVec,
+    /// kube's labels without dry_run and system_client: requests the gateway answered itself in
+    /// self-defense (429, 504, 413) or as the aggregator (a remote APIService it cannot reach).
+    terminations: IntCounterVec,
+    /// verb, target (`core`, `gateway`, `apiservice/<name>`), code: where requests went.
+    gateway_requests: IntCounterVec,
+    /// verb, target: time to response headers.
+    gateway_duration: HistogramVec,
+    /// request_kind: readOnly | mutating.
+    pub inflight: IntGaugeVec,
+    /// name: 1 when the APIService is unavailable, 0 when available.
+    pub unavailable_apiservice: IntGaugeVec,
+    /// name, reason: transitions to unavailable.
+    pub unavailable_apiservice_total: IntCounterVec,
+    /// name: APIServices whose definition was refused by validation. Not routed, unless a refused
+    /// manifest edit left the last good definition in force (file source).
+    pub invalid_apiservice: IntGaugeVec,
+    /// file: manifest files the file source could not read or parse, so no APIService name is
+    /// known for the problem.
+    pub invalid_apiservice_manifest: IntGaugeVec,
+    /// Rebuilds of the merged aggregated discovery document.
+    pub discovery_aggregation_total: IntCounterVec,
+    /// Audit events handed to the audit log writer.
+    pub audit_event_total: IntCounter,
+    /// Audit events dropped (queue full or write error), as kube's `plugin="log"` errors.
+    pub audit_error_total: IntCounter,
+}
+
+/// One finished request, as the access log saw it.
+pub struct Observed<'a> {
+    pub labels: &'a RequestLabels,
+    /// [`AGGREGATOR`] or [`APISERVER`].
+    pub component: &'static str,
+    /// Where the router sent it (`gateway`, `core`, `apiservice/<name>`).
+    pub target: &'a str,
+    pub code: http::StatusCode,
+    /// Time to response headers.
+    pub elapsed: std::time::Duration,
+    /// The gateway answered it itself in self-defense or as the aggregator.
+    pub terminated: bool,
+}
+
+fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric definition");
+    registry
+        .register(Box::new(c.clone()))
+        .expect("metric registered once");
+    c
+}
+
+fn gauge(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric definition");
+    registry
+        .register(Box::new(g.clone()))
+        .expect("metric registered once");
+    g
+}
+
+fn histogram(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    buckets: &[f64],
+    labels: &[&str],
+) -> HistogramVec {
+    let h = HistogramVec::new(
+        HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+        labels,
+    )
+    .expect("valid metric definition");
+    registry
+        .register(Box::new(h.clone()))
+        .expect("metric registered once");
+    h
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        Self {
+            requests: counter(&registry, "apiserver_request_total", "Counter of apiserver requests broken out for each verb, dry run value, group, version, resource, scope, component, and HTTP response code.", &["verb", "dry_run", "group", "version", "resource", "subresource", "scope", "component", "code", "system_client"]),
+            duration: histogram(&registry, "apiserver_request_duration_seconds", "Response latency distribution in seconds (to response headers) for each verb, dry run value, group, version, resource, subresource, scope and component.", &REQUEST_DURATION_BUCKETS, &["verb", "dry_run", "group", "version", "resource", "subresource", "scope", "component"]),
+            sli_duration: histogram(&registry, "apiserver_request_sli_duration_seconds", "Response latency distribution in seconds (to response headers) for each verb, group, version, resource, subresource, scope and component.", &REQUEST_SLI_BUCKETS, &["verb", "group", "version", "resource", "subresource", "scope", "component"]),
+            terminations: counter(&registry, "apiserver_request_terminations_total", "Number of requests which apiserver terminated in self-defense.", &["verb", "group", "version", "resource", "subresource", "scope", "component", "code"]),
+            gateway_requests: counter(&registry, "aggregation_gateway_requests_total", "Requests through the gateway by verb, route target (gateway, core, apiservice/<name>) and HTTP code", &["verb", "target", "code"]),
+            gateway_duration: histogram(&registry, "aggregation_gateway_request_duration_seconds", "Time to response headers by verb and route target", &GATEWAY_DURATION_BUCKETS, &["verb", "target"]),
+            inflight: gauge(&registry, "apiserver_current_inflight_requests", "Requests in flight, read-only and mutating counted apart (long-running excluded)", &["request_kind"]),
+            unavailable_apiservice: gauge(&registry, "aggregator_unavailable_apiservice", "Gauge of APIServices which are marked as unavailable broken down by APIService name", &["name"]),
+            unavailable_apiservice_total: counter(&registry, "aggregator_unavailable_apiservice_total", "Counter of APIServices which are marked as unavailable broken down by APIService name and reason", &["name", "reason"]),
+            invalid_apiservice: gauge(&registry, "aggregation_gateway_invalid_apiservice", "APIServices whose definition was refused by validation (1): not routed, or (file source) routed by their last good definition", &["name"]),
+            invalid_apiservice_manifest: gauge(&registry, "aggregation_gateway_invalid_apiservice_manifest", "APIService manifest files the file source could not read or parse (1); the APIServices they last held stay in force", &["file"]),
+            discovery_aggregation_total: counter(&registry, "aggregator_discovery_aggregation_count_total", "Counter of number of times discovery was aggregated", &[]),
+            audit_event_total: counter(&registry, "apiserver_audit_event_total", "Counter of audit events generated and sent to the audit backend", &[]).with_label_values(&[] as &[&str]),
+            audit_error_total: counter(&registry, "apiserver_audit_error_total", "Counter of audit events that failed to be audited properly. Plugin identifies the plugin affected by the error", &["plugin"]).with_label_values(&["log"]),
+            registry,
+        }
+    }
+
+    /// Records one finished request in kube's families and the gateway's own.
+    pub fn observe(&self, request: Observed<'_>) {
+        let Observed {
+            labels,
+            component,
+            target,
+            code,
+            elapsed,
+            terminated,
+        } = request;
+        let n = &labels.names;
+        let (group, version, resource, subresource) =
+            (&*n.group, &*n.version, &*n.resource, &*n.subresource);
+        let code = code.as_str();
+        let seconds = elapsed.as_secs_f64();
+        self.requests
+            .with_label_values(&[
+                labels.verb,
+                labels.dry_run,
+                group,
+                version,
+                resource,
+                subresource,
+                labels.scope,
+                component,
+                code,
+                labels.system_client,
+            ])
+            .inc();
+        self.duration
+            .with_label_values(&[
+                labels.verb,
+                labels.dry_run,
+                group,
+                version,
+                resource,
+                subresource,
+                labels.scope,
+                component,
+            ])
+            .observe(seconds);
+        self.sli_duration
+            .with_label_values(&[
+                labels.verb,
+                group,
+                version,
+                resource,
+                subresource,
+                labels.scope,
+                component,
+            ])
+            .observe(seconds);
+        if terminated {
+            self.terminations
+                .with_label_values(&[
+                    labels.verb,
+                    group,
+                    version,
+                    resource,
+                    subresource,
+                    labels.scope,
+                    component,
+                    code,
+                ])
+                .inc();
+        }
+        self.gateway_requests
+            .with_label_values(&[labels.verb, target, code])
+            .inc();
+        self.gateway_duration
+            .with_label_values(&[labels.verb, target])
+            .observe(seconds);
+    }
+
+    pub fn encode(&self) -> String {
+        TextEncoder::new()
+            .encode_to_string(&self.registry.gather())
+            .unwrap_or_default()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::known_resources::ResourceLabels;
+    use super::*;
+
+    #[test]
+    fn exposition_has_kubernetes_names_and_labels() {
+        let m = Metrics::new();
+        let labels = RequestLabels {
+            verb: "LIST",
+            dry_run: "",
+            names: ResourceLabels {
+                group: Arc::from("wardle.example.com"),
+                version: Arc::from("v1alpha1"),
+                resource: Arc::from("flunders"),
+                subresource: Arc::from(""),
+            },
+            scope: "namespace",
+            system_client: "",
+        };
+        m.observe(Observed {
+            labels: &labels,
+            component: AGGREGATOR,
+            target: "apiservice/v1alpha1.wardle.example.com",
+            code: http::StatusCode::SERVICE_UNAVAILABLE,
+            elapsed: Duration::from_millis(2),
+            terminated: true,
+        });
+        m.unavailable_apiservice
+            .with_label_values(&["v1alpha1.wardle.example.com"])
+            .set(1);
+        m.unavailable_apiservice_total
+            .with_label_values(&["v1alpha1.wardle.example.com", "FailedDiscoveryCheck"])
+            .inc();
+        let text = m.encode();
+        for series in [
+            r#"apiserver_request_total{code="503",component="aggregator",dry_run="",group="wardle.example.com",resource="flunders",scope="namespace",subresource="",system_client="",verb="LIST",version="v1alpha1"} 1"#,
+            r#"apiserver_request_duration_seconds_count{component="aggregator",dry_run="",group="wardle.example.com",resource="flunders",scope="namespace",subresource="",verb="LIST",version="v1alpha1"} 1"#,
+            r#"apiserver_request_sli_duration_seconds_count{component="aggregator",group="wardle.example.com",resource="flunders",scope="namespace",subresource="",verb="LIST",version="v1alpha1"} 1"#,
+            r#"apiserver_request_terminations_total{code="503",component="aggregator",group="wardle.example.com",resource="flunders",scope="namespace",subresource="",verb="LIST",version="v1alpha1"} 1"#,
+            r#"aggregation_gateway_requests_total{code="503",target="apiservice/v1alpha1.wardle.example.com",verb="LIST"} 1"#,
+            r#"aggregator_unavailable_apiservice{name="v1alpha1.wardle.example.com"} 1"#,
+            r#"aggregator_unavailable_apiservice_total{name="v1alpha1.wardle.example.com",reason="FailedDiscoveryCheck"} 1"#,
+        ] {
+            assert!(text.contains(series), "{series} missing from\n{text}");
+        }
+    }
+}
