@@ -34,9 +34,12 @@ pub struct CertKeyPair {
 
 #[derive(Debug, Clone)]
 pub struct ServingConfig {
-    /// Files given by the user; `None` means generate a self-signed pair into `cert_dir`.
+    /// Files given by the user; `None` means generate a self-signed pair: into `cert_dir` when
+    /// set, kept in memory otherwise.
     pub cert: Option<CertKeyPair>,
-    pub cert_dir: PathBuf,
+    pub cert_dir: Option<PathBuf>,
+    /// How often certificate files are re-read besides file events (`--cert-reload-interval`).
+    pub cert_reload_interval: Duration,
     pub tls13_only: bool,
     pub cipher_suites: Vec<String>,
     pub http2_max_streams: u32,

@@ -44,10 +44,15 @@ options! {
         /// Private key for --tls-cert-file (PEM).
         #[arg(long, value_name = "FILE")]
         pub tls_private_key_file: Option<PathBuf>,
-        /// Where a generated self-signed serving certificate is written
-        /// [default: $TMPDIR/aggregation-gateway].
+        /// Where a generated self-signed serving certificate is written (0600 files; the
+        /// directory must be this user's, writable by nobody else) and reused from on restart.
+        /// Unset: the generated pair is kept in memory only.
         #[arg(long, value_name = "DIR")]
         pub cert_dir: Option<PathBuf>,
+        /// How often certificate and CA files are re-read even when no file event arrived
+        /// (a replaced directory, a write inside a linked folder) [default: 1m].
+        #[arg(long, value_name = "DURATION")]
+        pub cert_reload_interval: Option<GoDuration>,
         /// Minimum TLS version: VersionTLS12 or VersionTLS13 [default: VersionTLS12].
         #[arg(long, value_name = "VERSION")]
         pub tls_min_version: Option<String>,
@@ -93,7 +98,9 @@ options! {
         /// How long a denied decision is cached [default: 30s].
         #[arg(long, value_name = "DURATION")]
         pub authorization_webhook_cache_unauthorized_ttl: Option<GoDuration>,
-        /// Also authorize GET /metrics (non-resource URL) [default: false].
+        /// Authorize GET /metrics with a SubjectAccessReview (non-resource URL /metrics, verb get),
+        /// as kube-apiserver does; false serves metrics to anyone who passes authentication
+        /// [default: true].
         #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
         pub authorize_metrics: Option<bool>,
 

@@ -1,10 +1,15 @@
-//! TLS material: loading PEM files, generating the self-signed serving pair, building rustls
-//! configurations, and noticing when files change on disk (Secrets are swapped by symlink, so we
-//! watch directories, not files). One crypto provider, ring, for the whole process.
+//! TLS material: loading PEM files and building rustls configurations here; the serving identity
+//! (user files or a generated pair, `--cert-dir`) in `serving`, and noticing when files change on
+//! disk in `watch`. One crypto provider, ring, for the whole process.
+
+mod serving;
+mod watch;
+
+pub use serving::{check_private_dir, ensure_serving_cert, ServingIdentity};
+pub use watch::{describe, watch_files, DEFAULT_RESYNC};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
@@ -13,7 +18,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig, SignatureScheme};
 
-use crate::config::{CertKeyPair, ServingConfig};
+use crate::config::CertKeyPair;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -46,6 +51,8 @@ pub enum TlsError {
     Config(#[from] rustls::Error),
     #[error("generating a self-signed serving certificate: {0}")]
     Generate(String),
+    #[error("--cert-dir {path} cannot hold a private key: {why}; give a directory only this user can write (mode 0700)")]
+    UnsafeCertDir { path: PathBuf, why: String },
     #[error("writing {path}: {source}")]
     Write {
         path: PathBuf,
@@ -250,67 +257,11 @@ impl Identity {
     }
 }
 
-/// The serving pair to use: the user's files, or a self-signed pair in `cert_dir` (reused when a
-/// previous run left a valid one, like kube-apiserver's --cert-dir).
-pub fn ensure_serving_cert(serving: &ServingConfig) -> Result<(CertKeyPair, bool), TlsError> {
-    if let Some(pair) = &serving.cert {
-        return Ok((pair.clone(), false));
-    }
-    let pair = CertKeyPair {
-        cert_file: serving.cert_dir.join("aggregation-gateway.crt"),
-        key_file: serving.cert_dir.join("aggregation-gateway.key"),
-    };
-    if Identity::load(&pair).is_ok() {
-        return Ok((pair, true));
-    }
-    let key = rcgen::KeyPair::generate().map_err(|e| TlsError::Generate(e.to_string()))?;
-    let mut params = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
-        .map_err(|e| TlsError::Generate(e.to_string()))?;
-    params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "aggregation-gateway self-signed");
-    for ip in ["127.0.0.1", "::1"] {
-        params
-            .subject_alt_names
-            .push(rcgen::SanType::IpAddress(ip.parse().expect("literal IP")));
-    }
-    params.is_ca = rcgen::IsCa::ExplicitNoCa;
-    let cert = params
-        .self_signed(&key)
-        .map_err(|e| TlsError::Generate(e.to_string()))?;
-    std::fs::create_dir_all(&serving.cert_dir).map_err(|source| TlsError::Write {
-        path: serving.cert_dir.clone(),
-        source,
-    })?;
-    write_private(&pair.key_file, key.serialize_pem().as_bytes())?;
-    std::fs::write(&pair.cert_file, cert.pem()).map_err(|source| TlsError::Write {
-        path: pair.cert_file.clone(),
-        source,
-    })?;
-    Ok((pair, true))
-}
-
-fn write_private(path: &Path, bytes: &[u8]) -> Result<(), TlsError> {
-    use std::io::Write;
-    #[cfg(unix)]
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut opts = std::fs::OpenOptions::new();
-    opts.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    opts.mode(0o600);
-    opts.open(path)
-        .and_then(|mut f| f.write_all(bytes))
-        .map_err(|source| TlsError::Write {
-            path: path.to_owned(),
-            source,
-        })
-}
-
 /// Everything that goes into the serving `ServerConfig`; rebuilt as a whole on reload because the
 /// client-CA set is fixed per config.
 #[derive(Debug, Clone)]
 pub struct ServerTlsSettings {
-    pub serving: CertKeyPair,
+    pub serving: ServingIdentity,
     /// CA bundles that may sign client certificates (client CA and request-header CA). rustls
     /// accepts any of them at the handshake; authentication decides which one a chain belongs to.
     pub client_ca_files: Vec<PathBuf>,
@@ -320,15 +271,13 @@ pub struct ServerTlsSettings {
 
 impl ServerTlsSettings {
     pub fn files(&self) -> Vec<PathBuf> {
-        let mut files = vec![
-            self.serving.cert_file.clone(),
-            self.serving.key_file.clone(),
-        ];
+        let mut files = self.serving.files();
         files.extend(self.client_ca_files.iter().cloned());
         files
     }
 
-    pub fn build(&self) -> Result<Arc<ServerConfig>, TlsError> {
+    /// The serving `ServerConfig` and the certificate chain it presents.
+    pub fn build(&self) -> Result<(Arc<ServerConfig>, Vec<CertificateDer<'static>>), TlsError> {
         let mut provider = provider();
         if !self.cipher_suites.is_empty() {
             provider.cipher_suites.retain(|s| {
@@ -344,7 +293,8 @@ impl ServerTlsSettings {
         };
         let builder = ServerConfig::builder_with_provider(provider.clone())
             .with_protocol_versions(versions)?;
-        let identity = Identity::load(&self.serving)?;
+        let identity = self.serving.load()?;
+        let chain = identity.certs.clone();
         let builder = if self.client_ca_files.is_empty() {
             builder.with_no_client_auth()
         } else {
@@ -361,13 +311,15 @@ impl ServerTlsSettings {
         };
         let mut config = builder
             .with_single_cert(identity.certs, identity.key)
-            .map_err(|source| TlsError::Pair {
-                cert: self.serving.cert_file.clone(),
-                key: self.serving.key_file.clone(),
-                source,
+            .map_err(|source| {
+                let (cert, key) = match &self.serving {
+                    ServingIdentity::Files(pair) => (pair.cert_file.clone(), pair.key_file.clone()),
+                    ServingIdentity::InMemory(_) => ("(generated)".into(), "(generated)".into()),
+                };
+                TlsError::Pair { cert, key, source }
             })?;
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-        Ok(Arc::new(config))
+        Ok((Arc::new(config), chain))
     }
 }
 
@@ -451,100 +403,9 @@ impl ServerCertVerifier for SkipServerVerification {
     }
 }
 
-/// Calls `on_change` (debounced) whenever anything changes in the directories holding `files`.
-/// Kubernetes swaps mounted Secrets through a `..data` symlink, which shows up as events on the
-/// directory rather than on the file, so the directory is what we watch. Dropping the returned
-/// watcher stops it.
-pub fn watch_files(
-    files: &[PathBuf],
-    on_change: impl Fn() + Send + 'static,
-) -> notify::Result<notify::RecommendedWatcher> {
-    use notify::Watcher;
-    let (tx, rx) = std::sync::mpsc::channel::<()>();
-    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        if let Ok(event) = event {
-            if !event.kind.is_access() {
-                let _ = tx.send(());
-            }
-        }
-    })?;
-    let mut dirs: Vec<PathBuf> = files
-        .iter()
-        .filter_map(|f| f.parent().map(Path::to_path_buf))
-        .map(|d| {
-            if d.as_os_str().is_empty() {
-                PathBuf::from(".")
-            } else {
-                d
-            }
-        })
-        .collect();
-    dirs.sort();
-    dirs.dedup();
-    for dir in &dirs {
-        watcher.watch(dir, notify::RecursiveMode::NonRecursive)?;
-    }
-    std::thread::Builder::new()
-        .name("tls-file-watch".into())
-        .spawn(move || {
-            // Writers often touch a file several times (truncate, write, rename); wait until they
-            // have been quiet briefly so we read the final content once.
-            while rx.recv().is_ok() {
-                while rx.recv_timeout(Duration::from_millis(200)).is_ok() {}
-                on_change();
-            }
-        })
-        .expect("spawning a thread");
-    Ok(watcher)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn serving_in(dir: &Path) -> ServingConfig {
-        ServingConfig {
-            cert: None,
-            cert_dir: dir.to_owned(),
-            tls13_only: false,
-            cipher_suites: vec![],
-            http2_max_streams: 100,
-        }
-    }
-
-    #[test]
-    fn self_signed_pair_is_generated_once_and_reused() {
-        install_crypto_provider();
-        let dir = tempfile::tempdir().unwrap();
-        let (pair, generated) = ensure_serving_cert(&serving_in(dir.path())).unwrap();
-        assert!(generated);
-        let first = std::fs::read(&pair.cert_file).unwrap();
-        let (again, _) = ensure_serving_cert(&serving_in(dir.path())).unwrap();
-        assert_eq!(std::fs::read(&again.cert_file).unwrap(), first);
-        let settings = ServerTlsSettings {
-            serving: pair,
-            client_ca_files: vec![],
-            tls13_only: false,
-            cipher_suites: vec![],
-        };
-        let config = settings.build().unwrap();
-        assert_eq!(config.alpn_protocols[0], b"h2");
-    }
-
-    #[test]
-    fn mismatched_key_is_refused() {
-        install_crypto_provider();
-        let a = tempfile::tempdir().unwrap();
-        let b = tempfile::tempdir().unwrap();
-        let (pa, _) = ensure_serving_cert(&serving_in(a.path())).unwrap();
-        let (pb, _) = ensure_serving_cert(&serving_in(b.path())).unwrap();
-        let err = Identity::load(&CertKeyPair {
-            cert_file: pa.cert_file,
-            key_file: pb.key_file,
-        })
-        .unwrap_err();
-        assert!(matches!(err, TlsError::Pair { .. }), "{err}");
-    }
 
     #[test]
     fn cipher_suite_names_are_iana() {

@@ -285,13 +285,21 @@ impl Options {
                 self.tls_cert_file,
                 self.tls_private_key_file,
             )?,
-            cert_dir: self
-                .cert_dir
-                .unwrap_or_else(|| std::env::temp_dir().join("aggregation-gateway")),
+            cert_dir: self.cert_dir.filter(|d| !d.as_os_str().is_empty()),
+            cert_reload_interval: self
+                .cert_reload_interval
+                .map_or(crate::tls::DEFAULT_RESYNC, |d| d.0),
             tls13_only,
             cipher_suites,
             http2_max_streams,
         };
+
+        if serving.cert_reload_interval.is_zero() {
+            return Err(ConfigError::new(
+                "cert-reload-interval",
+                "must be greater than 0s",
+            ));
+        }
 
         let authn = AuthnConfig {
             client_ca_file: ca_bundle("client-ca-file", self.client_ca_file)?,
@@ -321,7 +329,7 @@ impl Options {
             webhook: self.authorization_webhook.unwrap_or(true),
             cache_authorized_ttl: secs(self.authorization_webhook_cache_authorized_ttl, 300),
             cache_unauthorized_ttl: secs(self.authorization_webhook_cache_unauthorized_ttl, 30),
-            authorize_metrics: self.authorize_metrics.unwrap_or(false),
+            authorize_metrics: self.authorize_metrics.unwrap_or(true),
         };
 
         let proxy_client = pair(

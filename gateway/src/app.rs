@@ -80,17 +80,24 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         tls13_only: config.serving.tls13_only,
         cipher_suites: config.serving.cipher_suites.clone(),
     };
-    let server_tls = Arc::new(ArcSwap::new(tls_settings.build()?));
+    let (first_tls, chain) = tls_settings.build()?;
+    let (serial, not_after) = describe_leaf(&chain);
+    let server_tls = Arc::new(ArcSwap::new(first_tls));
     let _tls_watch = {
         let server_tls = server_tls.clone();
         let settings = tls_settings.clone();
-        tls::watch_files(&settings.files(), move || match settings.build() {
-            Ok(cfg) => {
-                server_tls.store(cfg);
-                tracing::info!("serving TLS material reloaded");
-            }
-            Err(e) => tracing::error!(error = %e, "keeping the previous serving TLS material"),
-        })?
+        tls::watch_files(
+            &settings.files(),
+            config.serving.cert_reload_interval,
+            move || match settings.build() {
+                Ok((cfg, chain)) => {
+                    server_tls.store(cfg);
+                    let (serial, not_after) = describe_leaf(&chain);
+                    tracing::info!(%serial, %not_after, "serving TLS material reloaded");
+                }
+                Err(e) => tracing::error!(error = %e, "keeping the previous serving TLS material"),
+            },
+        )?
     };
 
     let listener = TcpListener::bind(config.listen)
@@ -199,13 +206,28 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         .layer(Authz::layer(authorizer))
         .service(Router::new(gateway.clone()));
 
-    tracing::info!(
-        address = %address,
-        cert_file = %serving.cert_file.display(),
-        self_signed = generated,
-        core = %gateway.core.url(),
-        "serving"
-    );
+    // `cert_file` only when there is a file to point a client at: a generated pair without
+    // --cert-dir lives in memory only.
+    match serving.cert_file() {
+        Some(cert_file) => tracing::info!(
+            address = %address,
+            cert_file = %cert_file.display(),
+            self_signed = generated,
+            %serial,
+            %not_after,
+            core = %gateway.core.url(),
+            "serving"
+        ),
+        None => tracing::info!(
+            address = %address,
+            self_signed = generated,
+            %serial,
+            %not_after,
+            core = %gateway.core.url(),
+            cert = "self-signed, in memory only: give --cert-dir to write it where clients can read it",
+            "serving"
+        ),
+    }
 
     let settings = ListenerSettings {
         header_read_timeout: config.limits.header_read_timeout,
@@ -264,13 +286,16 @@ fn proxy_identity(config: &Config) -> Result<(ProxyIdentity, ProxyIdentityReload
     let tx = Arc::new(tx);
     let sender = tx.clone();
     let files = [pair.cert_file.clone(), pair.key_file.clone()];
-    let watcher = tls::watch_files(&files, move || match Identity::load(&pair) {
-        Ok(identity) => {
-            sender.send_replace(Some(Arc::new(identity)));
-            tracing::info!(cert_file = %pair.cert_file.display(), "proxy client certificate reloaded");
-        }
-        Err(e) => {
-            tracing::error!(error = %e, "keeping the previous proxy client certificate")
+    let watcher = tls::watch_files(&files, config.serving.cert_reload_interval, move || {
+        match Identity::load(&pair) {
+            Ok(identity) => {
+                let (serial, not_after) = describe_leaf(&identity.certs);
+                sender.send_replace(Some(Arc::new(identity)));
+                tracing::info!(cert_file = %pair.cert_file.display(), %serial, %not_after, "proxy client certificate reloaded");
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "keeping the previous proxy client certificate")
+            }
         }
     })?;
     Ok((
@@ -280,6 +305,14 @@ fn proxy_identity(config: &Config) -> Result<(ProxyIdentity, ProxyIdentityReload
             _watcher: Some(watcher),
         },
     ))
+}
+
+/// Serial number and expiry of a chain's leaf, for the log.
+fn describe_leaf(chain: &[rustls::pki_types::CertificateDer<'static>]) -> (String, String) {
+    chain
+        .first()
+        .map(tls::describe)
+        .unwrap_or_else(|| ("none".into(), "none".into()))
 }
 
 /// Starts the APIService source, Service resolution, and the route and availability

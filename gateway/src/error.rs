@@ -96,13 +96,25 @@ impl GatewayError {
         }
     }
 
+    /// What the caller reads: the error without the addresses it may name (the core's URL, a
+    /// backend's endpoint). The log line written where the error happened keeps them.
+    pub fn public_message(&self) -> String {
+        match self {
+            Self::CoreUnavailable { source, .. } => without_addresses(&format!(
+                "the core server is unreachable: {}",
+                chain(source.as_ref())
+            )),
+            other => without_addresses(&other.to_string()),
+        }
+    }
+
     pub fn into_response(self) -> Response {
         let details = self.retry_after().map(|s| StatusDetails {
             retry_after_seconds: Some(s),
             ..Default::default()
         });
         let terminated = self.termination();
-        let mut resp = status_response(self.code(), &self.to_string(), details);
+        let mut resp = status_response(self.code(), &self.public_message(), details);
         if let Some(t) = terminated {
             resp.extensions_mut().insert(t);
         }
@@ -115,6 +127,72 @@ impl GatewayError {
 #[derive(Clone, Copy, Debug)]
 pub struct Terminated;
 
+/// What stands in for an address in a message.
+const ADDRESS: &str = "<address>";
+
+/// `message` with every network address replaced by `<address>`: the scheme and authority of a
+/// URL (`https://10.0.0.7:8443/apis/x` keeps its path: `<address>/apis/x`), and IP addresses
+/// with or without a port (`dial tcp 10.0.0.7:8443: ...`). Error bodies and health answers reach
+/// unauthenticated callers, who learn from them which APIService or check failed and why, but
+/// not where the gateway's backends and core live. Service DNS names (`api.wardle.svc`) stay:
+/// they come from the APIService, not from the network.
+pub fn without_addresses(message: &str) -> String {
+    let mut urls_out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(at) = rest.find("://") {
+        let scheme_start = rest[..at]
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')))
+            .map_or(0, |i| i + 1);
+        let after = &rest[at + 3..];
+        let authority_len = after
+            .find(|c: char| c == '/' || c == '"' || c == '\'' || c == ')' || c.is_whitespace())
+            .unwrap_or(after.len());
+        if scheme_start == at {
+            // No scheme before "://": not a URL.
+            urls_out.push_str(&rest[..at + 3]);
+        } else {
+            urls_out.push_str(&rest[..scheme_start]);
+            urls_out.push_str(ADDRESS);
+        }
+        rest = &after[if scheme_start == at { 0 } else { authority_len }..];
+    }
+    urls_out.push_str(rest);
+
+    // Bare IP addresses and socket addresses, token by token.
+    let mut out = String::with_capacity(urls_out.len());
+    let is_separator =
+        |c: char| c.is_whitespace() || matches!(c, '"' | '\'' | '(' | ')' | ',' | ';' | '=');
+    let mut token_start = None;
+    let flush = |out: &mut String, token: &str| {
+        // "10.0.0.7:8443:" (Go's "dial tcp 10.0.0.7:8443: connect: ...") keeps its colon.
+        let (core, tail) = match token.strip_suffix(':') {
+            Some(t) => (t, ":"),
+            None => (token, ""),
+        };
+        if core.parse::<std::net::SocketAddr>().is_ok() || core.parse::<std::net::IpAddr>().is_ok()
+        {
+            out.push_str(ADDRESS);
+            out.push_str(tail);
+        } else {
+            out.push_str(token);
+        }
+    };
+    for (i, c) in urls_out.char_indices() {
+        if is_separator(c) {
+            if let Some(start) = token_start.take() {
+                flush(&mut out, &urls_out[start..i]);
+            }
+            out.push(c);
+        } else if token_start.is_none() {
+            token_start = Some(i);
+        }
+    }
+    if let Some(start) = token_start {
+        flush(&mut out, &urls_out[start..]);
+    }
+    out
+}
+
 /// Turns whatever error reached the top of the stack into a Status.
 pub fn rescue(err: BoxError) -> Response {
     let err = match err.downcast::<GatewayError>() {
@@ -123,4 +201,47 @@ pub fn rescue(err: BoxError) -> Response {
     };
     tracing::error!(error = %chain(err.as_ref()), "unexpected error on the request path");
     GatewayError::Internal(format!("internal error: {}", chain(err.as_ref()))).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_are_taken_out_of_messages() {
+        let cases = [
+            (
+                "failing or missing response from https://10.0.0.7:8443/apis/wardle.example.com/v1alpha1: Get \"https://10.0.0.7:8443/apis/wardle.example.com/v1alpha1\": dial tcp 10.0.0.7:8443: connect: connection refused",
+                "failing or missing response from <address>/apis/wardle.example.com/v1alpha1: Get \"<address>/apis/wardle.example.com/v1alpha1\": dial tcp <address>: connect: connection refused",
+            ),
+            (
+                "core server at http://127.0.0.1:8080 answered /readyz with 500",
+                "core server at <address> answered /readyz with 500",
+            ),
+            ("dial [::1]:443 failed", "dial <address> failed"),
+            ("endpoint 10.96.0.10 is gone", "endpoint <address> is gone"),
+            (
+                "certificate not valid for api.wardle.svc (UnknownIssuer)",
+                "certificate not valid for api.wardle.svc (UnknownIssuer)",
+            ),
+            ("v1.wardle: 503 at 12:30", "v1.wardle: 503 at 12:30"),
+            ("odd ://thing", "odd ://thing"),
+        ];
+        for (message, want) in cases {
+            assert_eq!(without_addresses(message), want, "{message}");
+        }
+    }
+
+    #[test]
+    fn a_core_outage_answers_without_the_core_url() {
+        let err = GatewayError::CoreUnavailable {
+            url: "http://10.1.2.3:8080".into(),
+            source: "tcp connect error: Connection refused".into(),
+        };
+        assert!(err.to_string().contains("10.1.2.3"), "the log keeps it");
+        assert_eq!(
+            err.public_message(),
+            "the core server is unreachable: tcp connect error: Connection refused"
+        );
+    }
 }

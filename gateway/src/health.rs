@@ -1,6 +1,11 @@
 //! `/livez`, `/readyz` and `/healthz` for the gateway itself, in kube-apiserver's format: named
 //! checks, `?verbose` to list them, `?exclude=<name>`, and `/<endpoint>/<check>` for one.
 //! Controllers flip atomics; a probe only reads them.
+//!
+//! Anyone may read these endpoints (probes carry no credentials), so what they say is public:
+//! like kube-apiserver's, the list names failing checks with "reason withheld" (the controller
+//! that failed a check logs why), and a single check's answer says why with every address taken
+//! out (see [`crate::error::without_addresses`]): a check's reason may name the core's URL.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -9,6 +14,7 @@ use arc_swap::ArcSwapOption;
 use http::{header, HeaderValue, StatusCode};
 
 use crate::body::{full, Response};
+use crate::error::without_addresses;
 
 /// One named condition that can be healthy or not, with the reason when not.
 #[derive(Default)]
@@ -135,7 +141,10 @@ impl Health {
                     Some(c) if c.check.is_ok() => text(StatusCode::OK, "ok".into()),
                     Some(c) => text(
                         StatusCode::INTERNAL_SERVER_ERROR,
-                        format!("internal server error: {}\n", c.check.reason()),
+                        format!(
+                            "internal server error: {}\n",
+                            without_addresses(&c.check.reason())
+                        ),
                     ),
                     None => text(
                         StatusCode::NOT_FOUND,
@@ -163,7 +172,7 @@ impl Health {
                 report.push_str(&format!("[+]{} ok\n", c.name));
             } else {
                 failed = true;
-                report.push_str(&format!("[-]{} failed: {}\n", c.name, c.check.reason()));
+                report.push_str(&format!("[-]{} failed: reason withheld\n", c.name));
             }
         }
         Some(if failed {
@@ -217,8 +226,14 @@ mod tests {
         let (code, text) = body(h.respond("/readyz", "").unwrap()).await;
         assert_eq!(code, 500);
         assert!(
-            text.contains("[+]ping ok\n[-]core-server failed: core server at"),
+            text.contains("[+]ping ok\n[-]core-server failed: reason withheld\n"),
             "{text}"
+        );
+        let (code, one) = body(h.respond("/readyz/core-server", "").unwrap()).await;
+        assert_eq!(code, 500);
+        assert_eq!(
+            one,
+            "internal server error: core server at <address> is unreachable\n"
         );
         assert!(text.ends_with("readyz check failed\n"));
         // Liveness does not depend on the core.

@@ -133,6 +133,9 @@ pub fn root_store(ca_pem: &str) -> Result<rustls::RootCertStore, CertError> {
 pub struct CertSpec {
     /// Subject common name (for client certificates: the user name).
     pub common_name: Option<String>,
+    /// Further CN attributes after `common_name`, each in an RDN of its own, in order: a subject
+    /// with several CNs, which Go's `crypto/x509` reads as the last one.
+    pub more_common_names: Vec<String>,
     /// Subject organizations (for client certificates: the groups), in order.
     pub organizations: Vec<String>,
     /// Subject alternative names; entries that parse as IP addresses become IP SANs.
@@ -248,6 +251,29 @@ impl TestCa {
         .unwrap_or_else(|e| panic!("issuing a client certificate for {common_name:?}: {e}"))
     }
 
+    /// Issues a client certificate whose subject holds several CNs, in the order given (one RDN
+    /// each), then one O per group: Go's `crypto/x509`, and so Kubernetes, takes the last CN.
+    ///
+    /// # Panics
+    /// If `common_names` is empty; signing does not fail otherwise.
+    pub fn issue_client_with_common_names(
+        &self,
+        common_names: &[&str],
+        organizations: &[&str],
+    ) -> CertifiedPair {
+        let (first, more) = common_names
+            .split_first()
+            .expect("at least one common name");
+        self.issue(&CertSpec {
+            common_name: Some((*first).to_owned()),
+            more_common_names: more.iter().map(|cn| (*cn).to_owned()).collect(),
+            organizations: organizations.iter().map(|o| (*o).to_owned()).collect(),
+            usages: vec![ExtendedKeyUsagePurpose::ClientAuth],
+            ..CertSpec::default()
+        })
+        .unwrap_or_else(|e| panic!("issuing a client certificate for {common_names:?}: {e}"))
+    }
+
     /// Issues a certificate described by `spec`.
     pub fn issue(&self, spec: &CertSpec) -> Result<CertifiedPair, CertError> {
         let key = KeyPair::generate()?;
@@ -280,10 +306,16 @@ impl TestCa {
         params.use_authority_key_identifier_extension = true;
         set_validity(&mut params, spec.validity);
         let cert = params.signed_by(&key, &self.issuer)?;
-        let cert_pem = if spec.organizations.len() > 1 {
+        let cert_pem = if spec.organizations.len() > 1 || !spec.more_common_names.is_empty() {
+            let common_names: Vec<&str> = spec
+                .common_name
+                .iter()
+                .chain(&spec.more_common_names)
+                .map(String::as_str)
+                .collect();
             let der = rewrite_subject(
                 cert.der(),
-                spec.common_name.as_deref(),
+                &common_names,
                 &spec.organizations,
                 self.issuer.key(),
             )?;
@@ -420,7 +452,7 @@ fn content_len(whole: &[u8]) -> Result<usize, CertError> {
 
 fn rewrite_subject(
     cert_der: &[u8],
-    common_name: Option<&str>,
+    common_names: &[&str],
     organizations: &[String],
     ca_key: &KeyPair,
 ) -> Result<Vec<u8>, CertError> {
@@ -447,9 +479,9 @@ fn rewrite_subject(
     }
 
     let mut rdns = Vec::new();
-    let attributes = common_name
-        .map(|cn| (OID_CN, cn))
-        .into_iter()
+    let attributes = common_names
+        .iter()
+        .map(|cn| (OID_CN, *cn))
         .chain(organizations.iter().map(|o| (OID_O, o.as_str())));
     for (oid, value) in attributes {
         let mut atv = oid.to_vec();

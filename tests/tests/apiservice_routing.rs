@@ -230,6 +230,22 @@ async fn a_stopped_backend_flips_the_condition_and_requests_fail_fast_with_a_sta
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(body["reason"], "ServiceUnavailable");
     assert!(body["message"].as_str().unwrap().contains(NAME), "{body}");
+    // Anyone, anonymous callers included, learns which APIService failed and why, never where
+    // its backend lives.
+    let anonymous = harness::http1_client(&s.gateway.ca_pem().unwrap(), None).unwrap();
+    let (status, _, body) = harness::get(&anonymous, &format!("{}{FLUNDERS}", s.gateway.url()))
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let message = json_or_null(&body)["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(message.contains(NAME), "{message}");
+    assert!(
+        !message.contains("127.0.0.1") && !message.contains("https://"),
+        "the backend's address: {message}"
+    );
     let metrics = scenario::metrics(&s.gateway).await;
     assert!(
         metrics.contains(&format!(

@@ -402,6 +402,48 @@ async fn certificates_count_only_for_the_ca_they_belong_to() {
     assert!(refused.is_err(), "an untrusted CA: {refused:?}");
 }
 
+/// A certificate with several CNs names whom Go's `crypto/x509` names: the last CN, both as the
+/// user (at the backend and at the core, which must agree on who it is) and for
+/// `--requestheader-allowed-names`. One row per certificate.
+#[tokio::test]
+async fn a_certificate_with_several_common_names_is_named_by_the_last_one() {
+    let (s, incoming_proxy_ca) = start(&[]).await;
+    let two_names = s
+        .pki
+        .users_ca
+        .issue_client_with_common_names(&["alice", "dave"], &["dev"]);
+    let (status, identity) = get(&s, Some(&two_names), IDENTITY, &[]).await;
+    assert_eq!(status, StatusCode::OK, "{identity}");
+    assert_eq!(identity["user"], "dave", "{identity}");
+    scenario::clear_core_requests(&s.core).await;
+    let (status, _) = get(&s, Some(&two_names), "/api/v1/namespaces", &[]).await;
+    assert_eq!(status, StatusCode::OK);
+    let list = recorded_by_core(&s, "/api/v1/namespaces").await;
+    assert_eq!(header(&list, "x-remote-user"), ["dave"]);
+
+    // Front proxies: allowed only when the last CN is an allowed name.
+    let rows: [(&str, &[&str], StatusCode); 2] = [
+        (
+            "an allowed name first, another last",
+            &["trusted-proxy", "someone-else"],
+            StatusCode::UNAUTHORIZED,
+        ),
+        (
+            "another name first, the allowed one last",
+            &["someone-else", "trusted-proxy"],
+            StatusCode::OK,
+        ),
+    ];
+    for (case, names, want) in rows {
+        let proxy = incoming_proxy_ca.issue_client_with_common_names(names, &[]);
+        let (status, body) = get(&s, Some(&proxy), IDENTITY, &[("x-remote-user", "frank")]).await;
+        assert_eq!(status, want, "{case}: {body}");
+        if want == StatusCode::OK {
+            assert_eq!(body["user"], "frank", "{case}: {body}");
+        }
+    }
+}
+
 /// Header names of a recorded request that a non-Go server (WSGI, Rack, nginx) would read as
 /// identity headers although they are spelled with `_`.
 fn underscore_identity_headers(request: &Value) -> Vec<String> {
@@ -656,4 +698,36 @@ async fn token_reviews_are_cached_both_ways() {
         assert_eq!(body["message"], "Unauthorized");
     }
     assert_eq!(token_reviews(&s).await, 2, "a rejected token is cached too");
+}
+
+/// A burst of requests with one token nobody knows (what a client guessing tokens sends) makes
+/// one TokenReview, not one per request: concurrent reviews of a token are shared, and the
+/// rejection is then cached for the unauthorized TTL (10s).
+#[tokio::test]
+async fn a_burst_with_one_unknown_token_is_reviewed_once() {
+    let (s, _) = start(&[]).await;
+    scenario::clear_core_requests(&s.core).await;
+    let client = harness::http2_client(&s.gateway.ca_pem().unwrap(), None).unwrap();
+    let url = format!("{}/api/v1/namespaces", s.gateway.url());
+    let burst = (0..40).map(|_| {
+        let req = http::Request::get(&url)
+            .header("authorization", "Bearer random-7f3a9c")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        harness::send(&client, req)
+    });
+    for answer in futures::future::join_all(burst).await {
+        let (status, _, _) = answer.unwrap();
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+    }
+    assert_eq!(token_reviews(&s).await, 1, "one review for the burst");
+    let (status, _) = get(
+        &s,
+        None,
+        "/api/v1/namespaces",
+        &[("authorization", "Bearer random-7f3a9c")],
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(token_reviews(&s).await, 1, "the rejection is cached");
 }

@@ -215,6 +215,43 @@ async fn metrics_can_be_protected_while_health_stays_open() {
     assert_eq!(get(&s, &anonymous, "/livez").await.0, StatusCode::OK);
 }
 
+/// Without any flag, `/metrics` is authorized as kube-apiserver authorizes it: a scrape the
+/// core does not allow `get` on the non-resource URL is refused, anonymous ones included.
+#[tokio::test]
+async fn metrics_are_authorized_by_default() {
+    let policy = json!({"rules": [
+        {"group": "dev", "verbs": ["get", "list"], "apiGroups": [GROUP], "resources": ["flunders"]},
+        {"user": "alice", "verbs": ["get"], "nonResourceURLs": ["/metrics"]},
+    ]});
+    let s = wardle(policy, &[]).start().await;
+    let anonymous = client(&s, None);
+    let (status, _, body) = get(&s, &anonymous, "/metrics").await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("forbidden: User \"system:anonymous\" cannot get path \"/metrics\""),
+        "{body}"
+    );
+    let alice = client(&s, Some(&s.user("alice", &["dev"])));
+    let (status, _, body) = get(&s, &alice, "/metrics").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+}
+
+/// The audit log names users and what they did: only the gateway's user may read it.
+#[cfg(unix)]
+#[tokio::test]
+async fn the_audit_log_file_is_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let (s, _, _) = authorized_and_audited().await;
+    let mode = std::fs::metadata(audit_file(&s))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+}
+
 /// The audit log: a line per request, with user, verb, code, decision and target, and the
 /// Audit-ID the client saw.
 #[tokio::test]
@@ -346,10 +383,14 @@ async fn the_clients_audit_id_is_kept_and_reaches_the_core() {
 
 #[tokio::test]
 async fn authorization_can_be_turned_off() {
-    // A policy that allows nothing: with the webhook off, the remote is reached anyway.
-    let s = wardle(json!({"rules": []}), &["--authorization-webhook=false"])
-        .start()
-        .await;
+    // A policy that allows nothing: with the webhook off, the remote is reached anyway, and
+    // with --authorize-metrics=false so is /metrics.
+    let s = wardle(
+        json!({"rules": []}),
+        &["--authorization-webhook=false", "--authorize-metrics=false"],
+    )
+    .start()
+    .await;
     let carol = client(&s, Some(&s.user("carol", &[])));
     wait_until_served(&s, &carol).await;
     scenario::clear_core_requests(&s.core).await;

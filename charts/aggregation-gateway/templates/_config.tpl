@@ -10,7 +10,6 @@ tests run `aggregation-gateway --check-config` on what this renders. extraConfig
 {{- $c := dict
   "bindAddress" $v.server.bindAddress
   "securePort" (int $v.server.port)
-  "certDir" "/tmp/aggregation-gateway"
   "tlsMinVersion" $v.server.tlsMinVersion
   "http2MaxStreamsPerConnection" (int $v.server.http2MaxStreamsPerConnection)
   "coreUrl" (include "aggregation-gateway.coreUrl" .)

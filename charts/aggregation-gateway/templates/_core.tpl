@@ -113,6 +113,11 @@ there are none); see core-manifests.yaml. Also validates crd.create and rbac.cor
 {{- $_ := set $data "rbac.yaml" (join "\n---\n" $docs) }}
 {{- end }}
 {{- end }}
+{{- if not $thisCluster }}
+{{- with include "aggregation-gateway.metricsReaderRBAC" . }}
+{{- $_ := set $data "metrics-reader.yaml" . }}
+{{- end }}
+{{- end }}
 {{- if and $kube .Values.apiServices.createObjects .Values.apiServices.items (not $thisCluster) }}
 {{- $docs := list }}
 {{- range .Values.apiServices.items }}

@@ -217,3 +217,41 @@ spec:
   caBundle: {{ . | quote }}
   {{- end }}
 {{- end }}
+
+{{/*
+The ClusterRole <fullname>-metrics-reader (get on the /metrics non-resource URL) and its binding
+to monitoring.serviceMonitor.scraperSubjects, as YAML documents joined by "---", or "" when not
+wanted: only with the ServiceMonitor, authorization.authorizeMetrics and rbac.create. Where it
+goes depends on where the gateway's SubjectAccessReview is answered: this cluster when it is the
+core (metrics-rbac.yaml), the <fullname>-core manifests otherwise (_core.tpl).
+*/}}
+{{- define "aggregation-gateway.metricsReaderRBAC" -}}
+{{- $sm := .Values.monitoring.serviceMonitor }}
+{{- if and $sm.enabled .Values.authorization.authorizeMetrics .Values.rbac.create $sm.scraperSubjects }}
+{{- $name := printf "%s-metrics-reader" (include "aggregation-gateway.fullname" .) }}
+{{- $subjects := list }}
+{{- range $sm.scraperSubjects }}
+{{- $s := deepCopy . }}
+{{- if and (has .kind (list "User" "Group")) (not .apiGroup) }}{{ $_ := set $s "apiGroup" "rbac.authorization.k8s.io" }}{{ end }}
+{{- if and (eq .kind "ServiceAccount") (not .namespace) }}
+{{- fail (printf "monitoring.serviceMonitor.scraperSubjects: ServiceAccount %s needs a namespace" .name) }}
+{{- end }}
+{{- $subjects = append $subjects $s }}
+{{- end }}
+{{- /* Helm's labels only where Helm installs it; the core's copy is applied by hand. */}}
+{{- $labelsOf := ternary "aggregation-gateway.labels" "aggregation-gateway.coreLabels" (not (empty (include "aggregation-gateway.coreIsThisCluster" .))) }}
+{{- $labels := include $labelsOf . | fromYaml }}
+{{- toYaml (dict
+  "apiVersion" "rbac.authorization.k8s.io/v1"
+  "kind" "ClusterRole"
+  "metadata" (dict "name" $name "labels" $labels)
+  "rules" (list (dict "nonResourceURLs" (list "/metrics") "verbs" (list "get")))) }}
+---
+{{ toYaml (dict
+  "apiVersion" "rbac.authorization.k8s.io/v1"
+  "kind" "ClusterRoleBinding"
+  "metadata" (dict "name" $name "labels" $labels)
+  "roleRef" (dict "apiGroup" "rbac.authorization.k8s.io" "kind" "ClusterRole" "name" $name)
+  "subjects" $subjects) }}
+{{- end }}
+{{- end }}

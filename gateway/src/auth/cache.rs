@@ -166,6 +166,11 @@ impl<V: Clone, E: Clone> TtlCache<V, E> {
                     key,
                     flight: &flight,
                 };
+                // A flight that ended between our cache miss and joining the map has stored
+                // its value already: use it instead of reviewing the same token again.
+                if let Some(v) = self.get(&key) {
+                    return Ok(v);
+                }
                 let result = fetch().await;
                 if let Ok(v) = &result {
                     self.insert(key, v.clone(), ttl(v));

@@ -48,6 +48,7 @@ use http::{HeaderMap, StatusCode};
 use rustls::pki_types::CertificateDer;
 
 use crate::body::{Request, Response};
+use crate::error::without_addresses;
 use crate::identity::{
     strip_identity_headers, UserInfo, ANONYMOUS, AUTHENTICATED, UNAUTHENTICATED,
 };
@@ -310,7 +311,9 @@ impl Authenticator {
                     tracing::warn!(error = %e, "impersonation could not be checked");
                     return Err(status_response(
                         StatusCode::SERVICE_UNAVAILABLE,
-                        &format!("{e}; impersonation could not be checked, retry shortly"),
+                        &without_addresses(&format!(
+                            "{e}; impersonation could not be checked, retry shortly"
+                        )),
                         Some(StatusDetails {
                             retry_after_seconds: Some(1),
                             ..Default::default()
@@ -364,11 +367,15 @@ pub fn start(
         None
     } else {
         let reloading = authenticator.clone();
-        match gateway_config::tls::watch_files(&files, move || {
-            if let Some(certs) = reloading.certs() {
-                certs.reload();
-            }
-        }) {
+        match gateway_config::tls::watch_files(
+            &files,
+            config.serving.cert_reload_interval,
+            move || {
+                if let Some(certs) = reloading.certs() {
+                    certs.reload();
+                }
+            },
+        ) {
             Ok(w) => Some(w),
             Err(e) => {
                 tracing::warn!(error = %e, "client CA files are not watched; changes need a restart");
@@ -385,10 +392,14 @@ fn unauthorized(why: &str) -> Response {
     status_response(StatusCode::UNAUTHORIZED, "Unauthorized", None)
 }
 
+/// The 503 for a review that could not be made. Unauthenticated callers read it, so the
+/// addresses in the error (the core's URL) are taken out; the warning logged before keeps them.
 fn unavailable(why: &str) -> Response {
     status_response(
         StatusCode::SERVICE_UNAVAILABLE,
-        &format!("{why}; the credential could not be checked, retry shortly"),
+        &without_addresses(&format!(
+            "{why}; the credential could not be checked, retry shortly"
+        )),
         Some(StatusDetails {
             retry_after_seconds: Some(1),
             ..Default::default()

@@ -25,10 +25,7 @@ use crate::identity::UserInfo;
 pub fn user_from_certificate(der: &[u8]) -> Option<UserInfo> {
     let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
     let subject = cert.subject();
-    let name = subject.iter_common_name().next()?.as_str().ok()?.to_owned();
-    if name.is_empty() {
-        return None;
-    }
+    let name = common_name(subject)?;
     let groups = subject
         .iter_organization()
         .filter_map(|o| o.as_str().ok().map(str::to_owned))
@@ -40,10 +37,23 @@ pub fn user_from_certificate(der: &[u8]) -> Option<UserInfo> {
     })
 }
 
-fn common_name(der: &[u8]) -> Option<String> {
+/// The subject's common name as Go's `crypto/x509` reads it, which is what kube-apiserver and
+/// every Go backend use: `pkix.Name.FillFromRDNSequence` walks every attribute of every RDN and
+/// assigns each string-valued CN in turn, so with several CNs **the last one** names the user.
+/// Reading the first instead would let one certificate be `alice` here and `admin` at the core.
+/// `None` when there is none (or it is empty).
+fn common_name(subject: &x509_parser::x509::X509Name<'_>) -> Option<String> {
+    subject
+        .iter_common_name()
+        .filter_map(|cn| cn.as_str().ok())
+        .last()
+        .filter(|cn| !cn.is_empty())
+        .map(str::to_owned)
+}
+
+fn leaf_common_name(der: &[u8]) -> Option<String> {
     let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
-    let cn = cert.subject().iter_common_name().next()?.as_str().ok()?;
-    Some(cn.to_owned())
+    common_name(cert.subject())
 }
 
 /// A verifier for one CA bundle.
@@ -165,7 +175,7 @@ impl CertAuthenticator {
         if self.allowed_names.is_empty() {
             return Ok(());
         }
-        let cn = chain.first().and_then(|leaf| common_name(leaf));
+        let cn = chain.first().and_then(|leaf| leaf_common_name(leaf));
         match cn {
             Some(cn) if self.allowed_names.contains(&cn) => Ok(()),
             cn => Err(format!(
@@ -214,6 +224,27 @@ pub(crate) mod tests {
             params.distinguished_name.push(DnType::CommonName, cn);
             if let Some(o) = org {
                 params.distinguished_name.push(DnType::OrganizationName, o);
+            }
+            params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+            let cert = params.signed_by(&key, &self.issuer).unwrap();
+            vec![cert.der().clone()]
+        }
+
+        /// A client certificate whose subject has one CN RDN per name, in order. rcgen keeps one
+        /// value per attribute type, so the later names go in under CN's OID spelled as a custom
+        /// type, which encodes the same.
+        pub fn client_named(&self, cns: &[&str]) -> Vec<CertificateDer<'static>> {
+            // A third name would replace the second under the same custom key.
+            assert!(cns.len() <= 2, "at most two common names");
+            let key = KeyPair::generate().unwrap();
+            let mut params = CertificateParams::default();
+            for (i, cn) in cns.iter().enumerate() {
+                let ty = if i == 0 {
+                    DnType::CommonName
+                } else {
+                    DnType::CustomDnType(vec![2, 5, 4, 3])
+                };
+                params.distinguished_name.push(ty, *cn);
             }
             params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
             let cert = params.signed_by(&key, &self.issuer).unwrap();
@@ -286,6 +317,29 @@ pub(crate) mod tests {
         let auth = CertAuthenticator::new(Some(users.write(&dir, "u.pem")), None, vec![]).unwrap();
         let check = auth.check(&users.client("", Some("dev")));
         assert!(matches!(check.user, Some(Ok(None))), "{check:?}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn the_last_of_several_common_names_is_the_name_as_in_go() {
+        provider();
+        let dir = tempfile_dir();
+        let users = Ca::new("users");
+        let proxies = Ca::new("front-proxy");
+        let auth = CertAuthenticator::new(
+            Some(users.write(&dir, "users.pem")),
+            Some(proxies.write(&dir, "proxies.pem")),
+            vec!["front-proxy".into()],
+        )
+        .unwrap();
+        let user = auth.check(&users.client_named(&["alice", "admin"]));
+        assert_eq!(user.user.unwrap().unwrap().unwrap().name, "admin");
+
+        let allowed_last = auth.check(&proxies.client_named(&["other", "front-proxy"]));
+        assert!(allowed_last.front_proxy.unwrap().is_ok());
+        let allowed_first = auth.check(&proxies.client_named(&["front-proxy", "other"]));
+        let why = allowed_first.front_proxy.unwrap().unwrap_err();
+        assert!(why.contains("\"other\""), "{why}");
         let _ = std::fs::remove_dir_all(dir);
     }
 

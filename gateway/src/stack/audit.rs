@@ -110,7 +110,8 @@ pub struct AuditSink {
 }
 
 impl AuditSink {
-    /// Opens the log (`-` is stdout; a file is appended to) and starts the writer thread.
+    /// Opens the log (`-` is stdout; a file is appended to, created with mode 0600 as
+    /// kube-apiserver's: it holds who did what, and request URIs) and starts the writer thread.
     pub fn start(
         path: &str,
         events: IntCounter,
@@ -119,12 +120,11 @@ impl AuditSink {
         let out: Box<dyn Write + Send> = if path == "-" {
             Box::new(std::io::stdout())
         } else {
-            Box::new(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)?,
-            )
+            let mut options = std::fs::OpenOptions::new();
+            options.create(true).append(true);
+            #[cfg(unix)]
+            std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+            Box::new(options.open(path)?)
         };
         let (tx, rx) = mpsc::channel(QUEUE);
         let writer_dropped = dropped.clone();

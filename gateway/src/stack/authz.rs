@@ -39,6 +39,7 @@ use crate::auth::forbidden::forbidden;
 use crate::auth::sar::{self, Action, Attributes, DecisionCache};
 use crate::body::{BoxError, Request, Response};
 use crate::discovery::handler::classify;
+use crate::error::without_addresses;
 use crate::identity::UserInfo;
 use crate::request::BoxFuture;
 use crate::request_info::RequestInfo;
@@ -201,9 +202,9 @@ where
                     tracing::warn!(error = %e, user = %user.name, path = %req.uri().path(), "authorization failed");
                     let resp = status_response(
                             StatusCode::SERVICE_UNAVAILABLE,
-                            &format!(
+                            &without_addresses(&format!(
                                 "authorization error: {e}; the request was not forwarded, retry shortly"
-                            ),
+                            )),
                             Some(StatusDetails {
                                 retry_after_seconds: Some(1),
                                 ..Default::default()

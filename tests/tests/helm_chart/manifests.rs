@@ -128,7 +128,7 @@ fn manifests_for_the_core_round_trip_and_do_not_claim_helm_manages_them() {
             let manifests = r.core_manifests();
             let want: &[&str] = match example {
                 Some("sidecar-core") => &["apiservice-crd.yaml", "apiservices.yaml", "rbac.yaml"],
-                Some("external-core") => &["rbac.yaml"],
+                Some("external-core") => &["metrics-reader.yaml", "rbac.yaml"],
                 _ => &[],
             };
             assert_eq!(

@@ -111,6 +111,8 @@ pub struct MonitorEndpoint {
     pub tls_config: Option<MonitorTlsConfig>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub authorization: Option<MonitorAuthorization>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bearer_token_file: Option<String>,
 }
 
 #[derive(Serialize, Deserialize)]
