@@ -75,6 +75,8 @@ pub async fn install_upgrade_uninstall(real: &Real) {
         "ServiceAccount",
         "ClusterRole",
         "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
         "Service",
     ] {
         assert!(

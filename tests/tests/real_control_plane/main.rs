@@ -27,6 +27,7 @@ mod flunders;
 mod protobuf;
 mod session;
 mod status;
+mod trust;
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -121,6 +122,8 @@ async fn session_against_the_real_control_plane() {
                 "a 403 for flunders reads as kube-apiserver's" => flunders::forbidden_like_kube,
                 "kubectl get apiservices shows the status written" => status::get_apiservices,
                 "the gateway and kube-apiserver do not fight over status" => status::no_status_fight,
+                "sample-apiserver trusts a gateway kube-apiserver never heard of" =>
+                    trust::sample_apiserver_trusts_a_gateway_kube_never_heard_of,
                 "a CRD and its resource in one kubectl apply, repeatedly" => crds::crd_and_resource_in_one_apply,
                 "protobuf requests and watches pass unchanged" => protobuf::passes_unchanged,
                 "helm install, upgrade and uninstall of the chart" => chart::install_upgrade_uninstall,
