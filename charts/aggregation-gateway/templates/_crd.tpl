@@ -34,6 +34,10 @@ spec:
       storage: true
       subresources:
         status: {}
+      # The built-in API prints SERVICE as namespace/name or Local and AVAILABLE as True or
+      # "False (Reason)": computed cells that a CRD's printer columns cannot express (one simple
+      # JSON path per column; kube-apiserver's table convertor prints the first value it finds).
+      # These print the Service's name and the condition's status instead.
       additionalPrinterColumns:
         - name: Service
           type: string

@@ -155,22 +155,30 @@ pub async fn group_documents(real: &Real) {
 }
 
 pub async fn openapi_root(real: &Real) {
-    let ((ds, direct), (gs, through)) = real.both("/openapi/v3", "application/json").await;
-    assert_eq!((ds, gs), (StatusCode::OK, StatusCode::OK));
     let paths = |v: &Value| -> Vec<String> {
         v["paths"]
             .as_object()
             .map(|m| m.keys().cloned().collect())
             .unwrap_or_default()
     };
-    let (want, got) = (paths(&direct), paths(&through));
-    let missing: Vec<&String> = want.iter().filter(|p| !got.contains(p)).collect();
-    let extra: Vec<&String> = got.iter().filter(|p| !want.contains(p)).collect();
+    // kube-apiserver adds an aggregated server's paths to its root asynchronously, seconds after
+    // the APIService is Available (the gateway is quicker); the oracle is its settled answer.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let (missing, extra, listed) = loop {
+        let ((ds, direct), (gs, through)) = real.both("/openapi/v3", "application/json").await;
+        assert_eq!((ds, gs), (StatusCode::OK, StatusCode::OK));
+        let (want, got) = (paths(&direct), paths(&through));
+        let missing: Vec<String> = want.iter().filter(|p| !got.contains(p)).cloned().collect();
+        let extra: Vec<String> = got.iter().filter(|p| !want.contains(p)).cloned().collect();
+        if (missing.is_empty() && extra.is_empty()) || std::time::Instant::now() >= deadline {
+            break (missing, extra, want.len());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    };
     assert!(
         missing.is_empty() && extra.is_empty(),
         "/openapi/v3 through the gateway: missing {missing:?}, extra {extra:?} (kube-apiserver \
-         lists {} paths)",
-        want.len()
+         lists {listed} paths)"
     );
     for path in [
         "apis/wardle.example.com/v1alpha1",
