@@ -5,7 +5,6 @@
 
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use e2e::real::sample_apiserver::WARDLE_APISERVICE;
 use http_body_util::BodyExt;
 
@@ -75,7 +74,7 @@ pub async fn no_status_fight(real: &Real) {
     let deadline = Instant::now() + FIGHT_WINDOW;
     while let Ok(Some(Ok(frame))) = tokio::time::timeout_at(deadline.into(), body.frame()).await {
         if let Ok(data) = frame.into_data() {
-            buffer.extend_from_slice(&Bytes::from(data));
+            buffer.extend_from_slice(&data);
         }
     }
     let events: Vec<serde_json::Value> = buffer
