@@ -17,6 +17,7 @@ pub struct Config {
     pub authn: AuthnConfig,
     pub authz: AuthzConfig,
     pub proxy_client: Option<CertKeyPair>,
+    pub trust: TrustConfig,
     pub core: CoreConfig,
     pub apiservices: ApiServiceConfig,
     pub limits: Limits,
@@ -54,6 +55,15 @@ pub struct AuthnConfig {
     pub token_webhook: bool,
     pub token_cache_ttl: Duration,
     pub token_cache_unauthorized_ttl: Duration,
+}
+
+/// What the gateway publishes in `kube-system/extension-apiserver-authentication` on the core.
+#[derive(Debug, Clone)]
+pub struct TrustConfig {
+    /// Keep the ConfigMap listing the gateway's trust material.
+    pub manage: bool,
+    /// The proxy client certificate's CA; `None`: the chain after the leaf.
+    pub proxy_client_ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone)]

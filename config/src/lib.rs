@@ -13,7 +13,7 @@ pub mod validate;
 pub use config::{
     ApiServiceConfig, ApiServiceSource, AuditConfig, AuditLevel, AuthnConfig, AuthzConfig,
     CertKeyPair, Config, CoreConfig, CoreEndpoint, CoreIdentity, Limits, LogFormat, LoggingConfig,
-    ServingConfig,
+    ServingConfig, TrustConfig,
 };
 pub use duration::GoDuration;
 pub use file::load;

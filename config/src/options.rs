@@ -112,6 +112,17 @@ options! {
         /// Private key for --proxy-client-cert-file.
         #[arg(long, value_name = "FILE")]
         pub proxy_client_key_file: Option<PathBuf>,
+        /// CA bundle that signed --proxy-client-cert-file, published as the request-header CA
+        /// aggregated servers trust [default: the certificates after the first in
+        /// --proxy-client-cert-file].
+        #[arg(long, value_name = "FILE")]
+        pub proxy_client_ca_file: Option<PathBuf>,
+        /// Keep kube-system/extension-apiserver-authentication on the core listing the gateway's
+        /// client CA, proxy client CA and name and the X-Remote-* headers (added to what is there,
+        /// never removing another writer's entries), as kube-apiserver does for itself, so
+        /// aggregated servers trust the gateway [default: true].
+        #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+        pub manage_extension_apiserver_authentication: Option<bool>,
 
         // ---- core server ----
         /// The core server: http://host:port, https://host:port, or a Unix socket (unix:///path or

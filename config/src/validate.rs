@@ -10,7 +10,7 @@ use std::time::Duration;
 use crate::config::{
     ApiServiceConfig, ApiServiceSource, AuditConfig, AuditLevel, AuthnConfig, AuthzConfig,
     CertKeyPair, Config, CoreConfig, CoreEndpoint, CoreIdentity, Limits, LogFormat, LoggingConfig,
-    ServingConfig,
+    ServingConfig, TrustConfig,
 };
 use crate::options::Options;
 use crate::selector::check_label_selector;
@@ -339,6 +339,19 @@ impl Options {
             self.proxy_client_key_file,
         )?;
 
+        let trust = TrustConfig {
+            manage: self
+                .manage_extension_apiserver_authentication
+                .unwrap_or(true),
+            proxy_client_ca_file: ca_bundle("proxy-client-ca-file", self.proxy_client_ca_file)?,
+        };
+        if trust.proxy_client_ca_file.is_some() && proxy_client.is_none() {
+            return Err(ConfigError::new(
+                "proxy-client-ca-file",
+                "needs --proxy-client-cert-file: it names the CA of that certificate",
+            ));
+        }
+
         // Its contents are checked by the gateway with kube-rs's own loader (the one it starts
         // with), before --check-config answers.
         let kubeconfig = existing_file("core-kubeconfig", self.core_kubeconfig)?;
@@ -519,6 +532,7 @@ impl Options {
             authn,
             authz,
             proxy_client,
+            trust,
             core,
             apiservices,
             limits,

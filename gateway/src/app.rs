@@ -140,6 +140,17 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         routing.synced.clone(),
     );
 
+    if config.trust.manage {
+        crate::trust::spawn(
+            kube_client::client(core.clone()),
+            crate::trust::TrustSources {
+                client_ca_file: config.authn.client_ca_file.clone(),
+                proxy_client_ca_file: config.trust.proxy_client_ca_file.clone(),
+                proxy_identity: proxy_identity.clone(),
+            },
+        );
+    }
+
     let metrics = Arc::new(Metrics::new());
     start_apiservices(
         &config,

@@ -23,6 +23,7 @@ pub mod router;
 pub mod routing;
 pub mod stack;
 pub mod status;
+pub mod trust;
 pub mod workqueue;
 
 /// Helpers shared by the unit tests of several modules.

@@ -8,5 +8,6 @@ pub mod certs;
 pub mod fixture;
 pub mod harness;
 pub mod helm;
+pub mod real;
 pub mod scenario;
 pub mod table;

@@ -34,6 +34,10 @@ spec:
       storage: true
       subresources:
         status: {}
+      # The built-in API prints SERVICE as namespace/name or Local and AVAILABLE as True or
+      # "False (Reason)": computed cells that a CRD's printer columns cannot express (one simple
+      # JSON path per column; kube-apiserver's table convertor prints the first value it finds).
+      # These print the Service's name and the condition's status instead.
       additionalPrinterColumns:
         - name: Service
           type: string
@@ -50,6 +54,16 @@ spec:
         openAPIV3Schema:
           description: APIService represents a server for a particular GroupVersion; the gateway routes /apis/<group>/<version> to it.
           type: object
+          required:
+            - spec
+          # kube-aggregator's ValidateAPIService (k8s.io/kube-aggregator pkg/apis/apiregistration/
+          # validation) as CEL rules, each with its field and its words, so `kubectl apply` of a
+          # bad APIService gets the 422 the built-in API gives. Only the printed value differs: a
+          # CEL error shows the type ("object") where kube shows the value.
+          x-kubernetes-validations:
+            - rule: "self.metadata.name == (has(self.spec.version) ? self.spec.version : '') + '.' + (has(self.spec.group) ? self.spec.group : '')"
+              fieldPath: .metadata.name
+              messageExpression: "'must be `spec.version+\".\"+spec.group`: \"' + (has(self.spec.version) ? self.spec.version : '') + '.' + (has(self.spec.group) ? self.spec.group : '') + '\"'"
           properties:
             apiVersion:
               type: string
@@ -57,31 +71,56 @@ spec:
               type: string
             metadata:
               type: object
+              properties:
+                name:
+                  type: string
             spec:
               description: What the gateway needs to route to and verify the backend.
               type: object
-              required:
-                - groupPriorityMinimum
-                - versionPriority
+              x-kubernetes-validations:
+                - rule: "(has(self.group) && self.group != '') || (has(self.version) && self.version == 'v1')"
+                  fieldPath: .group
+                  reason: FieldValueRequired
+                  message: only v1 may have an empty group and it better be legacy kube
+                - rule: "!has(self.group) || self.group == '' || self.group.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')"
+                  fieldPath: .group
+                  message: "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
+                - rule: "has(self.version) && self.version.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')"
+                  fieldPath: .version
+                  message: "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  or 'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')"
+                - rule: "has(self.groupPriorityMinimum) && self.groupPriorityMinimum > 0 && self.groupPriorityMinimum <= 20000"
+                  fieldPath: .groupPriorityMinimum
+                  message: must be positive and less than 20000
+                - rule: "has(self.versionPriority) && self.versionPriority > 0 && self.versionPriority <= 1000"
+                  fieldPath: .versionPriority
+                  message: must be positive and less than 1000
+                - rule: "has(self.service) || !has(self.caBundle) || size(self.caBundle) == 0"
+                  fieldPath: .caBundle
+                  message: local APIServices may not have a caBundle
+                - rule: "has(self.service) || !has(self.insecureSkipTLSVerify) || !self.insecureSkipTLSVerify"
+                  fieldPath: .insecureSkipTLSVerify
+                  message: local APIServices may not have insecureSkipTLSVerify
+                - rule: "!has(self.service) || !has(self.insecureSkipTLSVerify) || !self.insecureSkipTLSVerify || !has(self.caBundle) || size(self.caBundle) == 0"
+                  fieldPath: .insecureSkipTLSVerify
+                  message: may not be true if caBundle is present
               properties:
                 group:
                   description: The API group name this server hosts.
                   type: string
+                  # Bounds the cost of the CEL rules above (kube: "must be no more than 253 characters").
+                  maxLength: 253
                 version:
                   description: The API version this server hosts, e.g. v1.
                   type: string
+                  maxLength: 63
                 groupPriorityMinimum:
                   description: Priority of this group in discovery (higher first); at least this group's priority.
                   type: integer
                   format: int32
-                  minimum: 1
-                  maximum: 20000
                 versionPriority:
                   description: Ordering of this version within its group (higher first).
                   type: integer
                   format: int32
-                  minimum: 1
-                  maximum: 1000
                 caBundle:
                   description: PEM bundle (base64 in JSON/YAML) that verifies the backend's serving certificate.
                   type: string
@@ -92,6 +131,21 @@ spec:
                 service:
                   description: The Service in front of the backend; omitted when the core serves the group itself.
                   type: object
+                  required:
+                    - namespace
+                    - name
+                  x-kubernetes-validations:
+                    - rule: "self.namespace != ''"
+                      fieldPath: .namespace
+                      reason: FieldValueRequired
+                      message: must not be empty
+                    - rule: "self.name != ''"
+                      fieldPath: .name
+                      reason: FieldValueRequired
+                      message: must not be empty
+                    - rule: "self.port >= 1 && self.port <= 65535"
+                      fieldPath: .port
+                      message: "port is not valid: must be between 1 and 65535, inclusive"
                   properties:
                     namespace:
                       type: string
@@ -101,8 +155,7 @@ spec:
                       description: Service port (default 443).
                       type: integer
                       format: int32
-                      minimum: 1
-                      maximum: 65535
+                      default: 443
             status:
               description: Written by the gateway's availability controller.
               type: object

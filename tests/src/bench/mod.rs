@@ -22,6 +22,10 @@
 //! direct run as well, so the ratio is fair, but absolute numbers are lower than a dedicated load
 //! machine would show.
 //!
+//! With the real control plane's binaries given (`KUBEBUILDER_ASSETS`, `SAMPLE_APISERVER`),
+//! [`real`] times sample-apiserver and kube-apiserver through the gateway beside kube-apiserver's
+//! own aggregator, in the same run.
+//!
 //! Route-table and discovery rebuilds ([`rebuild`]) are timed in process with the gateway's own
 //! `apiservice` types (no sockets). Memory and CPU come from `/proc` ([`memory`]); start-up time is
 //! [`ready`].
@@ -31,6 +35,7 @@ pub mod documents;
 pub mod load;
 pub mod memory;
 pub mod ready;
+pub mod real;
 pub mod rebuild;
 pub mod report;
 pub mod setup;

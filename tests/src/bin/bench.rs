@@ -21,7 +21,7 @@ use e2e::bench::load::LOAD_GENERATOR;
 use e2e::bench::memory::{mb, raise_nofile_limit, rss_bytes, RssSampler};
 use e2e::bench::report::{self, Results, Row};
 use e2e::bench::setup::{self, Setup};
-use e2e::bench::{backend, ready, rebuild, throughput, watch, BoxError, Settings};
+use e2e::bench::{backend, ready, real, rebuild, throughput, watch, BoxError, Settings};
 use e2e::certs::install_crypto;
 use e2e::harness;
 
@@ -139,6 +139,7 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
         ready::run(&settings, &setup, &mut results).await?;
     }
     drop(setup);
+    real::run(&settings, &gateway_binary, &mut results).await?;
 
     let table = report::markdown_table(&results.rows);
     println!("\n{table}");

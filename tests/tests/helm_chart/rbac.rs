@@ -3,7 +3,7 @@
 //! otherwise), bound to the configured subjects, and the ServiceAccount token is mounted only when
 //! the gateway sends it.
 
-use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, PolicyRule};
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, PolicyRule, Role, RoleBinding};
 use serde_json::{json, Value};
 
 use e2e::helm::{example_file, helm_template, label, Rendered, FULLNAME, NAMESPACE, SA_DIR};
@@ -211,10 +211,6 @@ fn rbac_grants_exactly_the_verbs_the_gateway_uses_where_its_identity_is_authoriz
             core,
             "{ctx}: rules for the core"
         );
-        assert!(
-            !r.has("Role") && !r.has("RoleBinding"),
-            "{ctx}: only cluster-scoped RBAC is needed"
-        );
         let pod = r.deployment().spec.template.spec.unwrap();
         assert_eq!(pod.service_account_name.as_deref(), Some(FULLNAME), "{ctx}");
 
@@ -226,6 +222,68 @@ fn rbac_grants_exactly_the_verbs_the_gateway_uses_where_its_identity_is_authoriz
             Some(token_in_use),
             "{ctx}"
         );
+        // The only namespaced RBAC: the authentication ConfigMap's Role in kube-system, exactly
+        // when the ServiceAccount is the gateway's identity (as the ClusterRole).
+        let authentication = format!("{FULLNAME}-authentication");
+        let rbac_created = !sets.contains(&"rbac.create=false");
+        assert_eq!(
+            (r.all("Role").len(), r.all("RoleBinding").len()),
+            if token_in_use && rbac_created {
+                (1, 1)
+            } else {
+                (0, 0)
+            },
+            "{ctx}: the authentication Role and RoleBinding"
+        );
+        if token_in_use && rbac_created {
+            let role: Role = r.get("Role", &authentication);
+            assert_eq!(
+                role.metadata.namespace.as_deref(),
+                Some("kube-system"),
+                "{ctx}"
+            );
+            let rules = role.rules.unwrap();
+            let named: Vec<(&[String], &[String])> = rules
+                .iter()
+                .map(|rule| {
+                    (
+                        rule.resource_names.as_deref().unwrap_or_default(),
+                        rule.verbs.as_slice(),
+                    )
+                })
+                .collect();
+            assert_eq!(
+                named,
+                [
+                    (
+                        &["extension-apiserver-authentication".to_owned()][..],
+                        &[
+                            "get".to_owned(),
+                            "list".into(),
+                            "watch".into(),
+                            "update".into()
+                        ][..]
+                    ),
+                    (&[][..], &["create".to_owned()][..]),
+                ],
+                "{ctx}: that one ConfigMap, and create (which cannot name it)"
+            );
+            for rule in &rules {
+                assert_eq!(
+                    rule.resources.as_deref(),
+                    Some(&["configmaps".to_owned()][..]),
+                    "{ctx}"
+                );
+            }
+            let binding: RoleBinding = r.get("RoleBinding", &authentication);
+            assert_eq!(binding.role_ref.name, authentication, "{ctx}");
+            let subjects = binding.subjects.unwrap();
+            assert_eq!(
+                (subjects[0].name.as_str(), subjects[0].namespace.as_deref()),
+                (FULLNAME, Some(NAMESPACE)),
+                "{ctx}"
+            );
+        }
         if host.is_empty() {
             assert!(
                 !r.has("ClusterRole") && !r.has("ClusterRoleBinding"),
@@ -372,4 +430,25 @@ fn the_service_account_token_is_mounted_only_when_the_gateway_uses_it() {
     assert_eq!(config["coreUrl"], "https://kubernetes.default.svc");
     assert_eq!(config["coreTokenFile"], format!("{SA_DIR}/token"));
     assert_eq!(config["coreCaFile"], format!("{SA_DIR}/ca.crt"));
+}
+
+/// Turned off in the gateway's config, the authentication ConfigMap gets no Role either.
+#[test]
+fn no_authentication_role_when_the_gateway_does_not_manage_the_configmap() {
+    let on = Rendered::of(None);
+    assert!(on.has("Role") && on.has("RoleBinding"));
+    let off = Rendered::with(
+        None,
+        &["extraConfig.manageExtensionApiserverAuthentication=false"],
+    );
+    assert!(
+        !off.has("Role") && !off.has("RoleBinding"),
+        "{}",
+        off.names()
+    );
+    assert_eq!(
+        off.config()["manageExtensionApiserverAuthentication"],
+        false,
+        "the gateway is told too"
+    );
 }
