@@ -128,7 +128,7 @@ pub async fn run(kube: kube::Client, mut sources: TrustSources) {
         .collect();
     let _file_watch = {
         let queue = queue.queue().clone();
-        gateway_config::tls::watch_files(&files, move || queue.add(()))
+        gateway_config::tls::watch_files(&files, RESYNC, move || queue.add(()))
             .map_err(|e| tracing::warn!(error = %e, "not watching the CA files; the minute's resync picks up changes"))
             .ok()
     };
