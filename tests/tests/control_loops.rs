@@ -304,13 +304,15 @@ enum Registered {
 
 /// A backend killed, then started again on the same port, at the gateway's default availability
 /// interval (30 s, as most users run it), so nothing here can be a periodic check:
-/// * killed → requests get the 503 Status naming the APIService (3 s), aggregated `/apis` shows
-///   its versions `Stale` (3 s) and, on the core, `Available=False` (5 s);
-/// * back → requests reach it, `/apis` shows it `Current` and `Available=True` (3 s each),
-///   without any traffic asking for it.
+/// * killed → aggregated `/apis` shows its versions `Stale` (3 s) and, on the core,
+///   `Available=False` (5 s), with no request sent to it; requests then get the 503 Status
+///   naming the APIService (3 s from the kill);
+/// * down for 6 s, then back → requests reach it, `/apis` shows it `Current` and
+///   `Available=True` (3 s each), without any traffic asking for it.
 ///
-/// Before: the kill was noticed only through a refused connection on a request, and the return
-/// only at the next check, up to kube-aggregator's 30 s backoff cap later.
+/// Before: the kill was noticed only through a refused connection on a request (or the next
+/// check, 30 s), and the return only at the next retry of the failed check, whose backoff had
+/// grown to seconds by then (up to kube-aggregator's cap of 30 s).
 async fn a_killed_backend_is_noticed_and_its_return_too(registered: Registered) {
     let builder = Scenario::wardle().availability_interval("30s");
     let mut s = match registered {
@@ -342,18 +344,8 @@ async fn a_killed_backend_is_noticed_and_its_return_too(registered: Registered) 
     let since = Instant::now();
     s.backend_mut("wardle").process.kill();
     let limit = Duration::from_secs(10);
-    let (refused, stale, unavailable) = tokio::join!(
-        reaction(
-            "killed backend -> 503 naming the APIService",
-            since,
-            limit,
-            || async {
-                alice
-                    .unavailable_message(FLUNDERS)
-                    .await
-                    .is_some_and(|m| m.contains(NAME))
-            }
-        ),
+    // First without a single request to the backend: the gateway notices on its own.
+    let (stale, unavailable) = tokio::join!(
         reaction(
             "killed backend -> Stale in aggregated /apis",
             since,
@@ -367,10 +359,25 @@ async fn a_killed_backend_is_noticed_and_its_return_too(registered: Registered) 
             || condition_is(&s.core, "False")
         ),
     );
-    assert_within("503", refused, Duration::from_secs(3));
+    let refused = reaction(
+        "killed backend -> 503 naming the APIService",
+        since,
+        limit,
+        || async {
+            alice
+                .unavailable_message(FLUNDERS)
+                .await
+                .is_some_and(|m| m.contains(NAME))
+        },
+    )
+    .await;
     assert_within("Stale", stale, Duration::from_secs(3));
     assert_within("Available=False", unavailable, Duration::from_secs(5));
+    assert_within("503", refused, Duration::from_secs(3));
 
+    // Down long enough for a backoff from 5 ms to have grown to seconds: kube-aggregator's
+    // retries at about 2.6 s and 5.1 s, then 10.2 s (its cap is 30 s).
+    tokio::time::sleep(Duration::from_secs(6)).await;
     // The same port, as a restarted Pod behind the same Service would be.
     let listen = format!("127.0.0.1:{port}");
     let backend = s
