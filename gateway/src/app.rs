@@ -25,7 +25,9 @@ use crate::health::{self, Check, Health};
 use crate::listener::{self, ListenerSettings};
 use crate::metrics::Metrics;
 use crate::router::{Gateway, Router};
-use crate::routing::availability::{AvailabilitySettings, AVAILABILITY_BACKOFF};
+use crate::routing::availability::{
+    AvailabilitySettings, StatusWrites, AVAILABILITY_BACKOFF, UNAVAILABLE_RECHECK,
+};
 use crate::routing::{
     AvailabilityController, AvailabilityMap, BackendFactory, ProxyIdentity, RouteController,
     Routing,
@@ -379,8 +381,12 @@ fn start_apiservices(
         AvailabilitySettings {
             interval: api.availability_interval,
             backoff: AVAILABILITY_BACKOFF,
+            unavailable_recheck: UNAVAILABLE_RECHECK,
             resolver: resolver.clone(),
-            kube: kube_source.then_some(kube),
+            kube: kube_source.then(|| StatusWrites {
+                client: kube,
+                stored: set_rx.clone(),
+            }),
         },
         metrics.clone(),
     );

@@ -1,5 +1,8 @@
 //! Logs through `tracing` to stderr, as text or JSON (--logging-format), at --log-level unless
-//! RUST_LOG says otherwise.
+//! RUST_LOG says otherwise. Text is coloured only when stderr is a terminal: a log collector, a
+//! file or `kubectl logs` would otherwise show the escape codes as text.
+
+use std::io::IsTerminal;
 
 use gateway_config::{LogFormat, LoggingConfig};
 use tracing_subscriber::EnvFilter;
@@ -29,6 +32,7 @@ pub fn init(cfg: &LoggingConfig, level: EnvFilter) {
     };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     match cfg.format {
         LogFormat::Json => builder

@@ -132,7 +132,7 @@ impl Service<Request> for Router {
                     }
                 };
                 let resp = result.unwrap_or_else(|e| {
-                    tracing::warn!(error = %e, "APIService request failed");
+                    log_failure(&e, "APIService request failed");
                     e.into_response()
                 });
                 return Ok(tagged(resp, route.backend.routed_to.clone()));
@@ -146,12 +146,25 @@ impl Service<Request> for Router {
             let resp = match gw.core.forward(req, client, long_running).await {
                 Ok(resp) => resp,
                 Err(e) => {
-                    tracing::warn!(error = %e, "core server request failed");
+                    log_failure(&e, "core server request failed");
                     e.into_response()
                 }
             };
             Ok(tagged(resp, RoutedTo::Core))
         })
+    }
+}
+
+/// A backend that is down fails every request sent to it: its access-log lines carry the 503s,
+/// and the state change is logged once where it is decided (the availability controller for an
+/// APIService, the `core-server` readiness check for the core). So these are debug lines; only
+/// failures that say something about this one request are warnings.
+fn log_failure(e: &GatewayError, what: &'static str) {
+    match e {
+        GatewayError::BackendUnavailable { .. } | GatewayError::CoreUnavailable { .. } => {
+            tracing::debug!(error = %e, "{what}")
+        }
+        _ => tracing::warn!(error = %e, "{what}"),
     }
 }
 

@@ -159,13 +159,21 @@ where
 
     /// The run failed: `key` comes back after the next step of its backoff, which is returned.
     pub fn retry(&mut self, key: K) -> Duration {
+        self.retry_at_most(key, Duration::MAX)
+    }
+
+    /// [`WorkQueue::retry`], but never later than `max`: for a key whose failure is worth
+    /// watching closely (an unavailable backend that may be back any moment) while its backoff
+    /// still grows from the first quick retries.
+    pub fn retry_at_most(&mut self, key: K, max: Duration) -> Duration {
         let policy = (self.backoff)(&key);
         let delay = self
             .failing
             .entry(key.clone())
             .or_insert_with(|| policy.start())
             .next()
-            .unwrap_or(policy.max);
+            .unwrap_or(policy.max)
+            .min(max);
         self.queue.add_after(key, delay);
         delay
     }
@@ -271,6 +279,12 @@ mod tests {
         q.resync("a", None);
         assert!(!q.is_failing(&"a"));
         assert_eq!(ms(q.retry("a")), 5);
+        // A cap shortens the wait, not the backoff: it keeps growing underneath.
+        let capped: Vec<u64> = (0..4)
+            .map(|_| ms(q.retry_at_most("a", Duration::from_millis(15))))
+            .collect();
+        assert_eq!(capped, [10, 15, 15, 15]);
+        assert_eq!(ms(q.retry("a")), 40);
     }
 
     #[tokio::test(start_paused = true)]

@@ -19,6 +19,11 @@ use tracing::{debug, info, warn, Instrument};
 use super::{publish, sort_by_name, ApiServiceSet, SetSender, SourceError};
 use crate::model::{set_condition, APIService, APIServiceCondition};
 
+/// Who the gateway's status writes are recorded as in `metadata.managedFields`, as
+/// kube-apiserver's own availability controller's are recorded as `kube-apiserver`: an operator
+/// reading an APIService sees which of the two wrote its condition.
+pub const FIELD_MANAGER: &str = "aggregation-gateway";
+
 /// How often a conflicting status write (someone else changed the object in between) is retried
 /// with a fresh read before giving up; the availability controller re-checks soon anyway.
 const STATUS_WRITE_ATTEMPTS: usize = 3;
@@ -143,7 +148,7 @@ pub async fn write_available_condition(
             return Ok(());
         };
         match api
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .patch_status(name, &status_params(), &Patch::Merge(&patch))
             .await
         {
             Ok(_) => {
@@ -166,6 +171,14 @@ pub async fn write_available_condition(
                 })
             }
         }
+    }
+}
+
+/// Every status write names [`FIELD_MANAGER`].
+fn status_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
     }
 }
 

@@ -117,6 +117,14 @@ pub enum SourceError {
         #[source]
         source: crate::validation::ValidationErrors,
     },
+    /// Two manifests define APIService `name`: the one at `routed` stays routed, the one at
+    /// `refused` is refused (both as `file:line`).
+    #[error("{refused}: APIService {name:?} is also defined at {routed}, which stays routed; remove one of the two definitions (an APIService name must be unique across the directory)")]
+    Duplicate {
+        name: String,
+        refused: String,
+        routed: String,
+    },
     /// The directory watch could not be set up; the periodic re-scan still picks up changes.
     #[error("cannot watch {} for changes: {source}", .path.display())]
     Watch {

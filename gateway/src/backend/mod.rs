@@ -3,7 +3,9 @@
 
 pub mod core;
 pub mod core_readiness;
+pub mod failures;
 pub mod kube_client;
+pub mod probe;
 pub mod remote;
 pub mod unix;
 

@@ -25,12 +25,13 @@ use hyper_util::client::legacy::Client;
 use rustls::pki_types::ServerName;
 use tokio::sync::watch;
 
-use crate::workqueue::Queue;
-
+use super::failures::{FailureSignal, Watched};
+use super::probe::Probe;
 use crate::body::{self, Body, Request, Response};
 use crate::error::GatewayError;
 use crate::identity::{set_identity_headers, UserInfo};
 use crate::proxy::{self, Upstream};
+use crate::workqueue::Queue;
 
 /// HTTP/2 connections per backend (see `RemoteBackend::pooled`).
 const H2_CONNECTIONS: usize = 4;
@@ -64,7 +65,7 @@ fn own_identity(path_and_query: &str) -> &'static UserInfo {
     }
 }
 
-type HttpsClient = Client<HttpsConnector<HttpConnector>, Body>;
+type HttpsClient = Client<HttpsConnector<Watched>, Body>;
 
 pub struct RemoteBackend {
     pub name: Arc<str>,
@@ -77,38 +78,12 @@ pub struct RemoteBackend {
     next: std::sync::atomic::AtomicUsize,
     upgrades: HttpsClient,
     drain: watch::Receiver<bool>,
-    /// Where a connection failure on real traffic asks for an availability re-check (the
-    /// availability controller's queue), so a dead backend is noticed at its first failed
-    /// request instead of at the next periodic check.
-    failures: Option<FailureReports>,
-}
-
-/// Reports of connection failures to the availability controller, at most one per
-/// [`FailureReports::EVERY`] per backend: the queue de-duplicates anyway, this keeps a flood of
-/// failing requests from becoming a flood of messages.
-struct FailureReports {
-    queue: Queue<String>,
-    last: std::sync::Mutex<Option<tokio::time::Instant>>,
-}
-
-impl FailureReports {
-    const EVERY: Duration = Duration::from_millis(200);
-
-    fn report(&self, name: &str) {
-        let now = tokio::time::Instant::now();
-        let Ok(mut last) = self.last.try_lock() else {
-            return; // another request is reporting right now
-        };
-        if last.is_some_and(|at| now.duration_since(at) < Self::EVERY) {
-            return;
-        }
-        *last = Some(now);
-        tracing::debug!(
-            apiservice = name,
-            "connection to the backend failed; re-checking availability"
-        );
-        self.queue.add(name.to_owned());
-    }
+    /// Connection failures on real traffic ask for an availability re-check through this, so a
+    /// dead backend is noticed when it dies instead of at the next periodic check (see
+    /// `failures`).
+    failures: Arc<FailureSignal>,
+    /// The availability probe's own connections (see `probe`).
+    probe: Probe,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -129,7 +104,12 @@ pub enum RemoteSetupError {
     ServerName { name: String, server_name: String },
 }
 
-fn client(tls: rustls::ClientConfig, server_name: ServerName<'static>, http2: bool) -> HttpsClient {
+fn client(
+    tls: rustls::ClientConfig,
+    server_name: ServerName<'static>,
+    http2: bool,
+    failures: Option<Arc<FailureSignal>>,
+) -> HttpsClient {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
@@ -138,6 +118,7 @@ fn client(tls: rustls::ClientConfig, server_name: ServerName<'static>, http2: bo
         .with_tls_config(tls)
         .https_only()
         .with_server_name_resolver(FixedServerNameResolver::new(server_name));
+    let http = Watched::new(http, failures);
     let connector = if http2 {
         builder.enable_http1().enable_http2().wrap_connector(http)
     } else {
@@ -183,28 +164,33 @@ impl RemoteBackend {
                 source: Box::new(source),
             })
         };
+        let name: Arc<str> = api.name.as_str().into();
+        let failures = FailureSignal::new(name.clone());
         let pooled = (0..H2_CONNECTIONS)
-            .map(|_| Ok(client(tls_config(trust.clone())?, sni.clone(), true)))
+            .map(|_| {
+                let tls = tls_config(trust.clone())?;
+                Ok(client(tls, sni.clone(), true, Some(failures.clone())))
+            })
             .collect::<Result<Box<[_]>, RemoteSetupError>>()?;
-        let upgrades = client(tls_config(trust)?, sni, false);
+        // A tunnel ends whenever its session does: that says nothing about the backend.
+        let upgrades = client(tls_config(trust.clone())?, sni.clone(), false, None);
+        let probe = Probe::new(tls_config(trust)?, sni);
         Ok(Self {
-            name: api.name.as_str().into(),
+            name,
             spec: spec.clone(),
             resolver,
             pooled,
             next: std::sync::atomic::AtomicUsize::new(0),
             upgrades,
             drain,
-            failures: None,
+            failures,
+            probe,
         })
     }
 
     /// Connection failures on proxied requests ask `queue` to re-check this APIService.
-    pub fn reporting_failures_to(mut self, queue: Queue<String>) -> Self {
-        self.failures = Some(FailureReports {
-            queue,
-            last: std::sync::Mutex::new(None),
-        });
+    pub fn reporting_failures_to(self, queue: Queue<String>) -> Self {
+        self.failures.report_to(queue);
         self
     }
 
@@ -279,38 +265,19 @@ impl RemoteBackend {
     }
 
     /// The availability probe: `GET /apis/<group>/<version>` (`/api/<version>` for the legacy
-    /// core group) through the same transport, 5 s, any 2xx passes, as [`DISCOVERY_USER`].
+    /// core group) on the probe's own connections, as [`DISCOVERY_USER`]; see [`Probe`].
     pub async fn probe(&self, group: &str, version: &str) -> Result<(), String> {
-        let upstream = self.upstream().map_err(|e| e.to_string())?;
-        let uri = if group.is_empty() {
-            format!("https://{}/api/{version}", upstream.authority)
+        let path = if group.is_empty() {
+            format!("/api/{version}")
         } else {
-            format!("https://{}/apis/{group}/{version}", upstream.authority)
+            format!("/apis/{group}/{version}")
         };
-        let mut req = http::Request::builder()
-            .method(Method::GET)
-            .uri(uri)
-            .header(http::header::ACCEPT, "application/json")
-            .body(body::empty())
-            .map_err(|e| e.to_string())?;
-        set_identity_headers(req.headers_mut(), &DISCOVERY_USER).map_err(|e| e.to_string())?;
-        match tokio::time::timeout(DISCOVERY_TIMEOUT, self.pooled().request(req)).await {
-            Err(_) => Err(format!(
-                "failing or missing response from {}: timed out after 5s",
-                upstream.authority
-            )),
-            Ok(Err(e)) => Err(format!(
-                "failing or missing response from {}: {}",
-                upstream.authority,
-                crate::error::chain(&e)
-            )),
-            Ok(Ok(resp)) if resp.status().is_success() => Ok(()),
-            Ok(Ok(resp)) => Err(format!(
-                "bad status from {}: {}",
-                upstream.authority,
-                resp.status().as_u16()
-            )),
-        }
+        let resolve = || {
+            self.upstream()
+                .map(|upstream| upstream.authority)
+                .map_err(|e| e.to_string())
+        };
+        self.probe.check(resolve, &path, &DISCOVERY_USER).await
     }
 
     /// A GET the gateway makes on its own behalf (discovery, OpenAPI), bounded by `timeout`: as
@@ -336,7 +303,7 @@ impl RemoteBackend {
                 "GET {path_and_query} did not answer within {}s",
                 timeout.as_secs()
             ))),
-            Ok(Err(e)) => Err(self.transport_error(e)),
+            Ok(Err(e)) => Err(self.failed_request(e)),
             Ok(Ok(resp)) => Ok(resp),
         }
     }
@@ -351,13 +318,16 @@ impl RemoteBackend {
         &self.pooled[i % self.pooled.len()]
     }
 
-    /// A proxied request that failed in transport. One that could not connect (refused, reset
-    /// during the handshake, TLS refused) says the backend may be gone: re-check it now.
+    /// A request that failed in transport: could not connect (refused, TLS refused), or the
+    /// connection was reset or closed under it. Either says the backend may be gone: re-check
+    /// it now. Not when the caller's own request body failed, which says nothing about it.
     fn failed_request(&self, e: hyper_util::client::legacy::Error) -> GatewayError {
-        if e.is_connect() {
-            if let Some(failures) = &self.failures {
-                failures.report(&self.name);
-            }
+        if !caused_by_request_body(&e) {
+            self.failures.report(if e.is_connect() {
+                "connect failed"
+            } else {
+                "request failed in transport"
+            });
         }
         self.transport_error(e)
     }
@@ -368,6 +338,19 @@ impl RemoteBackend {
             crate::error::chain(&e)
         ))
     }
+}
+
+/// Whether a transport error came from the request body the caller sent (it failed, or was
+/// aborted), rather than from the backend's side of the connection.
+fn caused_by_request_body(e: &hyper_util::client::legacy::Error) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(err) = source {
+        if let Some(h) = err.downcast_ref::<hyper::Error>() {
+            return h.is_user() || h.is_body_write_aborted();
+        }
+        source = err.source();
+    }
+    false
 }
 
 /// `/apis/<group>/<version>` exactly (trailing slash allowed): the discovery document kubectl

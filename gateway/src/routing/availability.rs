@@ -8,31 +8,53 @@
 //!   probe, then (with the kube source) the `Available` condition written back when it changed.
 //!   Keys run concurrently, so a backend that hangs until the probe timeout holds back nobody
 //!   else's result.
-//! * A failed check comes back with kube-aggregator's backoff (5 ms → 30 s); a passed one after
-//!   the availability interval (the informer resync upstream).
+//! * A failed check comes back with kube-aggregator's backoff (5 ms at first), but never later
+//!   than [`UNAVAILABLE_RECHECK`] (upstream: 30 s), so a backend that is back is routed again
+//!   within about a second without waiting for traffic; a passed one after the availability
+//!   interval (the informer resync upstream).
+//! * Connection failures the proxy sees on real traffic (`backend::failures`) add the key too,
+//!   so a backend that dies is re-checked at once instead of at the next resync.
 //! * Every result is published at once on the results channel, which the route controller turns
 //!   into the next route table.
+//! * With the kube source, the stored condition is reconciled, not only written on change: a
+//!   check whose result disagrees with what the APIService watch last saw on the core (a core
+//!   restored from a backup, another writer) writes it again, at most once per interval, so
+//!   two controllers that disagree (kube-apiserver's own beside us) trade one write per
+//!   interval instead of racing; when they agree nothing is written.
+//!
+//! Logs: one line per change of an APIService's state (available, unavailable, back), with the
+//! reason; never one per check.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use apiservice::model::RegisteredAPIService;
+use apiservice::model::{available_condition, APIServiceCondition, RegisteredAPIService};
 use apiservice::resolve::{Changes, ResolveError, ServiceResolver};
 use apiservice::route_table::{Availability, Route, UnavailableReason};
+use apiservice::source::{ApiServiceSet, SetReceiver};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::{AvailabilityMap, RouteTarget, Routes, Routing, Target};
 use crate::metrics::Metrics;
 use crate::workqueue::{Backoff, Next, Queue, WorkQueue};
 
-/// kube-aggregator's rate limiter for availability checks.
+/// kube-aggregator's rate limiter for availability checks. Its 30 s cap applies to status writes
+/// that failed (the core is down or refuses: no reason to ask it more often); a failed check
+/// is capped by [`UNAVAILABLE_RECHECK`].
 pub const AVAILABILITY_BACKOFF: Backoff = Backoff {
     min: Duration::from_millis(5),
     max: Duration::from_secs(30),
 };
+
+/// The longest an unavailable APIService waits for its next check. kube-aggregator waits up to
+/// 30 s, so a restarted backend stays unavailable for up to half a minute after it serves again
+/// (29.5 s measured). A check of a backend that is down costs little: five refused connects, or
+/// one timed-out attempt in flight at a time for a hung one (a key never runs twice at once).
+pub const UNAVAILABLE_RECHECK: Duration = Duration::from_secs(1);
 
 /// Waiting longer than this for the Service caches is logged.
 const RESOLVER_SYNC_SLOW: Duration = Duration::from_secs(10);
@@ -44,14 +66,23 @@ const RESOLVER_SYNC_LIMIT: Duration = Duration::from_secs(60);
 
 /// What the availability controller is built from.
 pub struct AvailabilitySettings {
-    /// The resync of a passed check.
+    /// The resync of a passed check, and the period of status reconciliation.
     pub interval: Duration,
-    /// The retry of a failed check ([`AVAILABILITY_BACKOFF`] outside tests).
+    /// The retry of a failed check or status write ([`AVAILABILITY_BACKOFF`] outside tests).
     pub backoff: Backoff,
+    /// The cap on the retry of a failed check ([`UNAVAILABLE_RECHECK`] outside tests).
+    pub unavailable_recheck: Duration,
     /// Also the source of change notifications: see [`ServiceResolver::changes`].
     pub resolver: Arc<dyn ServiceResolver>,
     /// Present with the kube source: conditions are written back through the status subresource.
-    pub kube: Option<kube::Client>,
+    pub kube: Option<StatusWrites>,
+}
+
+/// Where the `Available` condition is written, and where it is read back from.
+pub struct StatusWrites {
+    pub client: kube::Client,
+    /// The kube source's APIService sets: what the core stores, as the watch sees it.
+    pub stored: SetReceiver,
 }
 
 /// Checks APIServices one key at a time; see the module docs.
@@ -61,6 +92,8 @@ pub struct AvailabilityController {
     settings: AvailabilitySettings,
     metrics: Arc<Metrics>,
     queue: WorkQueue<String, Checked>,
+    /// The `Available` condition of each APIService as the kube source last saw it.
+    stored: HashMap<String, Option<APIServiceCondition>>,
 }
 
 /// The outcome of [`ServiceResolver::check_endpoints`]; `None` for routes without one.
@@ -76,6 +109,9 @@ struct Known {
     current: Option<Availability>,
     /// The condition last written to the core.
     written: Option<Availability>,
+    /// When a write was last attempted: reconciling a disagreeing stored condition waits an
+    /// interval after it (see the module docs).
+    wrote_at: Option<Instant>,
     /// The last status write error, logged once per change.
     write_error: Option<String>,
 }
@@ -95,6 +131,12 @@ enum Write {
     Failed(String),
 }
 
+impl Write {
+    fn attempted(&self) -> bool {
+        !matches!(self, Write::NotNeeded)
+    }
+}
+
 impl AvailabilityController {
     pub fn new(
         routing: Arc<Routing>,
@@ -109,6 +151,7 @@ impl AvailabilityController {
             settings,
             metrics,
             queue: WorkQueue::new(move |_| backoff),
+            stored: HashMap::new(),
         }
     }
 
@@ -121,12 +164,20 @@ impl AvailabilityController {
         let mut changes = self.settings.resolver.changes();
         wait_for_resolver(self.settings.resolver.as_ref(), &mut changes).await;
         let mut routes = self.routing.subscribe();
+        let mut stored = self.settings.kube.as_ref().map(|k| k.stored.clone());
+        if let Some(set) = stored
+            .as_mut()
+            .and_then(|rx| rx.borrow_and_update().clone())
+        {
+            self.take_stored(&set);
+        }
         let mut known: HashMap<String, Known> = HashMap::new();
         if let Some(table) = routes.borrow_and_update().clone() {
             self.follow_routes(&table, &mut known);
         }
         loop {
             tokio::select! {
+                Some(set) = next_set(&mut stored) => self.take_stored(&set),
                 changed = routes.changed() => {
                     if changed.is_err() {
                         return;
@@ -159,10 +210,12 @@ impl AvailabilityController {
                         };
                         let passed = checked.availability.is_available();
                         let written = self.take_in(&name, k, checked);
-                        if passed && written {
-                            self.queue.resync(name, Some(self.settings.interval));
-                        } else {
+                        if !written {
                             self.queue.retry(name);
+                        } else if !passed {
+                            self.queue.retry_at_most(name, self.settings.unavailable_recheck);
+                        } else {
+                            self.queue.resync(name, Some(self.settings.interval));
                         }
                         self.publish(&known);
                     }
@@ -193,6 +246,7 @@ impl AvailabilityController {
                             precheck: None,
                             current: None,
                             written: None,
+                            wrote_at: None,
                             write_error: None,
                         },
                     );
@@ -227,13 +281,32 @@ impl AvailabilityController {
         }
     }
 
-    /// One availability decision for `k`'s route, and the condition written back when it changed.
+    /// Takes in what the core now stores (a new set from the kube source).
+    fn take_stored(&mut self, set: &ApiServiceSet) {
+        self.stored = set
+            .apiservices
+            .iter()
+            .filter_map(|api| {
+                Some((
+                    api.metadata.name.clone()?,
+                    available_condition(api).cloned(),
+                ))
+            })
+            .collect();
+    }
+
+    /// One availability decision for `k`'s route, and the condition written back when it
+    /// changed, or when the stored one disagrees with it (at most once per interval).
     fn check(&self, k: &Known) -> impl std::future::Future<Output = Checked> + Send + 'static {
         let precheck = self.precheck(k);
         let api = k.api_service.clone();
         let target = k.target.clone();
         let written = k.written.clone();
-        let kube = self.settings.kube.clone();
+        let kube = self.settings.kube.as_ref().map(|k| k.client.clone());
+        let stored = self.stored.get(&api.name).cloned().flatten();
+        let may_reconcile = k
+            .wrote_at
+            .is_none_or(|at| at.elapsed() >= self.settings.interval);
         async move {
             let availability = match (&target, &precheck) {
                 (Target::Local, _) => Availability::Available,
@@ -256,7 +329,10 @@ impl AvailabilityController {
                 }
             };
             let write = match kube {
-                Some(client) if written.as_ref() != Some(&availability) => {
+                Some(client)
+                    if written.as_ref() != Some(&availability)
+                        || (may_reconcile && disagrees(stored.as_ref(), &api, &availability)) =>
+                {
                     write_condition(&client, &api, &availability).await
                 }
                 _ => Write::NotNeeded,
@@ -272,6 +348,9 @@ impl AvailabilityController {
     /// Records a check's outcome; `false` when the status write failed (retry sooner).
     fn take_in(&self, name: &str, k: &mut Known, checked: Checked) -> bool {
         self.record(name, k.current.as_ref(), &checked.availability);
+        if checked.write.attempted() {
+            k.wrote_at = Some(Instant::now());
+        }
         let ok = match checked.write {
             Write::NotNeeded => true,
             Write::Written => {
@@ -327,7 +406,7 @@ impl AvailabilityController {
                     .unavailable_apiservice_total
                     .with_label_values(&[name, reason])
                     .inc();
-                tracing::warn!(apiservice = %name, reason, message = %message, "APIService unavailable");
+                tracing::warn!(apiservice = %name, reason, details = %message, "APIService unavailable");
             }
         } else if was_unavailable || before.is_none() {
             tracing::info!(apiservice = %name, "APIService available");
@@ -371,6 +450,33 @@ async fn wait_for_resolver(resolver: &dyn ServiceResolver, changes: &mut Changes
     if logged {
         tracing::info!(waited = ?start.elapsed(), "Service/EndpointSlice caches synced");
     }
+}
+
+/// The next set of a kube source (never, without one). `None` once the source is gone.
+async fn next_set(stored: &mut Option<SetReceiver>) -> Option<Arc<ApiServiceSet>> {
+    let Some(rx) = stored else {
+        return std::future::pending().await;
+    };
+    if rx.changed().await.is_err() {
+        *stored = None;
+        return None;
+    }
+    rx.borrow_and_update().clone()
+}
+
+/// Whether the stored condition says something else than `availability` would: another status
+/// or reason. The message alone does not count: kube-apiserver's controller words the same
+/// failure differently, and rewriting it would be fighting over wording.
+fn disagrees(
+    stored: Option<&APIServiceCondition>,
+    api: &RegisteredAPIService,
+    availability: &Availability,
+) -> bool {
+    let Some(stored) = stored else {
+        return true;
+    };
+    let ours = availability.condition(api.is_local(), Time(k8s_openapi::jiff::Timestamp::now()));
+    stored.status != ours.status || stored.reason != ours.reason
 }
 
 /// Whether `route` is checked the way `k` was: same APIService, same backend.

@@ -34,6 +34,9 @@ struct Args {
     /// Answer 404 on /openapi/v3.
     #[arg(long)]
     no_openapi: bool,
+    /// Answer every Nth GET /apis/<group>/<version> (the availability probe) with a 500.
+    #[arg(long)]
+    fail_every_nth_group_version: Option<u64>,
 }
 
 #[tokio::main]
@@ -60,13 +63,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
                 .filter(|n| !n.is_empty())
                 .collect(),
         });
-    let config = aggregated_server::config(
+    let mut config = aggregated_server::config(
         &args.group,
         &versions,
         args.legacy_only,
         !args.no_openapi,
         request_header,
     );
+    config.fail_every_nth_group_version = args.fail_every_nth_group_version;
     let tls = TlsFiles {
         cert: args.tls_cert_file,
         key: args.tls_private_key_file,

@@ -32,7 +32,7 @@
 //! `..2024_…`, editor swap files). Events are debounced because one swap produces a burst of them.
 
 use std::collections::hash_map::DefaultHasher;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::future::Future;
 use std::hash::{Hash, Hasher};
 use std::io;
@@ -45,12 +45,15 @@ use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 use tokio::sync::Notify;
 use tracing::{debug, error, info, warn, Instrument};
 
-use super::{publish, ApiServiceSet, Refusal, SetSender, SourceError};
+use super::{publish, SetSender, SourceError};
 use crate::model::APIService;
 
 mod manifest;
+mod set;
 
 pub use manifest::{parse_manifests, Found};
+use set::SetBuilder;
+pub use set::{Loaded, Problem};
 
 /// How long to wait after a change event before reading, so a burst (a ConfigMap swap, an editor
 /// writing a temp file then renaming) is read once, complete.
@@ -260,60 +263,21 @@ fn content_hash(scanned: &Scanned) -> u64 {
     h.finish()
 }
 
-/// A manifest the source refused, for the log.
-#[derive(Debug)]
-pub struct Problem {
-    /// Names the file, the line where known, and what is wrong.
-    pub error: SourceError,
-    /// The APIService concerned, when its name could be read; `None` when the file is the unit.
-    pub api_service: Option<String>,
-    /// How many APIServices stay in force from the last good version (of this APIService, or of
-    /// everything the file held).
-    pub kept: usize,
-}
-
-impl Problem {
-    fn log(&self) {
-        let error = &self.error;
-        match (&self.api_service, self.kept) {
-            (Some(apiservice), 0) => {
-                error!(%error, %apiservice, "APIService manifest refused; the APIService is not routed until the manifest is fixed")
-            }
-            (Some(apiservice), _) => {
-                error!(%error, %apiservice, "APIService manifest refused; its last good version stays in force until the manifest is fixed")
-            }
-            (None, 0) => {
-                error!(%error, "APIService manifest file refused; none of its APIServices are routed until it is fixed")
-            }
-            (None, kept) => {
-                error!(%error, kept, "APIService manifest file refused; the APIServices it last held stay in force until it is fixed")
-            }
-        }
-    }
-}
-
-/// The outcome of one directory read.
-#[derive(Debug)]
-pub struct Loaded {
-    /// What to publish: by name, valid APIServices and the last good versions kept for refused
-    /// edits; and every refusal (files first, then APIServices by name).
-    pub set: ApiServiceSet,
-    /// Every problem, for the log: one per refused manifest, also where [`Loaded::set`] carries
-    /// one refusal for a name refused in several files.
-    pub problems: Vec<Problem>,
-}
-
 /// Turns directory contents into the set to publish, remembering per file the APIServices it last
 /// yielded, so that a refused edit keeps them (see the module comment).
 #[derive(Debug, Default)]
 pub struct Loader {
     /// File → its APIServices as last published (valid ones only).
     last_good: HashMap<PathBuf, Vec<APIService>>,
+    /// APIService name → the file its routed definition came from, to keep routing that one
+    /// when another file defines the name too (see `set`).
+    routed_from: HashMap<String, PathBuf>,
 }
 
 impl Loader {
     /// Every file parsed and every APIService validated, each problem on its own. A name defined
-    /// twice keeps its first valid definition in file-name order; the other is reported at warn.
+    /// twice keeps the definition routed before (the first in file-name order when none was);
+    /// the other is refused with an error naming both places.
     pub fn load(&mut self, scanned: Scanned) -> Loaded {
         let mut outcomes: Vec<(PathBuf, Result<Vec<Found>, SourceError>)> = scanned
             .files
@@ -339,7 +303,7 @@ impl Loader {
             let good = match outcome {
                 Err(error) => {
                     for api in &previous {
-                        set.add(api.clone(), format!("{} (kept)", path.display()));
+                        set.add(api.clone(), &path, format!("{} (kept)", path.display()));
                     }
                     set.refuse_file(&path, error, previous.len());
                     previous
@@ -351,7 +315,7 @@ impl Loader {
                         match (api, name) {
                             (Ok(api), _) => {
                                 good.push(api.clone());
-                                set.add(api, here);
+                                set.add(api, &path, here);
                             }
                             (Err(error), Some(name)) => {
                                 let kept = previous
@@ -360,7 +324,7 @@ impl Loader {
                                     .cloned();
                                 if let Some(kept) = &kept {
                                     good.push(kept.clone());
-                                    set.add(kept.clone(), format!("{here} (kept)"));
+                                    set.add(kept.clone(), &path, format!("{here} (kept)"));
                                 }
                                 set.refuse_api_service(name, error, kept.is_some());
                             }
@@ -374,101 +338,9 @@ impl Loader {
             last_good.insert(path, good);
         }
         self.last_good = last_good;
-        set.finish()
-    }
-}
-
-/// The set being built by [`Loader::load`].
-#[derive(Default)]
-struct SetBuilder {
-    entries: BTreeMap<String, Entry>,
-    /// Refused files, in file-name order, with why.
-    files: BTreeMap<PathBuf, String>,
-    problems: Vec<Problem>,
-}
-
-/// One name's entry in the set being built.
-#[derive(Default)]
-struct Entry {
-    /// The definition to route: valid, or the last good one of a refused edit.
-    api: Option<Defined>,
-    /// Why this name's manifest was refused: the first refusal in file-name order.
-    refused: Option<String>,
-}
-
-/// An APIService definition and where it came from.
-struct Defined {
-    api: APIService,
-    /// `file:line`, for the duplicate warning.
-    origin: String,
-}
-
-// === impl SetBuilder ===
-
-impl SetBuilder {
-    /// Adds a validated APIService (validation requires a name).
-    fn add(&mut self, api: APIService, origin: String) {
-        let Some(name) = api.metadata.name.clone() else {
-            return;
-        };
-        let entry = self.entries.entry(name.clone()).or_default();
-        if let Some(first) = &entry.api {
-            warn!(
-                apiservice = %name,
-                ignored = %origin,
-                kept = %first.origin,
-                "APIService defined twice; the first definition (in file-name order) wins"
-            );
-            return;
-        }
-        entry.api = Some(Defined { api, origin });
-    }
-
-    fn refuse_api_service(&mut self, name: String, error: SourceError, kept: bool) {
-        let entry = self.entries.entry(name.clone()).or_default();
-        entry.refused.get_or_insert_with(|| error.to_string());
-        self.problems.push(Problem {
-            error,
-            api_service: Some(name),
-            kept: usize::from(kept),
-        });
-    }
-
-    fn refuse_file(&mut self, path: &Path, error: SourceError, kept: usize) {
-        self.files
-            .entry(path.to_owned())
-            .or_insert_with(|| error.to_string());
-        self.problems.push(Problem {
-            error,
-            api_service: None,
-            kept,
-        });
-    }
-
-    fn finish(self) -> Loaded {
-        let mut refused: Vec<Refusal> = self
-            .files
-            .into_iter()
-            .map(|(path, reason)| Refusal::File { path, reason })
-            .collect();
-        let mut apiservices = Vec::with_capacity(self.entries.len());
-        for (name, entry) in self.entries {
-            if let Some(reason) = entry.refused {
-                refused.push(Refusal::ApiService {
-                    name,
-                    kept: entry.api.is_some(),
-                    reason,
-                });
-            }
-            apiservices.extend(entry.api.map(|d| d.api));
-        }
-        Loaded {
-            set: ApiServiceSet {
-                apiservices,
-                refused,
-            },
-            problems: self.problems,
-        }
+        let (loaded, routed_from) = set.finish(&self.routed_from);
+        self.routed_from = routed_from;
+        loaded
     }
 }
 
@@ -483,7 +355,7 @@ fn origin(path: &Path, line: Option<u64>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::source::SetReceiver;
+    use crate::source::{ApiServiceSet, Refusal, SetReceiver};
     use std::os::unix::fs::symlink;
 
     /// A valid APIService manifest `name` (`<version>.<group>`), local (no Service).
@@ -563,9 +435,18 @@ mod tests {
             ),
         ];
         let loaded = Loader::default().load(scanned(&files));
-        assert!(loaded.problems.is_empty());
         assert_eq!(names(&loaded.set.apiservices), ["v1.b.io", "v1.z.io"]);
-        // First definition in file-name order wins.
+        // Nothing was routed before: the first definition in file-name order is, and the
+        // other is refused naming both places.
+        let (_, refused) = routed_and_refused(&loaded.set);
+        assert_eq!(refused, ["v1.b.io"]);
+        assert_eq!(loaded.problems.len(), 1);
+        assert_eq!(
+            loaded.problems[0].error.to_string(),
+            "/m/b.yaml:1: APIService \"v1.b.io\" is also defined at /m/a.yaml:11, which stays \
+             routed; remove one of the two definitions (an APIService name must be unique across \
+             the directory)"
+        );
         assert_eq!(
             loaded.set.apiservices[0]
                 .spec
@@ -613,6 +494,40 @@ mod tests {
             "{errors:?}"
         );
         assert_eq!(loaded.problems[1].api_service.as_deref(), Some("v1.bad.io"));
+    }
+
+    /// A file sorting earlier that defines a routed name again does not take it over: the
+    /// routed definition stays, the new one is refused naming both files, and removing either
+    /// leaves the other routed without complaint.
+    #[test]
+    fn a_duplicate_name_keeps_the_definition_that_was_routed() {
+        let mut loader = Loader::default();
+        let working = file("z.yaml", &api_service("v1.a.io"));
+        loader.load(scanned(std::slice::from_ref(&working)));
+
+        let copy = file(
+            "a.yaml",
+            &api_service("v1.a.io").replace("versionPriority: 10", "versionPriority: 99"),
+        );
+        let both = [copy.clone(), working.clone()];
+        for _ in 0..2 {
+            let loaded = loader.load(scanned(&both));
+            let (routed, refused) = routed_and_refused(&loaded.set);
+            assert_eq!(routed, [("v1.a.io".into(), 10)]);
+            assert_eq!(refused, ["v1.a.io"]);
+            let error = loaded.problems[0].error.to_string();
+            assert!(
+                error.starts_with("/m/a.yaml:1: ") && error.contains("also defined at /m/z.yaml:1"),
+                "{error}"
+            );
+        }
+
+        let loaded = loader.load(scanned(&[copy]));
+        assert!(loaded.problems.is_empty());
+        assert_eq!(
+            routed_and_refused(&loaded.set),
+            (vec![("v1.a.io".into(), 99)], vec![])
+        );
     }
 
     #[test]

@@ -1,0 +1,163 @@
+//! The availability probe of a remote APIService: kube-aggregator's discovery check
+//! (`remote_available_controller.go`), `GET /apis/<group>/<version>` as `system:kube-aggregator`.
+//!
+//! Three things keep it honest about the backend, as upstream's does:
+//! * **Connections of its own.** The probe never shares the traffic pool: a pool whose
+//!   connections are full of long-running streams (watches) would queue the probe behind them,
+//!   and a healthy backend would go unavailable for being busy.
+//! * **Several attempts at once, any success counts** ([`ATTEMPTS`]): one lost request, one
+//!   handshake that hit a restarting endpoint, one 403 while the backend still loads its
+//!   trust settings never turns an APIService unavailable.
+//! * **A failed check drops the probe's connections**, so the next one dials afresh (perhaps to
+//!   another endpoint) instead of asking again on a connection that may be what is broken.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use http::uri::Authority;
+use http::Method;
+use http_body_util::{BodyExt, Limited};
+use hyper_rustls::{FixedServerNameResolver, HttpsConnector};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use rustls::pki_types::ServerName;
+
+use crate::body::{self, Body};
+use crate::identity::{set_identity_headers, UserInfo};
+
+/// kube-aggregator's number of parallel attempts per check.
+pub const ATTEMPTS: usize = 5;
+
+/// kube-aggregator's limit for one attempt.
+pub const TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How much of a discovery document is read (and thrown away) per attempt, and for how long.
+const BODY_LIMIT: usize = 1 << 20;
+const BODY_WAIT: Duration = Duration::from_secs(1);
+
+type ProbeClient = Client<HttpsConnector<HttpConnector>, Body>;
+
+/// The probe's transport: the backend's TLS settings, a client of its own (see the module docs).
+pub struct Probe {
+    tls: rustls::ClientConfig,
+    server_name: ServerName<'static>,
+    /// Replaced after a failed check: dropping the old client closes its connections once the
+    /// attempts still using them are gone.
+    client: Mutex<Arc<ProbeClient>>,
+}
+
+impl Probe {
+    pub fn new(tls: rustls::ClientConfig, server_name: ServerName<'static>) -> Self {
+        let client = Mutex::new(Arc::new(build(tls.clone(), server_name.clone())));
+        Self {
+            tls,
+            server_name,
+            client,
+        }
+    }
+
+    /// One check of `path` on the endpoints `resolve` picks (asked once per attempt, so the
+    /// attempts can spread over a Service's endpoints): [`ATTEMPTS`] GETs at once as `user`,
+    /// passed at the first 2xx; otherwise the last attempt's error, and the connections dropped.
+    pub async fn check(
+        &self,
+        resolve: impl Fn() -> Result<Authority, String>,
+        path: &str,
+        user: &UserInfo,
+    ) -> Result<(), String> {
+        let client = self.client();
+        let mut attempts: FuturesUnordered<_> = (0..ATTEMPTS)
+            .map(|_| attempt(&client, resolve(), path, user))
+            .collect();
+        let mut last = String::from("no attempt was made");
+        while let Some(outcome) = attempts.next().await {
+            match outcome {
+                // The other attempts are dropped (cancelled) with `attempts`.
+                Ok(()) => return Ok(()),
+                Err(e) => last = e,
+            }
+        }
+        drop(attempts);
+        self.reconnect(&client);
+        Err(last)
+    }
+
+    fn client(&self) -> Arc<ProbeClient> {
+        self.client
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Swaps in a fresh client unless another check did already.
+    fn reconnect(&self, failed: &Arc<ProbeClient>) {
+        let mut current = self.client.lock().unwrap_or_else(|e| e.into_inner());
+        if Arc::ptr_eq(&current, failed) {
+            *current = Arc::new(build(self.tls.clone(), self.server_name.clone()));
+        }
+    }
+}
+
+/// One GET with upstream's messages for what went wrong.
+async fn attempt(
+    client: &ProbeClient,
+    authority: Result<Authority, String>,
+    path: &str,
+    user: &UserInfo,
+) -> Result<(), String> {
+    let authority = authority?;
+    let mut req = http::Request::builder()
+        .method(Method::GET)
+        .uri(format!("https://{authority}{path}"))
+        .header(http::header::ACCEPT, "application/json")
+        .body(body::empty())
+        .map_err(|e| e.to_string())?;
+    set_identity_headers(req.headers_mut(), user).map_err(|e| e.to_string())?;
+    let resp = match tokio::time::timeout(TIMEOUT, client.request(req)).await {
+        Err(_) => {
+            return Err(format!(
+                "failing or missing response from {authority}: timed out after {}s",
+                TIMEOUT.as_secs()
+            ))
+        }
+        Ok(Err(e)) => {
+            return Err(format!(
+                "failing or missing response from {authority}: {}",
+                crate::error::chain(&e)
+            ))
+        }
+        Ok(Ok(resp)) => resp,
+    };
+    let status = resp.status();
+    // Read the (small) document so an HTTP/1.1 connection can serve the next check. What it
+    // says does not matter (upstream only looks at the status), so neither does a body that
+    // fails or will not end.
+    let _ = tokio::time::timeout(
+        BODY_WAIT,
+        Limited::new(resp.into_body(), BODY_LIMIT).collect(),
+    )
+    .await;
+    if status.is_success() {
+        Ok(())
+    } else {
+        Err(format!("bad status from {authority}: {}", status.as_u16()))
+    }
+}
+
+/// HTTP/2 where the backend offers it (the attempts then share one connection, as Go's client
+/// shares one in kube-aggregator), HTTP/1.1 otherwise; a connect timeout below [`TIMEOUT`].
+fn build(tls: rustls::ClientConfig, server_name: ServerName<'static>) -> ProbeClient {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(TIMEOUT));
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_only()
+        .with_server_name_resolver(FixedServerNameResolver::new(server_name))
+        .enable_http1()
+        .enable_http2()
+        .wrap_connector(http);
+    super::client_builder().build(connector)
+}

@@ -1,0 +1,134 @@
+//! The `Available` condition the gateway writes on the core, as an operator reading
+//! `kubectl get apiservice -o yaml` sees it: who wrote it (`managedFields`), and that it is
+//! reconciled, not only written when the gateway's own view changes.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use e2e::harness::{self, FixtureCore};
+use e2e::scenario::{
+    available_condition, clear_core_requests, core_client, core_requests, json_or_null, Scenario,
+    WARDLE_GROUP,
+};
+use http::StatusCode;
+use http_body_util::Full;
+use serde_json::{json, Value};
+
+const NAME: &str = "v1alpha1.wardle.example.com";
+const APISERVICE: &str = "/apis/apiregistration.k8s.io/v1/apiservices/v1alpha1.wardle.example.com";
+
+/// APIService `NAME` as the core stores it.
+async fn stored(core: &FixtureCore) -> Value {
+    let (status, _, body) = harness::get(&core_client(), &format!("{}{APISERVICE}", core.url()))
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::OK);
+    json_or_null(&body)
+}
+
+/// The wardle backend registered on the core (kube source) with the availability interval
+/// `interval`, once the gateway has written `Available=True`.
+async fn registered(interval: &str) -> Scenario {
+    let s = Scenario::wardle()
+        .availability_interval(interval)
+        .start()
+        .await;
+    s.kubectl(&s.user("alice", &[]))
+        .apply_yaml(&s.pki.apiservice(WARDLE_GROUP, "v1alpha1", "wardle").yaml())
+        .await;
+    let available = harness::wait_until(Duration::from_secs(10), || async {
+        available_condition(&s.core, NAME).await == Some(("True".into(), "Passed".into()))
+    })
+    .await;
+    assert!(available, "{NAME} never became Available\n{}", s.logs());
+    s
+}
+
+/// Every status write names the gateway as its field manager, as kube-apiserver's availability
+/// controller names itself `kube-apiserver`: an operator sees in `managedFields` who wrote the
+/// condition (it was `unknown`).
+#[tokio::test]
+async fn status_writes_name_the_gateway_as_field_manager() {
+    let s = registered("1s").await;
+    let api = stored(&s.core).await;
+    let status_managers: Vec<&str> = api["metadata"]["managedFields"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|f| f["subresource"] == "status")
+        .filter_map(|f| f["manager"].as_str())
+        .collect();
+    assert_eq!(status_managers, ["aggregation-gateway"], "{api:#}");
+
+    // And on the wire: the status write carried `fieldManager`.
+    let writes: Vec<String> = core_requests(&s.core)
+        .await
+        .into_iter()
+        .filter(|r| r["method"] == "PATCH")
+        .filter_map(|r| r["path"].as_str().map(str::to_owned))
+        .filter(|p| p.contains("/status"))
+        .collect();
+    assert!(!writes.is_empty(), "no status write recorded");
+    for path in &writes {
+        assert!(path.contains("fieldManager=aggregation-gateway"), "{path}");
+    }
+}
+
+/// A status overwritten behind the gateway's back (a core restored from a backup, another
+/// writer) is corrected within one availability interval, though the gateway's own view never
+/// changed; and while the stored status agrees, nothing is written at all.
+#[tokio::test]
+async fn a_status_overwritten_behind_the_gateways_back_is_corrected_within_the_interval() {
+    let interval = Duration::from_secs(2);
+    let s = registered("2s").await;
+
+    let restored = json!({"status": {"conditions": [{
+        "type": "Available",
+        "status": "False",
+        "reason": "RestoredFromBackup",
+        "message": "an old status",
+        "lastTransitionTime": "2020-01-01T00:00:00Z",
+    }]}});
+    let req = http::Request::patch(format!(
+        "{}{APISERVICE}/status?fieldManager=backup-restore",
+        s.core.url()
+    ))
+    .header("content-type", "application/merge-patch+json")
+    .body(Full::new(Bytes::from(restored.to_string())))
+    .unwrap();
+    let since = Instant::now();
+    let (status, _, _) = harness::send(&core_client(), req).await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        available_condition(&s.core, NAME).await,
+        Some(("False".into(), "RestoredFromBackup".into()))
+    );
+
+    let corrected = harness::wait_until(Duration::from_secs(10), || async {
+        available_condition(&s.core, NAME).await == Some(("True".into(), "Passed".into()))
+    })
+    .await;
+    let took = since.elapsed();
+    eprintln!(
+        "reaction: overwritten status -> corrected {} ms",
+        took.as_millis()
+    );
+    assert!(corrected, "never corrected\n{}", s.logs());
+    assert!(
+        took <= interval + Duration::from_millis(1500),
+        "corrected after {} ms, more than one interval ({} ms)",
+        took.as_millis(),
+        interval.as_millis()
+    );
+
+    // Agreed: two more intervals without a single status write.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    clear_core_requests(&s.core).await;
+    tokio::time::sleep(interval * 2 + Duration::from_millis(500)).await;
+    let writes: Vec<Value> = core_requests(&s.core)
+        .await
+        .into_iter()
+        .filter(|r| r["method"] != "GET" && r["path"].as_str().is_some_and(|p| p.contains(NAME)))
+        .collect();
+    assert!(writes.is_empty(), "writes while agreeing: {writes:#?}");
+}
