@@ -34,6 +34,9 @@ struct Args {
     /// Answer 404 on /openapi/v3.
     #[arg(long)]
     no_openapi: bool,
+    /// HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS per connection (unset: hyper's default).
+    #[arg(long)]
+    http2_max_streams_per_connection: Option<u32>,
 }
 
 #[tokio::main]
@@ -60,13 +63,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
                 .filter(|n| !n.is_empty())
                 .collect(),
         });
-    let config = aggregated_server::config(
+    let mut config = aggregated_server::config(
         &args.group,
         &versions,
         args.legacy_only,
         !args.no_openapi,
         request_header,
     );
+    config.http2_max_concurrent_streams = args.http2_max_streams_per_connection;
     let tls = TlsFiles {
         cert: args.tls_cert_file,
         key: args.tls_private_key_file,
