@@ -4,6 +4,7 @@
 pub mod core;
 pub mod core_readiness;
 pub mod kube_client;
+pub mod pool;
 pub mod remote;
 pub mod unix;
 

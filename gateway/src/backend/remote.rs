@@ -21,19 +21,16 @@ use http::uri::{Authority, Scheme};
 use http::Method;
 use hyper_rustls::{FixedServerNameResolver, HttpsConnector};
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
 use rustls::pki_types::ServerName;
 use tokio::sync::watch;
 
 use crate::workqueue::Queue;
 
+use super::pool::{PoolError, PoolSettings, ServiceConnections};
 use crate::body::{self, Body, Request, Response};
 use crate::error::GatewayError;
 use crate::identity::{set_identity_headers, UserInfo};
 use crate::proxy::{self, Upstream};
-
-/// HTTP/2 connections per backend (see `RemoteBackend::pooled`).
-const H2_CONNECTIONS: usize = 4;
 
 /// kube-aggregator's limit for `/apis/<group>/<version>` discovery through the proxy.
 const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -64,23 +61,20 @@ fn own_identity(path_and_query: &str) -> &'static UserInfo {
     }
 }
 
-type HttpsClient = Client<HttpsConnector<HttpConnector>, Body>;
-
 pub struct RemoteBackend {
     pub name: Arc<str>,
     spec: RemoteBackendSpec,
     resolver: Arc<dyn ServiceResolver>,
-    /// Several HTTP/2 connections, used in turn: one connection is driven by one task, so a
-    /// single one caps throughput at one core and puts every stream behind one flow-control
-    /// window (kube-aggregator's users hit this as kubernetes#60042).
-    pooled: Box<[HttpsClient]>,
-    next: std::sync::atomic::AtomicUsize,
-    upgrades: HttpsClient,
+    /// The connections to the Service, shared with every APIService that names it with the
+    /// same trust (see `backend::pool`).
+    connections: Arc<ServiceConnections>,
     drain: watch::Receiver<bool>,
     /// Where a connection failure on real traffic asks for an availability re-check (the
     /// availability controller's queue), so a dead backend is noticed at its first failed
     /// request instead of at the next periodic check.
     failures: Option<FailureReports>,
+    /// `--aggregator-reject-forwarding-redirect` (see [`is_forwarding_redirect`]).
+    reject_forwarding_redirects: bool,
 }
 
 /// Reports of connection failures to the availability controller, at most one per
@@ -129,7 +123,11 @@ pub enum RemoteSetupError {
     ServerName { name: String, server_name: String },
 }
 
-fn client(tls: rustls::ClientConfig, server_name: ServerName<'static>, http2: bool) -> HttpsClient {
+fn connector(
+    tls: rustls::ClientConfig,
+    server_name: ServerName<'static>,
+    http2: bool,
+) -> HttpsConnector<HttpConnector> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
@@ -138,15 +136,16 @@ fn client(tls: rustls::ClientConfig, server_name: ServerName<'static>, http2: bo
         .with_tls_config(tls)
         .https_only()
         .with_server_name_resolver(FixedServerNameResolver::new(server_name));
-    let connector = if http2 {
+    if http2 {
         builder.enable_http1().enable_http2().wrap_connector(http)
     } else {
         builder.enable_http1().wrap_connector(http)
-    };
-    super::client_builder().build(connector)
+    }
 }
 
 impl RemoteBackend {
+    /// A backend with connections of its own; see [`RemoteBackend::with_connections`] for
+    /// connections shared with other APIServices.
     pub fn new(
         api: &RegisteredAPIService,
         spec: &RemoteBackendSpec,
@@ -154,12 +153,50 @@ impl RemoteBackend {
         resolver: Arc<dyn ServiceResolver>,
         drain: watch::Receiver<bool>,
     ) -> Result<Self, RemoteSetupError> {
+        let connections = Self::service_connections(&api.name, spec, proxy_identity)?;
+        Ok(Self::with_connections(
+            api,
+            spec,
+            Arc::new(connections),
+            resolver,
+            drain,
+        ))
+    }
+
+    /// The backend of `api`, sending on `connections` (made by
+    /// [`RemoteBackend::service_connections`] for the same spec).
+    pub fn with_connections(
+        api: &RegisteredAPIService,
+        spec: &RemoteBackendSpec,
+        connections: Arc<ServiceConnections>,
+        resolver: Arc<dyn ServiceResolver>,
+        drain: watch::Receiver<bool>,
+    ) -> Self {
+        Self {
+            name: api.name.as_str().into(),
+            spec: spec.clone(),
+            resolver,
+            connections,
+            drain,
+            failures: None,
+            reject_forwarding_redirects: true,
+        }
+    }
+
+    /// Connections to the Service `spec` names, trusted as `spec` says, presenting
+    /// `proxy_identity`: what every APIService with the same spec can share. `api_name` names
+    /// the APIService in errors.
+    pub fn service_connections(
+        api_name: &str,
+        spec: &RemoteBackendSpec,
+        proxy_identity: Option<&Identity>,
+    ) -> Result<ServiceConnections, RemoteSetupError> {
         let trust = if spec.insecure_skip_tls_verify {
             ServerTrust::InsecureSkipVerify
         } else if let Some(pem) = &spec.ca_bundle {
-            ServerTrust::Roots(tls::roots_from_pem(pem, &api.name).map_err(|source| {
+            ServerTrust::Roots(tls::roots_from_pem(pem, api_name).map_err(|source| {
                 RemoteSetupError::CaBundle {
-                    name: api.name.clone(),
+                    name: api_name.to_owned(),
                     source: Box::new(source),
                 }
             })?)
@@ -173,30 +210,35 @@ impl RemoteBackend {
         let server_name = spec.service.server_name();
         let sni = ServerName::try_from(server_name.clone()).map_err(|_| {
             RemoteSetupError::ServerName {
-                name: api.name.clone(),
+                name: api_name.to_owned(),
                 server_name,
             }
         })?;
         let tls_config = |trust| {
             tls::client_config(trust, proxy_identity, &[]).map_err(|source| RemoteSetupError::Tls {
-                name: api.name.clone(),
+                name: api_name.to_owned(),
                 source: Box::new(source),
             })
         };
-        let pooled = (0..H2_CONNECTIONS)
-            .map(|_| Ok(client(tls_config(trust.clone())?, sni.clone(), true)))
-            .collect::<Result<Box<[_]>, RemoteSetupError>>()?;
-        let upgrades = client(tls_config(trust)?, sni, false);
-        Ok(Self {
-            name: api.name.as_str().into(),
-            spec: spec.clone(),
-            resolver,
+        let pooled = connector(tls_config(trust.clone())?, sni.clone(), true);
+        let http1 = super::client_builder().build(connector(tls_config(trust)?, sni, false));
+        Ok(ServiceConnections::new(
             pooled,
-            next: std::sync::atomic::AtomicUsize::new(0),
-            upgrades,
-            drain,
-            failures: None,
-        })
+            http1,
+            PoolSettings::default(),
+        ))
+    }
+
+    /// The connections this backend sends on (to share them with APIServices of the same spec).
+    pub fn connections(&self) -> &Arc<ServiceConnections> {
+        &self.connections
+    }
+
+    /// Whether a backend's redirect (a 3xx with a `Location`) becomes a 502 (the default) or
+    /// reaches the client (`--aggregator-reject-forwarding-redirect=false`).
+    pub fn rejecting_forwarding_redirects(mut self, reject: bool) -> Self {
+        self.reject_forwarding_redirects = reject;
+        self
     }
 
     /// Connection failures on proxied requests ask `queue` to re-check this APIService.
@@ -256,11 +298,14 @@ impl RemoteBackend {
             GatewayError::Internal(e.to_string())
         })?;
         if upgrade {
-            return proxy::forward_upgrade(req, |r| self.upgrades.request(r), self.drain.clone())
+            let http1 = self.connections.http1();
+            let mut resp = proxy::forward_upgrade(req, |r| http1.request(r), self.drain.clone())
                 .await
-                .map_err(|e| self.failed_request(e));
+                .map_err(|e| self.failed_request(PoolError::Http1(e)))?;
+            remove_cors_grants(resp.headers_mut());
+            return Ok(resp);
         }
-        let send = self.pooled().request(req);
+        let send = self.connections.send(req);
         let resp = if discovery {
             tokio::time::timeout(DISCOVERY_TIMEOUT, send)
                 .await
@@ -269,13 +314,15 @@ impl RemoteBackend {
             send.await
         }
         .map_err(|e| self.failed_request(e))?;
-        if resp.status().is_redirection() {
+        if self.reject_forwarding_redirects && is_forwarding_redirect(&resp) {
             return Err(GatewayError::BackendRedirect {
                 api_service: self.name.to_string(),
                 status: resp.status().as_u16(),
             });
         }
-        Ok(proxy::client_response(resp, long_running, &self.drain))
+        let mut resp = proxy::client_response(resp, long_running, &self.drain);
+        remove_cors_grants(resp.headers_mut());
+        Ok(resp)
     }
 
     /// The availability probe: `GET /apis/<group>/<version>` (`/api/<version>` for the legacy
@@ -294,7 +341,7 @@ impl RemoteBackend {
             .body(body::empty())
             .map_err(|e| e.to_string())?;
         set_identity_headers(req.headers_mut(), &DISCOVERY_USER).map_err(|e| e.to_string())?;
-        match tokio::time::timeout(DISCOVERY_TIMEOUT, self.pooled().request(req)).await {
+        match tokio::time::timeout(DISCOVERY_TIMEOUT, self.connections.send(req)).await {
             Err(_) => Err(format!(
                 "failing or missing response from {}: timed out after 5s",
                 upstream.authority
@@ -321,7 +368,7 @@ impl RemoteBackend {
         path_and_query: &str,
         headers: http::HeaderMap,
         timeout: Duration,
-    ) -> Result<http::Response<hyper::body::Incoming>, GatewayError> {
+    ) -> Result<http::Response<Body>, GatewayError> {
         let upstream = self.upstream()?;
         let mut req = http::Request::builder()
             .method(Method::GET)
@@ -331,7 +378,7 @@ impl RemoteBackend {
         *req.headers_mut() = headers;
         set_identity_headers(req.headers_mut(), own_identity(path_and_query))
             .map_err(|e| GatewayError::Internal(e.to_string()))?;
-        match tokio::time::timeout(timeout, self.pooled().request(req)).await {
+        match tokio::time::timeout(timeout, self.connections.send(req)).await {
             Err(_) => Err(self.unavailable(format!(
                 "GET {path_and_query} did not answer within {}s",
                 timeout.as_secs()
@@ -346,14 +393,9 @@ impl RemoteBackend {
         &self.spec.service
     }
 
-    fn pooled(&self) -> &HttpsClient {
-        let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        &self.pooled[i % self.pooled.len()]
-    }
-
     /// A proxied request that failed in transport. One that could not connect (refused, reset
     /// during the handshake, TLS refused) says the backend may be gone: re-check it now.
-    fn failed_request(&self, e: hyper_util::client::legacy::Error) -> GatewayError {
+    fn failed_request(&self, e: PoolError) -> GatewayError {
         if e.is_connect() {
             if let Some(failures) = &self.failures {
                 failures.report(&self.name);
@@ -362,11 +404,37 @@ impl RemoteBackend {
         self.transport_error(e)
     }
 
-    fn transport_error(&self, e: hyper_util::client::legacy::Error) -> GatewayError {
+    fn transport_error(&self, e: PoolError) -> GatewayError {
+        if let PoolError::Exhausted { .. } | PoolError::NoConnection { .. } = e {
+            return self.unavailable(e.to_string());
+        }
         self.unavailable(format!(
             "error trying to reach service: {}",
             crate::error::chain(&e)
         ))
+    }
+}
+
+/// A redirect the client would follow somewhere else: a 3xx naming a `Location`. kube-aggregator
+/// (`--aggregator-reject-forwarding-redirect`, `upgradeaware.go`) turns exactly these into a 502,
+/// so a backend cannot send the caller, credentials and all, to another host; a 304 answering a
+/// conditional request has no `Location` and passes.
+fn is_forwarding_redirect<B>(resp: &http::Response<B>) -> bool {
+    resp.status().is_redirection() && resp.headers().contains_key(http::header::LOCATION)
+}
+
+/// Removes every `Access-Control-Allow-*` header a backend sent. The gateway's origin is the one
+/// the browser sees; an aggregated server must not be able to open it to other origins (or to
+/// credentials) for the whole API. kube-aggregator's `corsRemovingTransport` removes the four it
+/// knows; any `Access-Control-Allow-*` grants, so all of them go.
+fn remove_cors_grants(headers: &mut http::HeaderMap) {
+    let grants: Vec<http::HeaderName> = headers
+        .keys()
+        .filter(|name| name.as_str().starts_with("access-control-allow-"))
+        .cloned()
+        .collect();
+    for name in grants {
+        headers.remove(name);
     }
 }
 
@@ -478,6 +546,37 @@ mod tests {
             assert!(user.groups.is_empty(), "{path}");
         }
         assert_eq!(own_identity("/openapix").name, "system:kube-aggregator");
+    }
+
+    #[test]
+    fn only_a_3xx_with_a_location_is_a_forwarding_redirect() {
+        let resp = |code: u16, location: bool| {
+            let mut b = http::Response::builder().status(code);
+            if location {
+                b = b.header("location", "https://elsewhere.example/");
+            }
+            b.body(()).unwrap()
+        };
+        assert!(is_forwarding_redirect(&resp(302, true)));
+        assert!(is_forwarding_redirect(&resp(307, true)));
+        assert!(!is_forwarding_redirect(&resp(304, false)));
+        assert!(!is_forwarding_redirect(&resp(300, false)));
+        assert!(!is_forwarding_redirect(&resp(201, true)));
+    }
+
+    #[test]
+    fn every_access_control_allow_header_is_removed() {
+        let mut h = crate::test_util::headers(&[
+            ("access-control-allow-origin", "*"),
+            ("access-control-allow-credentials", "true"),
+            ("access-control-allow-private-network", "true"),
+            ("access-control-expose-headers", "etag"),
+            ("etag", "\"1\""),
+        ]);
+        remove_cors_grants(&mut h);
+        let mut names: Vec<_> = h.keys().map(|k| k.as_str()).collect();
+        names.sort();
+        assert_eq!(names, ["access-control-expose-headers", "etag"]);
     }
 
     #[test]
