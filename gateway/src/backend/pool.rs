@@ -26,6 +26,7 @@ use std::collections::HashMap;
 use std::future::poll_fn;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::task::Poll;
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -148,8 +149,10 @@ struct Endpoint {
 struct H2Conn {
     id: u64,
     send: http2::SendRequest<Body>,
-    /// Polled by its own task; read here for the server's current stream limit.
-    connection: Arc<Mutex<H2Connection>>,
+    /// Polled by its own task; read here for the server's current stream limit. The task
+    /// takes it out when the connection ends: that drops hyper's dispatcher, so `send` reports
+    /// itself closed instead of accepting requests nobody will send.
+    connection: Arc<Mutex<Option<H2Connection>>>,
     streams: usize,
     idle_since: Instant,
 }
@@ -374,11 +377,20 @@ async fn connect(
         .handshake(io)
         .await
         .map_err(|e| PoolError::Connect(e.into()))?;
-    let connection = Arc::new(Mutex::new(connection));
+    let connection = Arc::new(Mutex::new(Some(connection)));
     tokio::spawn({
         let connection = connection.clone();
         async move {
-            let driven = poll_fn(|cx| lock(&connection).poll_unpin(cx)).await;
+            let driven = poll_fn(|cx| {
+                let mut slot = lock(&connection);
+                let Some(driving) = slot.as_mut() else {
+                    return Poll::Ready(Ok(()));
+                };
+                let ended = std::task::ready!(driving.poll_unpin(cx));
+                *slot = None;
+                Poll::Ready(ended)
+            })
+            .await;
             if let Err(e) = driven {
                 tracing::debug!(error = %e, "backend connection ended");
             }
@@ -387,7 +399,7 @@ async fn connect(
     // hyper shows the limit but signals no event when the SETTINGS frame is read: look at it
     // until it is known (once per connection, usually within one round trip).
     let settled = async {
-        while lock(&connection).current_max_send_streams() == 0 {
+        while current_max_send_streams(&connection) == 0 {
             if send.is_closed() {
                 return false;
             }
@@ -436,6 +448,13 @@ async fn close_idle(shared: Weak<Shared>) {
     }
 }
 
+/// The stream limit the server announced; 0 before it did and after the connection ended.
+fn current_max_send_streams(connection: &Mutex<Option<H2Connection>>) -> usize {
+    lock(connection)
+        .as_ref()
+        .map_or(0, H2Connection::current_max_send_streams)
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -481,7 +500,7 @@ impl Endpoint {
 
 impl H2Conn {
     fn limit(&self) -> usize {
-        lock(&self.connection).current_max_send_streams()
+        current_max_send_streams(&self.connection)
     }
 }
 
