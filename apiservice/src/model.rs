@@ -99,7 +99,7 @@ impl fmt::Display for ServiceRef {
 }
 
 /// How a remote APIService is reached and trusted.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct RemoteBackendSpec {
     pub service: ServiceRef,
     /// PEM bytes to verify the backend's serving certificate; `None` when absent or empty.

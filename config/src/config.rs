@@ -111,6 +111,9 @@ pub enum ApiServiceSource {
 pub struct ApiServiceConfig {
     pub source: ApiServiceSource,
     pub endpoint_routing: bool,
+    /// `--aggregator-reject-forwarding-redirect`: a remote backend's 3xx with a `Location`
+    /// becomes a 502 instead of reaching the client.
+    pub reject_forwarding_redirect: bool,
     pub availability_interval: Duration,
     pub discovery_refresh_interval: Duration,
     pub static_services: Vec<StaticService>,

@@ -166,6 +166,11 @@ options! {
         /// Route to a random ready endpoint of the Service instead of its ClusterIP [default: false].
         #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
         pub enable_aggregator_routing: Option<bool>,
+        /// Answer 502 instead of passing on a remote backend's redirect (a 3xx with a
+        /// Location), as kube-apiserver's flag of the same name does; other 3xx such as 304 Not
+        /// Modified always pass [default: true].
+        #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+        pub aggregator_reject_forwarding_redirect: Option<bool>,
         /// How often each remote APIService is probed [default: 30s].
         #[arg(long, value_name = "DURATION")]
         pub apiservice_availability_interval: Option<GoDuration>,
@@ -444,5 +449,25 @@ mod tests {
     fn bool_flags_take_an_optional_value() {
         let cli = Cli::try_parse_from(["gw", "--enable-aggregator-routing"]).unwrap();
         assert_eq!(cli.options.enable_aggregator_routing, Some(true));
+    }
+
+    #[test]
+    fn forwarding_redirects_are_rejected_unless_switched_off() {
+        let validated = |args: &[&str]| {
+            let cli = Cli::try_parse_from(args).unwrap();
+            cli.options
+                .validate()
+                .unwrap()
+                .apiservices
+                .reject_forwarding_redirect
+        };
+        assert!(validated(&["gw"]));
+        assert!(!validated(&[
+            "gw",
+            "--aggregator-reject-forwarding-redirect=false"
+        ]));
+        let from_yaml: Options =
+            serde_saphyr::from_str("aggregatorRejectForwardingRedirect: false\n").unwrap();
+        assert_eq!(from_yaml.aggregator_reject_forwarding_redirect, Some(false));
     }
 }

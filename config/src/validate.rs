@@ -460,6 +460,7 @@ impl Options {
         let apiservices = ApiServiceConfig {
             source,
             endpoint_routing: self.enable_aggregator_routing.unwrap_or(false),
+            reject_forwarding_redirect: self.aggregator_reject_forwarding_redirect.unwrap_or(true),
             availability_interval: secs(self.apiservice_availability_interval, 30),
             discovery_refresh_interval: secs(self.discovery_refresh_interval, 60),
             static_services,

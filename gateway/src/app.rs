@@ -395,6 +395,7 @@ fn start_apiservices(
         resolver,
         drain,
         failures: Some(availability.rechecks()),
+        reject_forwarding_redirect: api.reject_forwarding_redirect,
     };
     tokio::spawn(
         RouteController::new(routing, set_rx, results_rx, factory, metrics)

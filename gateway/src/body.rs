@@ -76,6 +76,53 @@ where
     boxed(Guarded { inner: body, guard })
 }
 
+/// `body` without its trailers: data frames pass, trailer frames (HTTP/1.1 chunked trailers,
+/// HTTP/2 trailing HEADERS) are dropped. A client's trailers are headers the gateway never
+/// inspected, so forwarding them would let `X-Remote-User`, `Impersonate-*` or `Authorization`
+/// reach a backend after the identity checks; Go's reverse proxy forwards them, the gateway does
+/// not. A body that is already complete (most GETs) is returned as it is.
+pub fn without_trailers(body: Body) -> Body {
+    if http_body::Body::is_end_stream(&body) {
+        return body;
+    }
+    boxed(WithoutTrailers { inner: body })
+}
+
+pin_project_lite::pin_project! {
+    struct WithoutTrailers<B> {
+        #[pin]
+        inner: B,
+    }
+}
+
+impl<B: http_body::Body> http_body::Body for WithoutTrailers<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let mut inner = self.project().inner;
+        loop {
+            match std::task::ready!(inner.as_mut().poll_frame(cx)) {
+                Some(Ok(frame)) if frame.is_trailers() => {
+                    tracing::debug!("request trailers dropped");
+                }
+                other => return Poll::Ready(other),
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 pin_project_lite::pin_project! {
     struct Guarded<B, G> {
         #[pin]
@@ -117,6 +164,21 @@ mod tests {
         fn drop(&mut self) {
             self.0.store(true, Ordering::SeqCst);
         }
+    }
+
+    #[tokio::test]
+    async fn trailers_are_dropped_and_data_kept() {
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("x-remote-user", "admin".parse().unwrap());
+        let frames = futures::stream::iter([
+            Ok::<_, BoxError>(Frame::data(Bytes::from_static(b"ab"))),
+            Ok(Frame::data(Bytes::from_static(b"c"))),
+            Ok(Frame::trailers(trailers)),
+        ]);
+        let body = boxed(http_body_util::StreamBody::new(frames));
+        let collected = without_trailers(body).collect().await.unwrap();
+        assert!(collected.trailers().is_none());
+        assert_eq!(&collected.to_bytes()[..], b"abc");
     }
 
     #[tokio::test]

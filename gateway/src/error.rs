@@ -18,7 +18,7 @@ pub enum GatewayError {
     },
     #[error("{api_service}: backend unavailable: {reason}")]
     BackendUnavailable { api_service: String, reason: String },
-    #[error("{api_service}: the backend answered with a redirect ({status}), which the gateway does not follow")]
+    #[error("{api_service}: the backend attempted to redirect this request ({status} with a Location), which is not permitted (--aggregator-reject-forwarding-redirect)")]
     BackendRedirect { api_service: String, status: u16 },
     #[error("the request has been made before all known HTTP paths have been installed, please try again")]
     RoutesNotReady,

@@ -64,8 +64,11 @@ pub struct Upstream {
     pub authority: Authority,
 }
 
-/// Rewrites a client request into the request for `upstream`.
+/// Rewrites a client request into the request for `upstream`. The client's trailers are dropped
+/// (see [`body::without_trailers`]): like `Trailer` and `TE`, they are not passed on.
 pub fn prepare_request(req: &mut Request, upstream: &Upstream, client: Option<SocketAddr>) {
+    let body = std::mem::take(req.body_mut());
+    *req.body_mut() = body::without_trailers(body);
     let upgrade = is_upgrade(req.headers());
     let original_host = req.headers().get(header::HOST).cloned().or_else(|| {
         req.uri()
@@ -138,11 +141,15 @@ where
 
 /// A backend response as the client gets it: hop-by-hop headers removed, and a long-running body
 /// ended cleanly when the gateway drains.
-pub fn client_response(
-    resp: hyper::Response<hyper::body::Incoming>,
+pub fn client_response<B>(
+    resp: http::Response<B>,
     long_running: bool,
     drain: &watch::Receiver<bool>,
-) -> Response {
+) -> Response
+where
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<body::BoxError>,
+{
     let mut resp = resp.map(|b| {
         let b = body::boxed(b);
         if long_running {

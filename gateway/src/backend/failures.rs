@@ -28,9 +28,11 @@ use tokio::time::Instant;
 
 use crate::workqueue::Queue;
 
-/// Connection failures of one remote backend, for the availability controller's queue.
+/// Connection failures of one backend Service's connections, for the availability
+/// controller's queue. The connections are shared by every APIService that names the Service
+/// (see `pool`), so a failure asks for a re-check of each of them.
 pub struct FailureSignal {
-    api_service: Arc<str>,
+    api_services: Mutex<Vec<Arc<str>>>,
     reports: OnceLock<Reports>,
 }
 
@@ -40,18 +42,26 @@ struct Reports {
 }
 
 impl FailureSignal {
-    /// At most one report per this interval per backend: the queue de-duplicates anyway.
+    /// At most one report per this interval per Service: the queue de-duplicates anyway.
     pub const EVERY: Duration = Duration::from_millis(200);
 
-    /// A signal that reports nowhere until [`FailureSignal::report_to`].
-    pub fn new(api_service: Arc<str>) -> Arc<Self> {
+    /// A signal for no APIService yet, reporting nowhere until [`FailureSignal::report_to`].
+    pub fn new() -> Arc<Self> {
         Arc::new(Self {
-            api_service,
+            api_services: Mutex::new(Vec::new()),
             reports: OnceLock::new(),
         })
     }
 
-    /// From now on, failures ask `queue` to re-check the APIService (set once).
+    /// `api_service` sends on these connections: failures re-check it too.
+    pub fn add_api_service(&self, api_service: &Arc<str>) {
+        let mut names = self.api_services.lock().unwrap_or_else(|e| e.into_inner());
+        if !names.contains(api_service) {
+            names.push(api_service.clone());
+        }
+    }
+
+    /// From now on, failures ask `queue` to re-check the APIServices (set once).
     pub fn report_to(&self, queue: Queue<String>) {
         let _ = self.reports.set(Reports {
             queue,
@@ -72,12 +82,19 @@ impl FailureSignal {
             return;
         }
         *last = Some(now);
-        tracing::debug!(
-            apiservice = %self.api_service,
-            what,
-            "backend connection failed; re-checking availability"
-        );
-        reports.queue.add(self.api_service.to_string());
+        let names = self
+            .api_services
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        for name in names {
+            tracing::debug!(
+                apiservice = %name,
+                what,
+                "backend connection failed; re-checking availability"
+            );
+            reports.queue.add(name.to_string());
+        }
     }
 }
 

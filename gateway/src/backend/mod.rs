@@ -5,6 +5,7 @@ pub mod core;
 pub mod core_readiness;
 pub mod failures;
 pub mod kube_client;
+pub mod pool;
 pub mod probe;
 pub mod remote;
 pub mod unix;

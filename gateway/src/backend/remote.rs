@@ -19,22 +19,20 @@ use apiservice::resolve::ServiceResolver;
 use gateway_config::tls::{self, Identity, ServerTrust};
 use http::uri::{Authority, Scheme};
 use http::Method;
-use hyper_rustls::{FixedServerNameResolver, HttpsConnector};
+use hyper_rustls::FixedServerNameResolver;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
 use rustls::pki_types::ServerName;
 use tokio::sync::watch;
 
+use crate::workqueue::Queue;
+
 use super::failures::{FailureSignal, Watched};
+use super::pool::{Connector, PoolError, PoolSettings, ServiceConnections};
 use super::probe::Probe;
 use crate::body::{self, Body, Request, Response};
 use crate::error::GatewayError;
 use crate::identity::{set_identity_headers, UserInfo};
 use crate::proxy::{self, Upstream};
-use crate::workqueue::Queue;
-
-/// HTTP/2 connections per backend (see `RemoteBackend::pooled`).
-const H2_CONNECTIONS: usize = 4;
 
 /// kube-aggregator's limit for `/apis/<group>/<version>` discovery through the proxy.
 const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -65,25 +63,16 @@ fn own_identity(path_and_query: &str) -> &'static UserInfo {
     }
 }
 
-type HttpsClient = Client<HttpsConnector<Watched>, Body>;
-
 pub struct RemoteBackend {
     pub name: Arc<str>,
     spec: RemoteBackendSpec,
     resolver: Arc<dyn ServiceResolver>,
-    /// Several HTTP/2 connections, used in turn: one connection is driven by one task, so a
-    /// single one caps throughput at one core and puts every stream behind one flow-control
-    /// window (kube-aggregator's users hit this as kubernetes#60042).
-    pooled: Box<[HttpsClient]>,
-    next: std::sync::atomic::AtomicUsize,
-    upgrades: HttpsClient,
+    /// The connections to the Service, shared with every APIService that names it with the
+    /// same trust (see `backend::pool`).
+    connections: Arc<ServiceConnections>,
     drain: watch::Receiver<bool>,
-    /// Connection failures on real traffic ask for an availability re-check through this, so a
-    /// dead backend is noticed when it dies instead of at the next periodic check (see
-    /// `failures`).
-    failures: Arc<FailureSignal>,
-    /// The availability probe's own connections (see `probe`).
-    probe: Probe,
+    /// `--aggregator-reject-forwarding-redirect` (see [`is_forwarding_redirect`]).
+    reject_forwarding_redirects: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -104,12 +93,14 @@ pub enum RemoteSetupError {
     ServerName { name: String, server_name: String },
 }
 
-fn client(
+/// A TLS connector whose TCP connections report failures to `failures` (`None`: nowhere; a
+/// tunnel ends whenever its session does, which says nothing about the backend).
+fn connector(
     tls: rustls::ClientConfig,
     server_name: ServerName<'static>,
     http2: bool,
     failures: Option<Arc<FailureSignal>>,
-) -> HttpsClient {
+) -> Connector {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
@@ -119,15 +110,16 @@ fn client(
         .https_only()
         .with_server_name_resolver(FixedServerNameResolver::new(server_name));
     let http = Watched::new(http, failures);
-    let connector = if http2 {
+    if http2 {
         builder.enable_http1().enable_http2().wrap_connector(http)
     } else {
         builder.enable_http1().wrap_connector(http)
-    };
-    super::client_builder().build(connector)
+    }
 }
 
 impl RemoteBackend {
+    /// A backend with connections of its own; see [`RemoteBackend::with_connections`] for
+    /// connections shared with other APIServices.
     pub fn new(
         api: &RegisteredAPIService,
         spec: &RemoteBackendSpec,
@@ -135,12 +127,51 @@ impl RemoteBackend {
         resolver: Arc<dyn ServiceResolver>,
         drain: watch::Receiver<bool>,
     ) -> Result<Self, RemoteSetupError> {
+        let connections = Self::service_connections(&api.name, spec, proxy_identity)?;
+        Ok(Self::with_connections(
+            api,
+            spec,
+            Arc::new(connections),
+            resolver,
+            drain,
+        ))
+    }
+
+    /// The backend of `api`, sending on `connections` (made by
+    /// [`RemoteBackend::service_connections`] for the same spec).
+    pub fn with_connections(
+        api: &RegisteredAPIService,
+        spec: &RemoteBackendSpec,
+        connections: Arc<ServiceConnections>,
+        resolver: Arc<dyn ServiceResolver>,
+        drain: watch::Receiver<bool>,
+    ) -> Self {
+        let name: Arc<str> = api.name.as_str().into();
+        connections.failures().add_api_service(&name);
+        Self {
+            name,
+            spec: spec.clone(),
+            resolver,
+            connections,
+            drain,
+            reject_forwarding_redirects: true,
+        }
+    }
+
+    /// Connections to the Service `spec` names, trusted as `spec` says, presenting
+    /// `proxy_identity`: what every APIService with the same spec can share. `api_name` names
+    /// the APIService in errors.
+    pub fn service_connections(
+        api_name: &str,
+        spec: &RemoteBackendSpec,
+        proxy_identity: Option<&Identity>,
+    ) -> Result<ServiceConnections, RemoteSetupError> {
         let trust = if spec.insecure_skip_tls_verify {
             ServerTrust::InsecureSkipVerify
         } else if let Some(pem) = &spec.ca_bundle {
-            ServerTrust::Roots(tls::roots_from_pem(pem, &api.name).map_err(|source| {
+            ServerTrust::Roots(tls::roots_from_pem(pem, api_name).map_err(|source| {
                 RemoteSetupError::CaBundle {
-                    name: api.name.clone(),
+                    name: api_name.to_owned(),
                     source: Box::new(source),
                 }
             })?)
@@ -154,43 +185,55 @@ impl RemoteBackend {
         let server_name = spec.service.server_name();
         let sni = ServerName::try_from(server_name.clone()).map_err(|_| {
             RemoteSetupError::ServerName {
-                name: api.name.clone(),
+                name: api_name.to_owned(),
                 server_name,
             }
         })?;
         let tls_config = |trust| {
             tls::client_config(trust, proxy_identity, &[]).map_err(|source| RemoteSetupError::Tls {
-                name: api.name.clone(),
+                name: api_name.to_owned(),
                 source: Box::new(source),
             })
         };
-        let name: Arc<str> = api.name.as_str().into();
-        let failures = FailureSignal::new(name.clone());
-        let pooled = (0..H2_CONNECTIONS)
-            .map(|_| {
-                let tls = tls_config(trust.clone())?;
-                Ok(client(tls, sni.clone(), true, Some(failures.clone())))
-            })
-            .collect::<Result<Box<[_]>, RemoteSetupError>>()?;
-        // A tunnel ends whenever its session does: that says nothing about the backend.
-        let upgrades = client(tls_config(trust.clone())?, sni.clone(), false, None);
+        let failures = FailureSignal::new();
+        let pooled = connector(
+            tls_config(trust.clone())?,
+            sni.clone(),
+            true,
+            Some(failures.clone()),
+        );
+        let http1 = super::client_builder().build(connector(
+            tls_config(trust.clone())?,
+            sni.clone(),
+            false,
+            None,
+        ));
         let probe = Probe::new(tls_config(trust)?, sni);
-        Ok(Self {
-            name,
-            spec: spec.clone(),
-            resolver,
+        Ok(ServiceConnections::new(
             pooled,
-            next: std::sync::atomic::AtomicUsize::new(0),
-            upgrades,
-            drain,
-            failures,
+            http1,
             probe,
-        })
+            failures,
+            PoolSettings::default(),
+        ))
     }
 
-    /// Connection failures on proxied requests ask `queue` to re-check this APIService.
+    /// The connections this backend sends on (to share them with APIServices of the same spec).
+    pub fn connections(&self) -> &Arc<ServiceConnections> {
+        &self.connections
+    }
+
+    /// Whether a backend's redirect (a 3xx with a `Location`) becomes a 502 (the default) or
+    /// reaches the client (`--aggregator-reject-forwarding-redirect=false`).
+    pub fn rejecting_forwarding_redirects(mut self, reject: bool) -> Self {
+        self.reject_forwarding_redirects = reject;
+        self
+    }
+
+    /// Connection failures on this Service's connections ask `queue` to re-check the
+    /// APIServices sending on them.
     pub fn reporting_failures_to(self, queue: Queue<String>) -> Self {
-        self.failures.report_to(queue);
+        self.connections.failures().report_to(queue);
         self
     }
 
@@ -242,11 +285,14 @@ impl RemoteBackend {
             GatewayError::Internal(e.to_string())
         })?;
         if upgrade {
-            return proxy::forward_upgrade(req, |r| self.upgrades.request(r), self.drain.clone())
+            let http1 = self.connections.http1();
+            let mut resp = proxy::forward_upgrade(req, |r| http1.request(r), self.drain.clone())
                 .await
-                .map_err(|e| self.failed_request(e));
+                .map_err(|e| self.failed_request(PoolError::Http1(e)))?;
+            remove_cors_grants(resp.headers_mut());
+            return Ok(resp);
         }
-        let send = self.pooled().request(req);
+        let send = self.connections.send(req);
         let resp = if discovery {
             tokio::time::timeout(DISCOVERY_TIMEOUT, send)
                 .await
@@ -255,17 +301,20 @@ impl RemoteBackend {
             send.await
         }
         .map_err(|e| self.failed_request(e))?;
-        if resp.status().is_redirection() {
+        if self.reject_forwarding_redirects && is_forwarding_redirect(&resp) {
             return Err(GatewayError::BackendRedirect {
                 api_service: self.name.to_string(),
                 status: resp.status().as_u16(),
             });
         }
-        Ok(proxy::client_response(resp, long_running, &self.drain))
+        let mut resp = proxy::client_response(resp, long_running, &self.drain);
+        remove_cors_grants(resp.headers_mut());
+        Ok(resp)
     }
 
     /// The availability probe: `GET /apis/<group>/<version>` (`/api/<version>` for the legacy
-    /// core group) on the probe's own connections, as [`DISCOVERY_USER`]; see [`Probe`].
+    /// core group) on the probe's own connections to the Service, as [`DISCOVERY_USER`]; see
+    /// [`Probe`].
     pub async fn probe(&self, group: &str, version: &str) -> Result<(), String> {
         let path = if group.is_empty() {
             format!("/api/{version}")
@@ -277,7 +326,10 @@ impl RemoteBackend {
                 .map(|upstream| upstream.authority)
                 .map_err(|e| e.to_string())
         };
-        self.probe.check(resolve, &path, &DISCOVERY_USER).await
+        self.connections
+            .probe()
+            .check(resolve, &path, &DISCOVERY_USER)
+            .await
     }
 
     /// A GET the gateway makes on its own behalf (discovery, OpenAPI), bounded by `timeout`: as
@@ -288,7 +340,7 @@ impl RemoteBackend {
         path_and_query: &str,
         headers: http::HeaderMap,
         timeout: Duration,
-    ) -> Result<http::Response<hyper::body::Incoming>, GatewayError> {
+    ) -> Result<http::Response<Body>, GatewayError> {
         let upstream = self.upstream()?;
         let mut req = http::Request::builder()
             .method(Method::GET)
@@ -298,7 +350,7 @@ impl RemoteBackend {
         *req.headers_mut() = headers;
         set_identity_headers(req.headers_mut(), own_identity(path_and_query))
             .map_err(|e| GatewayError::Internal(e.to_string()))?;
-        match tokio::time::timeout(timeout, self.pooled().request(req)).await {
+        match tokio::time::timeout(timeout, self.connections.send(req)).await {
             Err(_) => Err(self.unavailable(format!(
                 "GET {path_and_query} did not answer within {}s",
                 timeout.as_secs()
@@ -313,17 +365,13 @@ impl RemoteBackend {
         &self.spec.service
     }
 
-    fn pooled(&self) -> &HttpsClient {
-        let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        &self.pooled[i % self.pooled.len()]
-    }
-
     /// A request that failed in transport: could not connect (refused, TLS refused), or the
     /// connection was reset or closed under it. Either says the backend may be gone: re-check
-    /// it now. Not when the caller's own request body failed, which says nothing about it.
-    fn failed_request(&self, e: hyper_util::client::legacy::Error) -> GatewayError {
-        if !caused_by_request_body(&e) {
-            self.failures.report(if e.is_connect() {
+    /// it now. Not when the caller's own request body failed, nor when the pool only ran out
+    /// of streams, which say nothing about the backend.
+    fn failed_request(&self, e: PoolError) -> GatewayError {
+        if !matches!(e, PoolError::Exhausted { .. }) && !caused_by_request_body(&e) {
+            self.connections.failures().report(if e.is_connect() {
                 "connect failed"
             } else {
                 "request failed in transport"
@@ -332,7 +380,10 @@ impl RemoteBackend {
         self.transport_error(e)
     }
 
-    fn transport_error(&self, e: hyper_util::client::legacy::Error) -> GatewayError {
+    fn transport_error(&self, e: PoolError) -> GatewayError {
+        if let PoolError::Exhausted { .. } | PoolError::NoConnection { .. } = e {
+            return self.unavailable(e.to_string());
+        }
         self.unavailable(format!(
             "error trying to reach service: {}",
             crate::error::chain(&e)
@@ -342,7 +393,10 @@ impl RemoteBackend {
 
 /// Whether a transport error came from the request body the caller sent (it failed, or was
 /// aborted), rather than from the backend's side of the connection.
-fn caused_by_request_body(e: &hyper_util::client::legacy::Error) -> bool {
+fn caused_by_request_body(e: &PoolError) -> bool {
+    if let PoolError::Http2(h) = e {
+        return h.is_user() || h.is_body_write_aborted();
+    }
     let mut source = std::error::Error::source(e);
     while let Some(err) = source {
         if let Some(h) = err.downcast_ref::<hyper::Error>() {
@@ -351,6 +405,29 @@ fn caused_by_request_body(e: &hyper_util::client::legacy::Error) -> bool {
         source = err.source();
     }
     false
+}
+
+/// A redirect the client would follow somewhere else: a 3xx naming a `Location`. kube-aggregator
+/// (`--aggregator-reject-forwarding-redirect`, `upgradeaware.go`) turns exactly these into a 502,
+/// so a backend cannot send the caller, credentials and all, to another host; a 304 answering a
+/// conditional request has no `Location` and passes.
+fn is_forwarding_redirect<B>(resp: &http::Response<B>) -> bool {
+    resp.status().is_redirection() && resp.headers().contains_key(http::header::LOCATION)
+}
+
+/// Removes every `Access-Control-Allow-*` header a backend sent. The gateway's origin is the one
+/// the browser sees; an aggregated server must not be able to open it to other origins (or to
+/// credentials) for the whole API. kube-aggregator's `corsRemovingTransport` removes the four it
+/// knows; any `Access-Control-Allow-*` grants, so all of them go.
+fn remove_cors_grants(headers: &mut http::HeaderMap) {
+    let grants: Vec<http::HeaderName> = headers
+        .keys()
+        .filter(|name| name.as_str().starts_with("access-control-allow-"))
+        .cloned()
+        .collect();
+    for name in grants {
+        headers.remove(name);
+    }
 }
 
 /// `/apis/<group>/<version>` exactly (trailing slash allowed): the discovery document kubectl
@@ -461,6 +538,37 @@ mod tests {
             assert!(user.groups.is_empty(), "{path}");
         }
         assert_eq!(own_identity("/openapix").name, "system:kube-aggregator");
+    }
+
+    #[test]
+    fn only_a_3xx_with_a_location_is_a_forwarding_redirect() {
+        let resp = |code: u16, location: bool| {
+            let mut b = http::Response::builder().status(code);
+            if location {
+                b = b.header("location", "https://elsewhere.example/");
+            }
+            b.body(()).unwrap()
+        };
+        assert!(is_forwarding_redirect(&resp(302, true)));
+        assert!(is_forwarding_redirect(&resp(307, true)));
+        assert!(!is_forwarding_redirect(&resp(304, false)));
+        assert!(!is_forwarding_redirect(&resp(300, false)));
+        assert!(!is_forwarding_redirect(&resp(201, true)));
+    }
+
+    #[test]
+    fn every_access_control_allow_header_is_removed() {
+        let mut h = crate::test_util::headers(&[
+            ("access-control-allow-origin", "*"),
+            ("access-control-allow-credentials", "true"),
+            ("access-control-allow-private-network", "true"),
+            ("access-control-expose-headers", "etag"),
+            ("etag", "\"1\""),
+        ]);
+        remove_cors_grants(&mut h);
+        let mut names: Vec<_> = h.keys().map(|k| k.as_str()).collect();
+        names.sort();
+        assert_eq!(names, ["access-control-expose-headers", "etag"]);
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use apiservice::model::{Backend, RegisteredAPIService};
+use apiservice::model::{Backend, RegisteredAPIService, RemoteBackendSpec};
 use apiservice::resolve::ServiceResolver;
 use apiservice::route_table::{Availability, RouteTable};
 use apiservice::source::{ApiServiceSet, Refusal};
@@ -14,7 +14,8 @@ use gateway_config::tls::Identity;
 use tokio::sync::watch;
 
 use super::{AvailabilityMap, RouteTarget, Routing, Target};
-use crate::backend::remote::RemoteBackend;
+use crate::backend::pool::ServiceConnections;
+use crate::backend::remote::{RemoteBackend, RemoteSetupError};
 use crate::metrics::Metrics;
 use crate::request::RoutedTo;
 use crate::workqueue::Queue;
@@ -32,6 +33,8 @@ pub struct BackendFactory {
     pub drain: watch::Receiver<bool>,
     /// The availability controller's queue, told of connection failures on real traffic.
     pub failures: Option<Queue<String>>,
+    /// `--aggregator-reject-forwarding-redirect`.
+    pub reject_forwarding_redirect: bool,
 }
 
 /// Builds route tables from APIService sets and availability results.
@@ -42,6 +45,8 @@ pub struct RouteController {
     factory: BackendFactory,
     metrics: Arc<Metrics>,
     backends: HashMap<String, Arc<RemoteBackend>>,
+    /// Connections per backend Service and trust, shared by the APIServices that name it.
+    connections: HashMap<RemoteBackendSpec, Arc<ServiceConnections>>,
     /// The proxy identity the backends in `backends` were built with.
     built_with: Option<Arc<Identity>>,
     last_specs: Vec<RegisteredAPIService>,
@@ -74,6 +79,7 @@ impl RouteController {
             factory,
             metrics,
             backends: HashMap::new(),
+            connections: HashMap::new(),
             built_with: None,
             last_specs: Vec::new(),
             invalid: Vec::new(),
@@ -92,6 +98,26 @@ impl RouteController {
         }
     }
 
+    /// The connections for `spec`: those of an APIService with the same spec, in this table
+    /// or the last one, or new ones.
+    fn service_connections(
+        &mut self,
+        name: &str,
+        spec: &RemoteBackendSpec,
+        identity: &Option<Arc<Identity>>,
+    ) -> Result<Arc<ServiceConnections>, RemoteSetupError> {
+        if let Some(shared) = self.connections.get(spec) {
+            return Ok(shared.clone());
+        }
+        let shared = Arc::new(RemoteBackend::service_connections(
+            name,
+            spec,
+            identity.as_deref(),
+        )?);
+        self.connections.insert(spec.clone(), shared.clone());
+        Ok(shared)
+    }
+
     pub(super) fn rebuild(&mut self) {
         let identity = self.factory.proxy_identity.borrow_and_update().clone();
         let Some(set) = self.sets.borrow_and_update().clone() else {
@@ -105,12 +131,14 @@ impl RouteController {
                 );
             }
             self.backends.clear();
+            self.connections.clear();
             self.built_with = identity.clone();
         }
         let availability = self.availability.borrow_and_update().clone();
         let mut builder = RouteTable::builder();
         let mut specs = Vec::with_capacity(set.apiservices.len());
         let mut backends = HashMap::new();
+        let mut connections = HashMap::new();
         let mut invalid = Vec::new();
         let mut invalid_files = Vec::new();
         // The source refused these manifests and has logged why, naming the file: only count
@@ -161,19 +189,30 @@ impl RouteController {
             };
             let target = match &registered.backend {
                 Backend::Local => Target::Local,
-                Backend::Remote(spec) => match self.backends.get(&registered.name) {
-                    Some(b) if b.same_spec(spec) => Target::Remote(b.clone()),
-                    _ => match RemoteBackend::new(
-                        &registered,
-                        spec,
-                        identity.as_deref(),
-                        self.factory.resolver.clone(),
-                        self.factory.drain.clone(),
-                    ) {
-                        Ok(b) => Target::Remote(Arc::new(match &self.factory.failures {
-                            Some(queue) => b.reporting_failures_to(queue.clone()),
-                            None => b,
-                        })),
+                Backend::Remote(spec) => match self
+                    .backends
+                    .get(&registered.name)
+                    .filter(|b| b.same_spec(spec))
+                    .cloned()
+                {
+                    Some(b) => Target::Remote(b),
+                    None => match self.service_connections(&registered.name, spec, &identity) {
+                        Ok(shared) => {
+                            let b = RemoteBackend::with_connections(
+                                &registered,
+                                spec,
+                                shared,
+                                self.factory.resolver.clone(),
+                                self.factory.drain.clone(),
+                            );
+                            let b = b.rejecting_forwarding_redirects(
+                                self.factory.reject_forwarding_redirect,
+                            );
+                            Target::Remote(Arc::new(match &self.factory.failures {
+                                Some(queue) => b.reporting_failures_to(queue.clone()),
+                                None => b,
+                            }))
+                        }
                         Err(e) => {
                             tracing::warn!(apiservice = %registered.name, error = %e, "cannot build the backend transport");
                             Target::Broken(e.to_string().into())
@@ -181,8 +220,9 @@ impl RouteController {
                     },
                 },
             };
-            if let Target::Remote(b) = &target {
+            if let (Target::Remote(b), Backend::Remote(spec)) = (&target, &registered.backend) {
                 backends.insert(registered.name.clone(), b.clone());
+                connections.insert(spec.clone(), b.connections().clone());
             }
             let available = match &target {
                 Target::Local => Availability::Available,
@@ -216,6 +256,8 @@ impl RouteController {
             tracing::warn!(apiservice = %d.api_service.name, "{d}");
         }
         self.backends = backends;
+        // Connections no APIService names any more close once their last request ends.
+        self.connections = connections;
         let table_len = table.len();
         self.routing.publish(table);
         if !self.routing.is_synced() {

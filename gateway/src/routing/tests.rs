@@ -141,6 +141,7 @@ fn start(resolver: Arc<FakeResolver>, set: ApiServiceSet) -> Fixture {
         resolver: resolver.clone(),
         drain: watch::channel(false).1,
         failures: None,
+        reject_forwarding_redirect: true,
     };
     let mut controller = RouteController::new(
         routing.clone(),

@@ -37,6 +37,9 @@ struct Args {
     /// Answer every Nth GET /apis/<group>/<version> (the availability probe) with a 500.
     #[arg(long)]
     fail_every_nth_group_version: Option<u64>,
+    /// HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS per connection (unset: hyper's default).
+    #[arg(long)]
+    http2_max_streams_per_connection: Option<u32>,
 }
 
 #[tokio::main]
@@ -71,6 +74,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         request_header,
     );
     config.fail_every_nth_group_version = args.fail_every_nth_group_version;
+    config.http2_max_concurrent_streams = args.http2_max_streams_per_connection;
     let tls = TlsFiles {
         cert: args.tls_cert_file,
         key: args.tls_private_key_file,
