@@ -10,7 +10,13 @@
 //!   trust settings never turns an APIService unavailable.
 //! * **A failed check drops the probe's connections**, so the next one dials afresh (perhaps to
 //!   another endpoint) instead of asking again on a connection that may be what is broken.
+//!
+//! One probe serves every APIService on a Service (it lives with the Service's connections), so
+//! its connections do not grow with the number of APIServices. For that the first dial of a
+//! fresh client goes alone: checks that start together wait for it (at most [`TIMEOUT`]) and
+//! then share its connection, instead of each opening their own.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -44,16 +50,35 @@ pub struct Probe {
     server_name: ServerName<'static>,
     /// Replaced after a failed check: dropping the old client closes its connections once the
     /// attempts still using them are gone.
-    client: Mutex<Arc<ProbeClient>>,
+    client: Mutex<Arc<Connections>>,
+    /// Held by the attempt making a fresh client's first connection.
+    dialing: tokio::sync::Mutex<()>,
+}
+
+/// One generation of the probe's connections.
+struct Connections {
+    client: ProbeClient,
+    /// An attempt on this client got an answer: its connection is there to share.
+    answered: AtomicBool,
+}
+
+impl Connections {
+    fn new(tls: rustls::ClientConfig, server_name: ServerName<'static>) -> Arc<Self> {
+        Arc::new(Self {
+            client: build(tls, server_name),
+            answered: AtomicBool::new(false),
+        })
+    }
 }
 
 impl Probe {
     pub fn new(tls: rustls::ClientConfig, server_name: ServerName<'static>) -> Self {
-        let client = Mutex::new(Arc::new(build(tls.clone(), server_name.clone())));
+        let client = Mutex::new(Connections::new(tls.clone(), server_name.clone()));
         Self {
             tls,
             server_name,
             client,
+            dialing: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -67,10 +92,24 @@ impl Probe {
         user: &UserInfo,
     ) -> Result<(), String> {
         let client = self.client();
-        let mut attempts: FuturesUnordered<_> = (0..ATTEMPTS)
+        let mut last = String::from("no attempt was made");
+        let mut parallel = ATTEMPTS;
+        if !client.answered.load(Ordering::Acquire) {
+            // Another check may be dialing: wait for it rather than dial beside it, but never
+            // longer than one attempt may take.
+            if let Ok(_dialing) = tokio::time::timeout(TIMEOUT, self.dialing.lock()).await {
+                if !client.answered.load(Ordering::Acquire) {
+                    match attempt(&client, resolve(), path, user).await {
+                        Ok(()) => return Ok(()),
+                        Err(e) => last = e,
+                    }
+                    parallel -= 1;
+                }
+            }
+        }
+        let mut attempts: FuturesUnordered<_> = (0..parallel)
             .map(|_| attempt(&client, resolve(), path, user))
             .collect();
-        let mut last = String::from("no attempt was made");
         while let Some(outcome) = attempts.next().await {
             match outcome {
                 // The other attempts are dropped (cancelled) with `attempts`.
@@ -83,7 +122,7 @@ impl Probe {
         Err(last)
     }
 
-    fn client(&self) -> Arc<ProbeClient> {
+    fn client(&self) -> Arc<Connections> {
         self.client
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -91,17 +130,17 @@ impl Probe {
     }
 
     /// Swaps in a fresh client unless another check did already.
-    fn reconnect(&self, failed: &Arc<ProbeClient>) {
+    fn reconnect(&self, failed: &Arc<Connections>) {
         let mut current = self.client.lock().unwrap_or_else(|e| e.into_inner());
         if Arc::ptr_eq(&current, failed) {
-            *current = Arc::new(build(self.tls.clone(), self.server_name.clone()));
+            *current = Connections::new(self.tls.clone(), self.server_name.clone());
         }
     }
 }
 
 /// One GET with upstream's messages for what went wrong.
 async fn attempt(
-    client: &ProbeClient,
+    connections: &Connections,
     authority: Result<Authority, String>,
     path: &str,
     user: &UserInfo,
@@ -114,7 +153,7 @@ async fn attempt(
         .body(body::empty())
         .map_err(|e| e.to_string())?;
     set_identity_headers(req.headers_mut(), user).map_err(|e| e.to_string())?;
-    let resp = match tokio::time::timeout(TIMEOUT, client.request(req)).await {
+    let resp = match tokio::time::timeout(TIMEOUT, connections.client.request(req)).await {
         Err(_) => {
             return Err(format!(
                 "failing or missing response from {authority}: timed out after {}s",
@@ -129,6 +168,7 @@ async fn attempt(
         }
         Ok(Ok(resp)) => resp,
     };
+    connections.answered.store(true, Ordering::Release);
     let status = resp.status();
     // Read the (small) document so an HTTP/1.1 connection can serve the next check. What it
     // says does not matter (upstream only looks at the status), so neither does a body that
