@@ -34,6 +34,10 @@ struct Args {
     /// Answer 404 on /openapi/v3.
     #[arg(long)]
     no_openapi: bool,
+    /// Answer `/api` and `/apis` (the discovery roots) only after this many milliseconds, like
+    /// a backend still warming up.
+    #[arg(long, default_value_t = 0)]
+    discovery_delay_ms: u64,
 }
 
 #[tokio::main]
@@ -60,13 +64,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
                 .filter(|n| !n.is_empty())
                 .collect(),
         });
-    let config = aggregated_server::config(
+    let mut config = aggregated_server::config(
         &args.group,
         &versions,
         args.legacy_only,
         !args.no_openapi,
         request_header,
     );
+    config.discovery_delay = std::time::Duration::from_millis(args.discovery_delay_ms);
     let tls = TlsFiles {
         cert: args.tls_cert_file,
         key: args.tls_private_key_file,
