@@ -44,6 +44,9 @@ pub struct Signals {
     /// `<group>/<version>` of every served version of every established CRD, once the CRD
     /// watch has listed.
     pub established: Arc<BTreeSet<String>>,
+    /// How many watchers are synced and not failing. While none is (say the gateway may not
+    /// list CRDs), the core's documents are polled as if it served neither.
+    pub healthy: u8,
 }
 
 /// Which watchers run; each starts once, the first time the core's discovery lists its resource.
@@ -66,9 +69,10 @@ impl CoreWatchers {
         (watchers, rx)
     }
 
-    /// Whether at least one watcher runs (then the core needs no short poll).
+    /// Whether at least one watcher is synced and not failing (then the core needs no short
+    /// poll).
     pub fn watching(&self) -> bool {
-        self.crds || self.apiservices
+        self.tx.borrow().healthy > 0
     }
 
     /// Starts the watchers the core's discovery says it can serve and that do not run yet.
@@ -139,6 +143,7 @@ async fn follow<K>(
     let mut events = std::pin::pin!(events);
     let mut synced = false;
     let mut failing = false;
+    let mut healthy = false;
     loop {
         let event = tokio::select! {
             event = events.next() => event,
@@ -164,9 +169,16 @@ async fn follow<K>(
                 false
             }
         };
-        if changed {
+        let now_healthy = synced && !failing;
+        if changed || now_healthy != healthy {
+            let was = std::mem::replace(&mut healthy, now_healthy);
             tx.send_modify(|signals| {
                 signals.revision += 1;
+                match (was, now_healthy) {
+                    (false, true) => signals.healthy += 1,
+                    (true, false) => signals.healthy = signals.healthy.saturating_sub(1),
+                    _ => {}
+                }
                 update(&store, signals);
             });
         }
