@@ -36,9 +36,39 @@ pub fn sort_groups<T>(items: &mut [T], key: impl Fn(&T) -> (i32, &str)) {
     });
 }
 
+/// Places `placed` (already sorted, first listed first) around `anchored` (kept in the order
+/// given), all of which count as `anchored_priority`: placed items with a higher priority come
+/// before the anchored ones, the others after them. This is how groups (and versions) an
+/// APIService declares are put among the core's, whose order the core decides.
+pub fn around_anchored<T>(
+    anchored: Vec<T>,
+    placed: Vec<T>,
+    anchored_priority: i32,
+    priority: impl Fn(&T) -> i32,
+) -> Vec<T> {
+    let mut out = Vec::with_capacity(anchored.len() + placed.len());
+    let mut placed = placed.into_iter().peekable();
+    while let Some(item) = placed.next_if(|p| priority(p) > anchored_priority) {
+        out.push(item);
+    }
+    out.extend(anchored);
+    out.extend(placed);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn placed_items_go_around_the_anchored_ones_by_priority() {
+        let anchored = vec![(0, "z-core"), (0, "a-core")];
+        let placed = vec![(2000, "high"), (1000, "tie"), (10, "low")];
+        let out = around_anchored(anchored, placed, 1000, |(p, _)| *p);
+        let names: Vec<&str> = out.iter().map(|(_, n)| *n).collect();
+        // The anchored keep their order (not sorted by name); a tie goes after them.
+        assert_eq!(names, ["high", "z-core", "a-core", "tie", "low"]);
+    }
 
     #[test]
     fn versions_priority_beats_version_order() {

@@ -184,6 +184,12 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         _ => None,
     };
     let discovery = Arc::new(DiscoveryCache::new(routing.clone()));
+    let discovery_synced = Check::unhealthy("discovery controller not started yet");
+    health.register(
+        crate::discovery::readiness::CHECK_NAME,
+        health::READY,
+        discovery_synced.clone(),
+    );
     tokio::spawn(
         DiscoveryController::new(
             discovery.clone(),
@@ -191,6 +197,7 @@ pub async fn run(config: Config) -> Result<(), StartError> {
             routing.clone(),
             metrics.clone(),
             config.apiservices.discovery_refresh_interval,
+            discovery_synced,
         )
         .run()
         .instrument(tracing::info_span!("discovery_controller")),

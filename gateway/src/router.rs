@@ -101,6 +101,13 @@ impl Service<Request> for Router {
             let client = req.extensions().get::<ConnInfo>().map(|c| c.remote);
             let info = req.extensions().get::<RequestInfo>();
             let long_running = info.is_some_and(|i| i.long_running);
+            // A CRD or APIService written through us: the core's discovery follows at once.
+            let core_discovery_write = info.is_some_and(crate::discovery::writes_core_discovery);
+            let after_core = |resp: &Response| {
+                if core_discovery_write && resp.status().is_success() {
+                    gw.discovery.revalidate_core();
+                }
+            };
             // Routes are matched on the decoded path, as kube-aggregator's mux matches
             // `URL.Path`; the request itself goes on with the path the client wrote.
             let route_path = info.map_or(path, |i| i.path.as_str());
@@ -111,7 +118,13 @@ impl Service<Request> for Router {
             };
             if let Some(route) = route {
                 let result = match &route.backend.target {
-                    Target::Local => gw.core.forward(req, client, long_running).await,
+                    Target::Local => {
+                        let result = gw.core.forward(req, client, long_running).await;
+                        if let Ok(resp) = &result {
+                            after_core(resp);
+                        }
+                        result
+                    }
                     Target::Broken(why) => Err(GatewayError::BackendUnavailable {
                         api_service: route.api_service.name.clone(),
                         reason: why.to_string(),
@@ -144,7 +157,10 @@ impl Service<Request> for Router {
                 ));
             }
             let resp = match gw.core.forward(req, client, long_running).await {
-                Ok(resp) => resp,
+                Ok(resp) => {
+                    after_core(&resp);
+                    resp
+                }
                 Err(e) => {
                     log_failure(&e, "core server request failed");
                     e.into_response()

@@ -6,7 +6,7 @@
 //! rebuilds nothing on a 304, and a brand-new backend (even one without OpenAPI v3) shows up
 //! within 2 s.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use e2e::certs::CertifiedPair;
@@ -19,6 +19,7 @@ use serde_json::Value;
 const WARDLE: &str = "wardle.example.com";
 const LEGACY: &str = "legacy.example.com";
 const LATE: &str = "late.example.com";
+const SLOW: &str = "slow.example.com";
 
 /// What kubectl 1.32 sends for `/api` and `/apis`.
 const AGG: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json";
@@ -27,19 +28,19 @@ const V2BETA1: &str = "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGr
 const KUBECTL_1_29: &str =
     "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json";
 
-/// kube-aggregator's order of the session's groups: `apiregistration.k8s.io` first, then by
-/// groupPriorityMinimum, highest first. The core's groups take the priorities kube-apiserver
-/// registers for them (apps 17800, authentication.k8s.io 17700, authorization.k8s.io 17600,
-/// discovery.k8s.io 16200; the core fixture itself lists discovery.k8s.io before
-/// authentication.k8s.io); legacy.example.com is registered at 17700, ties with
-/// authentication.k8s.io and comes second by name; wardle.example.com is at 1000.
+/// The order of the session's groups: `apiregistration.k8s.io` first; the core's other groups
+/// as the core fixture publishes them (apps, discovery.k8s.io, authentication.k8s.io,
+/// authorization.k8s.io: not kube-apiserver 1.33's order, which has discovery.k8s.io last);
+/// legacy.example.com's APIService (17700) ranks above what a core group without an APIService
+/// counts as (1000, a CRD's), so it comes before them; wardle.example.com (1000) ties and comes
+/// after them.
 const GROUPS: [&str; 7] = [
     "apiregistration.k8s.io",
-    "apps",
-    "authentication.k8s.io",
     LEGACY,
-    "authorization.k8s.io",
+    "apps",
     "discovery.k8s.io",
+    "authentication.k8s.io",
+    "authorization.k8s.io",
     WARDLE,
 ];
 
@@ -618,7 +619,9 @@ async fn a_backend_without_openapi_v3_contributes_no_document() {
             .copied()
             .collect::<std::collections::BTreeSet<_>>(),
         [
+            "apis/legacy.example.com",
             "apis/legacy.example.com/v1",
+            "apis/wardle.example.com",
             "apis/wardle.example.com/v1",
             "apis/wardle.example.com/v1alpha1",
             "apis/wardle.example.com/v1beta1",
@@ -669,4 +672,153 @@ async fn a_legacy_only_core_is_converted() {
     })
     .await;
     assert!(current, "{}", kubectl.run(&["api-resources"]).await);
+}
+
+// ---- the core's own order, readiness, group-level OpenAPI -------------------------------------
+
+/// Built-in groups as a core of another release publishes them (the shape of an older
+/// kube-apiserver's `/apis`): flowcontrol before resource.k8s.io, which 1.33's priorities put the
+/// other way round, and versions whose preferred one is not the highest.
+const OTHER_RELEASE_GROUPS: [&str; 4] = [
+    "flowcontrol.apiserver.k8s.io=v1,v1beta3",
+    "internal.apiserver.k8s.io=v1alpha1",
+    "resource.k8s.io=v1alpha3",
+    "storagemigration.k8s.io=v1alpha1",
+];
+
+/// `(group, versions)` in order, of any kind of `/apis` document; for legacy documents the
+/// preferred version is put first, as clients read it.
+fn layout(doc: &Value) -> Vec<(String, Vec<String>)> {
+    groups(doc)
+        .map(|g| {
+            let name = g["metadata"]["name"].as_str().or(g["name"].as_str());
+            let mut versions: Vec<String> = of_versions(g, "version")
+                .into_iter()
+                .map(str::to_owned)
+                .collect();
+            if let Some(preferred) = g["preferredVersion"]["version"].as_str() {
+                versions.insert(0, format!("preferred {preferred}"));
+            }
+            (name.unwrap_or("").to_owned(), versions)
+        })
+        .collect()
+}
+
+/// With no APIService of its own, `/apis` through the gateway is the core's: same groups, same
+/// order, same preferred versions, in every representation. One row per Accept.
+#[tokio::test]
+async fn with_no_apiservice_of_its_own_apis_is_the_cores() {
+    let mut core_args = Vec::new();
+    for group in OTHER_RELEASE_GROUPS {
+        core_args.extend(["--group", group]);
+    }
+    let s = Scenario::builder().core_args(&core_args).start().await;
+    let alice = s.user("alice", &[]);
+    let direct = harness::http1_client(&s.gateway.ca_pem().unwrap(), None).unwrap();
+    for (accept, what) in [
+        (AGG, "v2"),
+        (V2BETA1, "v2beta1"),
+        ("application/json", "legacy"),
+    ] {
+        let request = http::Request::get(format!("{}/apis", s.core.url()))
+            .header("accept", accept)
+            .body(http_body_util::Full::new(Bytes::new()))
+            .unwrap();
+        let (status, _, body) = harness::send(&direct, request).await.unwrap();
+        assert_eq!(status, StatusCode::OK, "{what}: the core's /apis");
+        let core = layout(&json_or_null(&body));
+        assert!(
+            core.iter().any(|(g, _)| g == "resource.k8s.io"),
+            "{what}: {core:?}"
+        );
+        let (status, _, body) = get(&s, &alice, "/apis", &[("accept", accept)]).await;
+        assert_eq!(status, StatusCode::OK, "{what}");
+        assert_eq!(layout(&json_or_null(&body)), core, "{what}");
+    }
+}
+
+/// A new replica is not ready before it fetched the discovery of every APIService it knew at
+/// start: `/readyz` names the check kube-apiserver names, fails while a backend takes 3 s to
+/// answer `/apis`, and passes once it answered, with the group Current in `/apis` by then.
+#[tokio::test]
+async fn readyz_waits_for_the_first_discovery_of_every_apiservice() {
+    const DELAY: Duration = Duration::from_secs(3);
+    let builder = Scenario::with_pki(Pki::for_services(&["slow"])).backend(
+        "slow",
+        SLOW,
+        "v1",
+        &["--discovery-delay-ms", &DELAY.as_millis().to_string()],
+    );
+    let api = builder.pki().apiservice(SLOW, "v1", "slow");
+    let builder = builder
+        .manifest("slow.yaml", &api.yaml())
+        .without_waiting_for_readiness();
+    let started = Instant::now();
+    let s = builder.start().await;
+    let alice = s.user("alice", &[]);
+
+    let mut first = None;
+    let ready_after = loop {
+        let (status, _, body) = scenario::try_get(&s.gateway, None, "/readyz?verbose", &[])
+            .await
+            .unwrap();
+        let body = String::from_utf8_lossy(&body).into_owned();
+        if first.is_none() {
+            first = Some((status, body.clone()));
+        }
+        if status == StatusCode::OK {
+            assert!(
+                body.contains("[+]poststarthook/apiservice-discovery-controller ok"),
+                "{body}"
+            );
+            break started.elapsed();
+        }
+        assert!(
+            started.elapsed() < DELAY + Duration::from_secs(5),
+            "never ready: {body}\n{}",
+            s.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let (status, body) = first.unwrap();
+    assert_ne!(status, StatusCode::OK, "ready at once: {body}");
+    assert!(
+        body.contains("[-]poststarthook/apiservice-discovery-controller failed"),
+        "{body}"
+    );
+    eprintln!(
+        "/readyz passed {ready_after:?} after start, the backend answering /apis after {DELAY:?}"
+    );
+    assert!(
+        ready_after >= DELAY - Duration::from_millis(500),
+        "ready after {ready_after:?}, before the backend answered"
+    );
+    let doc = aggregated_apis(&s, &alice).await;
+    assert_eq!(freshness(&doc, SLOW), ["Current"], "{doc:#}");
+}
+
+/// The OpenAPI v3 root lists a backend's group-level document (`apis/<group>`) as
+/// kube-aggregator's does, and `/openapi/v3/apis/<group>` answers it from that backend.
+#[tokio::test]
+async fn the_openapi_v3_root_lists_a_backends_group_document_and_serves_it() {
+    let (s, alice) = discovery_session().await;
+    wait_for_openapi_root(&s, &alice).await;
+    let key = format!("apis/{WARDLE}");
+    let listed = harness::wait_until(Duration::from_secs(5), || async {
+        let root = json_or_null(&get(&s, &alice, "/openapi/v3", &[]).await.2);
+        root["paths"][&key]["serverRelativeURL"].is_string()
+    })
+    .await;
+    let root = json_or_null(&get(&s, &alice, "/openapi/v3", &[]).await.2);
+    assert!(listed, "{key} not in the root: {root:#}");
+    let url = root["paths"][&key]["serverRelativeURL"].as_str().unwrap();
+    for path in [url.to_owned(), format!("/openapi/v3/{key}")] {
+        let (status, _, body) = get(&s, &alice, &path, &[]).await;
+        assert_eq!(status, StatusCode::OK, "{path}");
+        let doc = json_or_null(&body);
+        assert!(
+            doc["paths"][format!("/apis/{WARDLE}/")]["get"].is_object(),
+            "{path}: {doc:#}"
+        );
+    }
 }

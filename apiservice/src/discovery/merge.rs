@@ -11,19 +11,25 @@
 //!   fetch succeeded and `Stale` otherwise, keeping the last resources (version only if none);
 //! * a local APIService keeps the core's resources and freshness but brings its own priorities;
 //!   if the core does not serve that group-version, the entry is empty (version only, `Current`);
-//! * core group-versions without an APIService get kube-apiserver's built-in priorities
-//!   ([`core_priority`]: the built-in table, else 1000/100 like CRDs);
-//! * groups are ordered `apiregistration.k8s.io` first, then by the highest groupPriorityMinimum
-//!   among their versions (descending), ties by group name; versions by versionPriority
-//!   (descending), ties by [`compare_versions`](crate::version::compare_versions). (Legacy kube-aggregator breaks group ties by
+//! * the core's groups without an APIService keep the order the core publishes them in, and their
+//!   versions the core's order (its preferred version first): with no APIService of its own, the
+//!   gateway's `/apis` is the core's. No table of one Kubernetes release decides it;
+//! * groups an APIService names (new groups, or core groups given a local APIService, as
+//!   kube-apiserver registers one for each of its own) are ordered by kube-aggregator's rule:
+//!   the highest groupPriorityMinimum among their versions (descending), ties by group name; versions by
+//!   versionPriority (descending), ties by [`compare_versions`](crate::version::compare_versions).
+//!   Against the core's groups they count as what kube-apiserver gives a group it serves without
+//!   a table entry ([`CRD_PRIORITY`]): higher ones come before the core's groups, the others
+//!   after ([`around_anchored`]); likewise for versions within a group;
+//! * `apiregistration.k8s.io` comes first. (Legacy kube-aggregator breaks group ties by
 //!   APIService name; one order for both documents is kept here, by group name as aggregated
 //!   discovery does.)
 //! * two APIServices for the same group-version (impossible in a real cluster, where the name is
 //!   `<version>.<group>`; the route table rejects it too) resolve deterministically: remote before
 //!   local, then lowest name, then higher priorities.
 //!
-//! Everything is sorted by total keys, so the output bytes do not depend on the order of the
-//! inputs. The work is O(n log n) in the number of group-versions plus one serialisation; no
+//! Apart from the core's own order, everything is sorted by total keys, so the output bytes do
+//! not depend on the order of the APIServices given. The work is O(n log n) in the number of group-versions plus one serialisation; no
 //! resource is cloned.
 
 use std::cmp::Reverse;
@@ -37,8 +43,8 @@ use super::negotiate::Negotiated;
 use super::render::{items_bytes, list_bytes, GroupOut, LegacyGroup, LegacyGroupList, VersionOut};
 use super::{etag_for, DiscoveryError, FRESHNESS_CURRENT, FRESHNESS_STALE};
 use crate::model::RegisteredAPIService;
-use crate::order::{sort_groups, sort_versions};
-use crate::priority::{core_priority, APIREGISTRATION_GROUP};
+use crate::order::{around_anchored, sort_groups, sort_versions};
+use crate::priority::{APIREGISTRATION_GROUP, CRD_PRIORITY};
 
 /// `apiVersion` of the aggregated discovery list, current version.
 pub const APIDISCOVERY_V2: &str = "apidiscovery.k8s.io/v2";
@@ -196,8 +202,11 @@ fn group_name(g: &kube_core::discovery::v2::APIGroupDiscovery) -> &str {
 
 /// One group-version's entry while merging.
 struct Slot<'a> {
-    group_priority_minimum: i32,
-    version_priority: i32,
+    /// The priorities of the group-version's APIService; `None` for a core group-version
+    /// without one, which keeps the core's place instead.
+    priority: Option<(i32, i32)>,
+    /// Position in the core's documents (group-versions the core does not serve come last).
+    core_position: usize,
     resources: &'a [APIResourceDiscovery],
     freshness: Option<&'a str>,
 }
@@ -207,6 +216,7 @@ struct Sorted<'a> {
     name: &'a str,
     priority: i32,
     has_apiservice: bool,
+    core_position: usize,
     versions: Vec<(&'a str, Slot<'a>)>,
 }
 
@@ -227,10 +237,17 @@ impl<'a> Sorted<'a> {
     }
 }
 
+/// The versionPriority a slot counts with: its APIService's, or [`CRD_PRIORITY`]'s.
+fn version_priority(slot: &Slot<'_>) -> i32 {
+    slot.priority.map_or(CRD_PRIORITY.1, |(_, vp)| vp)
+}
+
 #[derive(Default)]
 struct GroupSlots<'a> {
     versions: HashMap<&'a str, Slot<'a>>,
     has_apiservice: bool,
+    /// Position of the group in the core's documents (`usize::MAX`: the core does not serve it).
+    core_position: usize,
 }
 
 /// Merges the core's discovery with the APIServices' (module docs give the rules) into prepared
@@ -241,23 +258,31 @@ pub fn merge(
 ) -> Result<MergedDiscovery, DiscoveryError> {
     let mut groups: HashMap<&str, GroupSlots<'_>> = HashMap::new();
 
-    // 1. The core's group-versions, with built-in priorities. A group-version listed twice keeps
-    //    its first occurrence (the documents are given, so this is deterministic).
-    for item in core.api.items.iter().chain(core.apis.items.iter()) {
+    // 1. The core's group-versions, where the core lists them. A group (or group-version)
+    //    listed twice keeps its first occurrence (the documents are given, so this is
+    //    deterministic).
+    for (position, item) in core
+        .api
+        .items
+        .iter()
+        .chain(core.apis.items.iter())
+        .enumerate()
+    {
         let group = group_name(item);
-        let slots = groups.entry(group).or_default();
+        let slots = groups.entry(group).or_insert_with(|| GroupSlots {
+            core_position: position,
+            ..GroupSlots::default()
+        });
         for v in &item.versions {
             let Some(version) = v.version.as_deref().filter(|v| !v.is_empty()) else {
                 continue;
             };
-            slots.versions.entry(version).or_insert_with(|| {
-                let (gp, vp) = core_priority(group, version);
-                Slot {
-                    group_priority_minimum: gp,
-                    version_priority: vp,
-                    resources: &v.resources,
-                    freshness: v.freshness.as_deref(),
-                }
+            let core_position = slots.versions.len();
+            slots.versions.entry(version).or_insert_with(|| Slot {
+                priority: None,
+                core_position,
+                resources: &v.resources,
+                freshness: v.freshness.as_deref(),
             });
         }
     }
@@ -290,7 +315,12 @@ pub fn merge(
 
     for a in ordered {
         let svc = a.apiservice;
-        let slots = groups.entry(svc.group.as_str()).or_default();
+        let slots = groups
+            .entry(svc.group.as_str())
+            .or_insert_with(|| GroupSlots {
+                core_position: usize::MAX,
+                ..GroupSlots::default()
+            });
         slots.has_apiservice = true;
         let (resources, freshness): (&[APIResourceDiscovery], Option<&str>) = if svc.is_local() {
             match slots.versions.get(svc.version.as_str()) {
@@ -309,38 +339,53 @@ pub fn merge(
                 }),
             )
         };
+        let core_position = slots
+            .versions
+            .get(svc.version.as_str())
+            .map_or(usize::MAX, |core| core.core_position);
         slots.versions.insert(
             svc.version.as_str(),
             Slot {
-                group_priority_minimum: svc.group_priority_minimum,
-                version_priority: svc.version_priority,
+                priority: Some((svc.group_priority_minimum, svc.version_priority)),
+                core_position,
                 resources,
                 freshness,
             },
         );
     }
 
-    // 3. Order versions within groups, then groups.
-    let mut sorted: Vec<Sorted<'_>> = groups
+    // 3. Order versions within groups, then groups: the core's keep its order, those of
+    //    APIServices are placed around them by priority.
+    let (mut anchored, mut placed): (Vec<Sorted<'_>>, Vec<Sorted<'_>>) = groups
         .into_iter()
         .filter(|(_, slots)| !slots.versions.is_empty())
         .map(|(name, slots)| {
-            let mut versions: Vec<(&str, Slot<'_>)> = slots.versions.into_iter().collect();
-            sort_versions(&mut versions, |(v, slot)| (slot.version_priority, v));
+            let (mut core_versions, mut declared): (Vec<_>, Vec<_>) = slots
+                .versions
+                .into_iter()
+                .partition(|(_, slot)| slot.priority.is_none());
+            core_versions.sort_by_key(|(_, slot)| slot.core_position);
+            sort_versions(&mut declared, |(v, slot)| (version_priority(slot), v));
+            let versions = around_anchored(core_versions, declared, CRD_PRIORITY.1, |(_, slot)| {
+                version_priority(slot)
+            });
             let priority = versions
                 .iter()
-                .map(|(_, s)| s.group_priority_minimum)
+                .filter_map(|(_, s)| s.priority.map(|(gp, _)| gp))
                 .max()
-                .unwrap_or(i32::MIN);
+                .unwrap_or(CRD_PRIORITY.0);
             Sorted {
                 name,
                 priority,
                 has_apiservice: slots.has_apiservice,
+                core_position: slots.core_position,
                 versions,
             }
         })
-        .collect();
-    sort_groups(&mut sorted, |g| (g.priority, g.name));
+        .partition(|g| !g.has_apiservice);
+    anchored.sort_by_key(|g| g.core_position);
+    sort_groups(&mut placed, |g| (g.priority, g.name));
+    let mut sorted = around_anchored(anchored, placed, CRD_PRIORITY.0, |g| g.priority);
     // The aggregator's own group leads whatever its priority (a stable sort keeps the rest).
     sorted.sort_by_key(|g| g.name != APIREGISTRATION_GROUP);
 
@@ -553,21 +598,22 @@ mod tests {
     }
 
     #[test]
-    fn core_only_uses_builtin_priorities() {
+    fn core_only_keeps_the_cores_order() {
         let merged = merge(&kube_like_core(), &[]).unwrap();
         let l = layout(&merged.apis.v2);
+        // As the core lists them, but apiregistration.k8s.io first.
         assert_eq!(
             names(&l),
             [
                 "apiregistration.k8s.io",
-                "apps",
-                "autoscaling",
                 "batch",
-                "stable.example.com"
+                "apps",
+                "stable.example.com",
+                "autoscaling"
             ]
         );
-        // autoscaling: v2 (30) before v1 (15).
-        assert_eq!(l[2].1, ["v2", "v1"]);
+        // autoscaling: the core's version order (v1 first here), not a table's.
+        assert_eq!(l[4].1, ["v1", "v2"]);
         // The core group is only in /api, without a name.
         assert_eq!(
             layout(&merged.api.v2),
@@ -577,6 +623,56 @@ mod tests {
         assert_eq!(api["items"][0]["metadata"], serde_json::json!({}));
         // No APIService → no /apis/<group> bodies of ours.
         assert!(merged.groups_legacy.is_empty());
+    }
+
+    #[test]
+    fn another_releases_order_is_kept_and_apiservice_groups_go_around_it() {
+        // resource.k8s.io before flowcontrol, as kube-apiserver 1.33's table has it, and the
+        // other way round: the gateway follows whichever the core publishes.
+        for core_order in [
+            ["resource.k8s.io", "flowcontrol.apiserver.k8s.io"],
+            ["flowcontrol.apiserver.k8s.io", "resource.k8s.io"],
+        ] {
+            let c = core(
+                vec![],
+                core_order
+                    .iter()
+                    .map(|g| group(g, &[("v1beta1", &["things"]), ("v1", &["things"])]))
+                    .collect(),
+            );
+            let high = svc("high.example.com", "v1", 1001, 10, true);
+            let tie = svc("tie.example.com", "v1", 1000, 10, true);
+            let merged = merge(
+                &c,
+                &[
+                    APIServiceDiscovery::new(&tie, None),
+                    APIServiceDiscovery::new(&high, None),
+                ],
+            )
+            .unwrap();
+            let l = layout(&merged.apis.v2);
+            let expected = [
+                "high.example.com",
+                core_order[0],
+                core_order[1],
+                "tie.example.com",
+            ];
+            assert_eq!(names(&l), expected);
+            // Preferred versions stay the core's (v1beta1 first here).
+            assert_eq!(l[1].1, ["v1beta1", "v1"]);
+            let legacy = json(&merged.apis_legacy);
+            assert_eq!(
+                legacy["groups"][1]["preferredVersion"]["version"],
+                "v1beta1"
+            );
+            let legacy_names: Vec<_> = legacy["groups"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|g| g["name"].as_str().unwrap())
+                .collect();
+            assert_eq!(legacy_names, expected);
+        }
     }
 
     #[test]
@@ -690,10 +786,10 @@ mod tests {
                 ),
             ],
         );
-        // Without APIServices the CRD group (1000) sorts after apps (17800) and v2 before v1.
+        // Without APIServices: the core's order, groups and versions.
         let l = layout(&merge(&c, &[]).unwrap().apis.v2);
         assert_eq!(names(&l), ["apps", "stable.example.com"]);
-        assert_eq!(l[1].1, ["v2", "v1"]);
+        assert_eq!(l[1].1, ["v1", "v2"]);
 
         let v1 = svc("stable.example.com", "v1", 19000, 200, false);
         let missing = svc("stable.example.com", "v3", 19000, 1, false);
@@ -936,13 +1032,13 @@ mod tests {
             .zip(&remotes)
             .map(|(s, r)| APIServiceDiscovery::new(s, Some(r)))
             .collect();
-        let mut c = kube_like_core();
+        // The core's order is an input that counts; only the APIServices' order must not.
+        let c = kube_like_core();
         let reference = merge(&c, &inputs).unwrap();
 
         let mut seed = 0x9E37_79B9_7F4A_7C15u64;
         for _ in 0..50 {
             shuffle(&mut inputs, &mut seed);
-            shuffle(&mut c.apis.items, &mut seed);
             let merged = merge(&c, &inputs).unwrap();
             assert_eq!(merged, reference);
         }

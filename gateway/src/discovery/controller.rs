@@ -3,9 +3,12 @@
 //!
 //! One loop, one [`WorkQueue`] (kube-aggregator's `handler_discovery.go` runs one queue of
 //! APIService names; ours is keyed by what is fetched):
-//! * [`Key::Core`]: the core server's `/api`, `/apis` and `/openapi/v3` ([`super::core`]),
-//!   resynced every [`CORE_REFRESH`] (cheap: `If-None-Match` → 304), retried sooner while it
-//!   fails.
+//! * [`Key::Core`]: the core server's `/api` and `/apis` ([`super::core`]), and
+//!   [`Key::CoreOpenApi`], its `/openapi/v3` root, apart so a slow root never delays a new CRD
+//!   group; both revalidated (cheap: `If-None-Match` → 304) on every event of the core watchers
+//!   ([`super::core_watch`]), after every write to CRDs or APIServices passing through the gateway,
+//!   and every [`CORE_RESYNC`]; a core that can be watched for neither is polled every
+//!   [`CORE_POLL`] instead. Retried sooner while it fails.
 //! * [`Key::Discovery`] and [`Key::OpenApi`] per backing Service ([`super::backends`]): added when
 //!   one of the Service's APIServices changed (added, edited, availability flipped), resynced
 //!   every refresh interval, retried with kube-aggregator's backoff (500 ms → 1 min) while they
@@ -18,7 +21,7 @@
 //! timeout never delays another backend or a routing change. All JSON work (parsing, merging,
 //! serialising) happens here, once per change; handlers only serve the bytes.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,23 +33,34 @@ use tracing::Instrument;
 
 use super::backends::{remote_discovery, BackendDiscovery, ServiceEntry};
 use super::core::{CoreDocuments, CoreState, Refreshed};
-use super::fetch::{FetchError, RootDocument, RootFetch, Source};
+use super::core_watch::{unlisted, CoreWatchers, ListingRetry};
+use super::fetch::{fetch_root, FetchError, RootDocument, RootFetch, Source};
 use super::openapi::{openapi_inputs, root_key, RemoteRoot};
+use super::readiness::DiscoveryReadiness;
 use super::{DiscoveryCache, OpenApiOwner};
 use crate::backend::core::CoreBackend;
+use crate::backend::kube_client;
 use crate::backend::remote::RemoteBackend;
+use crate::health::Check;
 use crate::metrics::Metrics;
 use crate::routing::{Routes, Routing, Target};
-use crate::workqueue::{Backoff, Next, WorkQueue};
+use crate::workqueue::{Backoff, Next, Queue, WorkQueue};
 
-/// How often the core's documents are revalidated (cheap: `If-None-Match` → 304).
-pub const CORE_REFRESH: Duration = Duration::from_secs(5);
+/// How often the core's documents are revalidated when neither its CRDs nor its APIServices
+/// can be watched (cheap: `If-None-Match` → 304).
+pub const CORE_POLL: Duration = Duration::from_secs(1);
+/// How often they are revalidated while the watchers report changes.
+pub const CORE_RESYNC: Duration = Duration::from_secs(30);
+/// Longest wait between retries of a failing core fetch.
+const CORE_RETRY_MAX: Duration = Duration::from_secs(5);
 
 /// What the loop fetches, one at a time per key.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Key {
-    /// The core server's documents.
+    /// The core server's discovery documents.
     Core,
+    /// The core server's OpenAPI v3 root.
+    CoreOpenApi,
     /// One backing Service's discovery (`/apis`, or per group-version).
     Discovery(ServiceRef),
     /// One backing Service's OpenAPI v3 root.
@@ -57,6 +71,7 @@ impl fmt::Display for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Key::Core => f.write_str("core"),
+            Key::CoreOpenApi => f.write_str("openapi/core"),
             Key::Discovery(svc) => write!(f, "discovery/{svc}"),
             Key::OpenApi(svc) => write!(f, "openapi/{svc}"),
         }
@@ -67,6 +82,7 @@ impl fmt::Display for Key {
 pub enum Outcome {
     /// The core's documents travel with their refresh, so the loop owns them between runs.
     Core(Box<CoreDocuments>, Refreshed),
+    CoreOpenApi(Result<RootFetch, FetchError>),
     Discovery(Result<BackendDiscovery, FetchError>),
     OpenApi(Result<RootFetch, FetchError>),
 }
@@ -76,9 +92,9 @@ pub enum Outcome {
 fn backoff(key: &Key) -> Backoff {
     let min = Duration::from_millis(500);
     match key {
-        Key::Core => Backoff {
+        Key::Core | Key::CoreOpenApi => Backoff {
             min,
-            max: CORE_REFRESH,
+            max: CORE_RETRY_MAX,
         },
         Key::Discovery(_) | Key::OpenApi(_) => Backoff {
             min,
@@ -94,6 +110,8 @@ pub struct DiscoveryController {
     routing: Arc<Routing>,
     metrics: Arc<Metrics>,
     refresh_interval: Duration,
+    /// The `/readyz` check of the first discovery round ([`super::readiness`]).
+    ready: Arc<Check>,
 }
 
 /// The loop's state, owned by the loop alone.
@@ -102,6 +120,10 @@ struct State {
     /// The core's documents; `None` while their refresh runs.
     core_documents: Option<Box<CoreDocuments>>,
     core: Option<Arc<CoreState>>,
+    /// The core's OpenAPI v3 root as last fetched (also in `core` once discovery is known).
+    core_openapi: RootDocument,
+    /// Where the core's OpenAPI root is fetched from.
+    core_source: Option<Source>,
     table: Option<Arc<Routes>>,
     /// The APIServices of the last merged table, to tell a real change from an availability flip.
     specs: Vec<Arc<RegisteredAPIService>>,
@@ -110,6 +132,10 @@ struct State {
     remote: HashMap<String, RemoteDiscovery>,
     discovery_dirty: bool,
     openapi_dirty: bool,
+    /// Served group-versions of the core's established CRDs, as its watcher last said.
+    established: Arc<BTreeSet<String>>,
+    /// Early re-fetches while one of `established` is not in the core's documents yet.
+    listing: ListingRetry,
 }
 
 impl DiscoveryController {
@@ -119,6 +145,7 @@ impl DiscoveryController {
         routing: Arc<Routing>,
         metrics: Arc<Metrics>,
         refresh_interval: Duration,
+        ready: Arc<Check>,
     ) -> Self {
         Self {
             cache,
@@ -126,11 +153,13 @@ impl DiscoveryController {
             routing,
             metrics,
             refresh_interval,
+            ready,
         }
     }
 
     pub async fn run(self) {
         let mut routes = self.routing.subscribe();
+        let (mut watchers, mut signals) = CoreWatchers::new(kube_client::client(self.core.clone()));
         let mut queue = WorkQueue::new(backoff);
         let mut state = State {
             core_documents: Some(Box::new(CoreDocuments::new(
@@ -138,13 +167,18 @@ impl DiscoveryController {
                 self.core.url().to_owned(),
                 self.refresh_interval,
             ))),
+            core_source: Some(Source::Core(self.core.clone())),
             ..State::default()
         };
-        queue.queue().add(Key::Core);
+        let mut readiness = DiscoveryReadiness::new(self.ready.clone());
+        revalidate_core(queue.queue());
         if let Some(table) = routes.borrow_and_update().clone() {
             reconcile(&mut state, table, &mut queue);
+            readiness.routes_known(fetchable(&state));
         }
         loop {
+            let mut fetched = None;
+            let deadline = readiness.deadline();
             tokio::select! {
                 changed = routes.changed() => {
                     if changed.is_err() {
@@ -152,14 +186,37 @@ impl DiscoveryController {
                     }
                     if let Some(table) = routes.borrow_and_update().clone() {
                         reconcile(&mut state, table, &mut queue);
+                        readiness.routes_known(fetchable(&state));
                     }
                 }
+                () = sleep_until_some(deadline), if deadline.is_some() => readiness.bound_passed(),
+                Ok(()) = signals.changed() => {
+                    let established = signals.borrow_and_update().established.clone();
+                    if established != state.established {
+                        state.established = established;
+                        state.listing.reset();
+                    }
+                    revalidate_core(queue.queue());
+                }
+                () = self.cache.core_written.notified() => revalidate_core(queue.queue()),
                 next = queue.next() => match next {
                     Next::Ready(key) => start(&mut state, &mut queue, key),
                     Next::Done(key, outcome) => {
                         let ok = finish(&mut state, &key, outcome);
+                        match &key {
+                            Key::Core => after_core_fetch(&mut state, &mut watchers, queue.queue()),
+                            Key::Discovery(svc) => fetched = Some(svc.clone()),
+                            Key::CoreOpenApi | Key::OpenApi(_) => {}
+                        }
                         match ok {
-                            Some(true) => queue.resync(key.clone(), Some(self.resync(&key))),
+                            Some(true) => {
+                                let interval = match key {
+                                    Key::Core | Key::CoreOpenApi if watchers.watching() => CORE_RESYNC,
+                                    Key::Core | Key::CoreOpenApi => CORE_POLL,
+                                    Key::Discovery(_) | Key::OpenApi(_) => self.refresh_interval,
+                                };
+                                queue.resync(key.clone(), Some(interval))
+                            }
                             Some(false) => {
                                 queue.retry(key);
                             }
@@ -169,14 +226,47 @@ impl DiscoveryController {
                 },
             }
             publish(&self.cache, &self.metrics, &mut state);
+            // After publishing: a ready replica serves what it fetched.
+            if let Some(svc) = fetched {
+                readiness.fetched(&svc);
+            }
         }
     }
+}
 
-    fn resync(&self, key: &Key) -> Duration {
-        match key {
-            Key::Core => CORE_REFRESH,
-            Key::Discovery(_) | Key::OpenApi(_) => self.refresh_interval,
-        }
+/// Marks the core's documents (discovery and OpenAPI root) for revalidation now.
+fn revalidate_core(queue: &Queue<Key>) {
+    queue.add(Key::Core);
+    queue.add(Key::CoreOpenApi);
+}
+
+/// After a fetch of the core's documents: starts the watchers the core turned out to serve, and
+/// fetches again soon while an established CRD is missing from them.
+fn after_core_fetch(state: &mut State, watchers: &mut CoreWatchers, queue: &Queue<Key>) {
+    let Some(core) = &state.core else { return };
+    watchers.start_served(&core.discovery);
+    let missing = unlisted(&state.established, &core.discovery);
+    if let Some(delay) = state.listing.next(&missing) {
+        tracing::debug!(group_versions = ?missing, ?delay,
+            "an established CustomResourceDefinition is not in the core's discovery yet");
+        queue.add_after(Key::Core, delay);
+    }
+}
+
+/// The Services whose discovery can be fetched: those of remote APIServices with a backend.
+fn fetchable(state: &State) -> Vec<ServiceRef> {
+    state
+        .services
+        .iter()
+        .filter(|(_, entry)| entry.backend.is_some())
+        .map(|(svc, _)| svc.clone())
+        .collect()
+}
+
+async fn sleep_until_some(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -193,6 +283,14 @@ fn start(state: &mut State, queue: &mut WorkQueue<Key, Outcome>, key: Key) {
                 Outcome::Core(documents, refreshed)
             };
             queue.start(key, fetch.instrument(span));
+        }
+        Key::CoreOpenApi => {
+            let Some(source) = state.core_source.clone() else {
+                return;
+            };
+            let etag = state.core_openapi.etag().map(str::to_owned);
+            let fetch = async move { fetch_root(&source, etag.as_deref()).await };
+            queue.start(key, fetch.map(Outcome::CoreOpenApi).instrument(span));
         }
         Key::Discovery(svc) => {
             let fetch = state
@@ -223,8 +321,11 @@ fn finish(state: &mut State, key: &Key, outcome: Outcome) -> Option<bool> {
     match (key, outcome) {
         (Key::Core, Outcome::Core(documents, refreshed)) => {
             if refreshed.changed {
-                if let Some(core) = documents.state() {
-                    state.core = Some(Arc::new(core));
+                if let Some(discovery) = documents.discovery() {
+                    state.core = Some(Arc::new(CoreState {
+                        discovery,
+                        openapi: state.core_openapi.clone(),
+                    }));
                     state.discovery_dirty = true;
                     state.openapi_dirty = true;
                 }
@@ -233,6 +334,7 @@ fn finish(state: &mut State, key: &Key, outcome: Outcome) -> Option<bool> {
             state.core_documents = Some(documents);
             Some(ok)
         }
+        (Key::CoreOpenApi, Outcome::CoreOpenApi(result)) => apply_core_openapi(state, result),
         (Key::Discovery(svc), Outcome::Discovery(result)) => apply_discovery(state, svc, result),
         (Key::OpenApi(svc), Outcome::OpenApi(result)) => apply_openapi(state, svc, result),
         (key, _) => {
@@ -374,6 +476,32 @@ fn apply_discovery(
     Some(discovery.is_ok())
 }
 
+/// Takes in one fetch of the core's OpenAPI v3 root.
+fn apply_core_openapi(state: &mut State, fetch: Result<RootFetch, FetchError>) -> Option<bool> {
+    match fetch {
+        Ok(fetch) => {
+            let absent = matches!(fetch, RootFetch::Absent);
+            if state.core_openapi.apply(fetch) {
+                if absent {
+                    tracing::info!("the core server has no /openapi/v3; the gateway serves the remote backends' paths only");
+                }
+                if let Some(core) = &state.core {
+                    state.core = Some(Arc::new(CoreState {
+                        discovery: core.discovery.clone(),
+                        openapi: state.core_openapi.clone(),
+                    }));
+                }
+                state.openapi_dirty = true;
+            }
+            Some(true)
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot fetch the core's OpenAPI v3 root; keeping the last one");
+            Some(false)
+        }
+    }
+}
+
 /// Takes in one OpenAPI v3 root fetch of `svc`.
 fn apply_openapi(
     state: &mut State,
@@ -470,260 +598,4 @@ fn publish(cache: &DiscoveryCache, metrics: &Metrics, state: &mut State) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::discovery::backends::tests::{doc, resources, wardle_doc};
-    use crate::discovery::fetch::DISCOVERY_TIMEOUT;
-    use apiservice::discovery::CoreDiscovery;
-    use apiservice::route_table::Availability;
-    use kube::core::discovery::v2::APIGroupDiscoveryList;
-    use tokio::sync::watch;
-
-    use apiservice::model::{Backend, RemoteBackendSpec};
-    use apiservice::resolve::{Endpoint, ResolveError, ServiceResolver};
-    use apiservice::route_table::RouteTable;
-
-    /// Every Service resolves to one fixed address.
-    struct FixedAddress(std::net::SocketAddr);
-
-    impl ServiceResolver for FixedAddress {
-        fn resolve(&self, _: &ServiceRef) -> Result<Endpoint, ResolveError> {
-            Ok(Endpoint::new(self.0.ip().to_string(), self.0.port()))
-        }
-    }
-
-    fn wardle_service() -> ServiceRef {
-        ServiceRef {
-            namespace: "wardle".into(),
-            name: "api".into(),
-            port: 443,
-        }
-    }
-
-    fn wardle_apiservice(version: &str) -> Arc<RegisteredAPIService> {
-        Arc::new(RegisteredAPIService {
-            name: format!("{version}.wardle.example.com"),
-            group: "wardle.example.com".into(),
-            version: version.into(),
-            group_priority_minimum: 1000,
-            version_priority: 15,
-            backend: Backend::Remote(RemoteBackendSpec {
-                service: wardle_service(),
-                ca_bundle: None,
-                insecure_skip_tls_verify: true,
-            }),
-        })
-    }
-
-    fn backend_at(addr: std::net::SocketAddr) -> Arc<RemoteBackend> {
-        let api = wardle_apiservice("v1alpha1");
-        let Backend::Remote(spec) = &api.backend else {
-            unreachable!("wardle_apiservice is remote")
-        };
-        let (_, drain) = watch::channel(false);
-        Arc::new(RemoteBackend::new(&api, spec, None, Arc::new(FixedAddress(addr)), drain).unwrap())
-    }
-
-    /// The wardle Service with `api` pointing at it, its backend at `addr`.
-    fn state_with_wardle(api: &Arc<RegisteredAPIService>, addr: std::net::SocketAddr) -> State {
-        let entry = ServiceEntry {
-            apiservices: vec![(api.clone(), Availability::Available)],
-            backend: Some(backend_at(addr)),
-            ..Default::default()
-        };
-        let mut state = State::default();
-        state.services.insert(wardle_service(), entry);
-        state
-    }
-
-    fn core_with_groups(groups: &[&str]) -> Arc<CoreState> {
-        let items: Vec<serde_json::Value> = groups
-            .iter()
-            .map(|g| {
-                serde_json::json!({
-                    "metadata": {"name": g},
-                    "versions": [{"version": "v1", "freshness": "Current", "resources": [
-                        {"resource": "things", "responseKind": {"group": "", "version": "", "kind": "Thing"},
-                         "scope": "Namespaced", "singularResource": "thing", "verbs": ["get"]}
-                    ]}]
-                })
-            })
-            .collect();
-        Arc::new(CoreState {
-            discovery: CoreDiscovery {
-                api: APIGroupDiscoveryList::default(),
-                apis: doc(serde_json::json!({
-                    "kind": "APIGroupDiscoveryList", "apiVersion": "apidiscovery.k8s.io/v2",
-                    "metadata": {}, "items": items
-                })),
-            },
-            openapi: RootDocument::Unknown,
-        })
-    }
-
-    #[test]
-    fn only_a_changed_document_counts_as_a_rebuild() {
-        let cache = DiscoveryCache::new(Routing::new());
-        let metrics = Metrics::new();
-        let rebuilds = || {
-            metrics
-                .discovery_aggregation_total
-                .with_label_values::<&str>(&[])
-                .get()
-        };
-        let mut state = State {
-            core: Some(core_with_groups(&["apps"])),
-            table: Some(Arc::new(RouteTable::empty())),
-            discovery_dirty: true,
-            ..State::default()
-        };
-        publish(&cache, &metrics, &mut state);
-        assert_eq!(rebuilds(), 1);
-        let first = cache.merged().unwrap();
-
-        // The core sent a new document that says the same: the served snapshot stays.
-        state.core = Some(core_with_groups(&["apps"]));
-        state.discovery_dirty = true;
-        publish(&cache, &metrics, &mut state);
-        assert_eq!(rebuilds(), 1);
-        assert!(Arc::ptr_eq(&first, &cache.merged().unwrap()));
-
-        state.core = Some(core_with_groups(&["apps", "batch"]));
-        state.discovery_dirty = true;
-        publish(&cache, &metrics, &mut state);
-        assert_eq!(rebuilds(), 2);
-        assert_ne!(cache.merged().unwrap().apis.etag, first.apis.etag);
-    }
-
-    #[test]
-    fn a_backend_answering_304_changes_nothing() {
-        let api = wardle_apiservice("v1alpha1");
-        // Nothing listens there: no request is made in this test.
-        let mut state = state_with_wardle(&api, "127.0.0.1:9".parse().unwrap());
-        let cached = Arc::new(wardle_doc());
-        let entry = state.services.get_mut(&wardle_service()).unwrap();
-        entry.doc = Some(cached.clone());
-        entry.etag = Some("\"E1\"".into());
-        let known =
-            RemoteDiscovery::from_backend_document(&cached, "wardle.example.com", "v1alpha1");
-        state.remote.insert(api.name.clone(), known.clone());
-
-        let ok = apply_discovery(
-            &mut state,
-            &wardle_service(),
-            Ok(BackendDiscovery::NotModified),
-        );
-        assert_eq!(ok, Some(true));
-        let ok = apply_openapi(&mut state, &wardle_service(), Ok(RootFetch::NotModified));
-        assert_eq!(ok, Some(true));
-        assert!(!state.discovery_dirty, "a 304 must not rebuild discovery");
-        assert!(!state.openapi_dirty);
-        assert_eq!(state.remote[&api.name], known);
-        let entry = &state.services[&wardle_service()];
-        assert!(entry.doc.as_ref().is_some_and(|d| Arc::ptr_eq(d, &cached)));
-        assert_eq!(entry.etag.as_deref(), Some("\"E1\""));
-    }
-
-    #[test]
-    fn a_report_for_a_service_that_is_gone_is_dropped() {
-        let mut state = State::default();
-        let other = BackendDiscovery::Aggregated {
-            doc: Arc::new(APIGroupDiscoveryList::default()),
-            etag: Some("\"OLD\"".into()),
-        };
-        assert_eq!(
-            apply_discovery(&mut state, &wardle_service(), Ok(other)),
-            None
-        );
-        assert!(!state.discovery_dirty);
-    }
-
-    /// Drives the controller's queue for `state` until `until` holds, as `run` would.
-    async fn drive(
-        state: &mut State,
-        queue: &mut WorkQueue<Key, Outcome>,
-        mut until: impl FnMut(&State, &Key) -> bool,
-    ) {
-        loop {
-            match queue.next().await {
-                Next::Ready(key) => start(state, queue, key),
-                Next::Done(key, outcome) => {
-                    match finish(state, &key, outcome) {
-                        Some(false) => {
-                            queue.retry(key.clone());
-                        }
-                        _ => queue.forget(&key),
-                    }
-                    if until(state, &key) {
-                        return;
-                    }
-                }
-            }
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_hanging_backend_is_stale_after_the_discovery_timeout() {
-        // The kernel accepts the connection; nobody ever answers the TLS handshake.
-        let hanging = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let api = wardle_apiservice("v1alpha1");
-        let mut state = state_with_wardle(&api, hanging.local_addr().unwrap());
-        let known = RemoteDiscovery::current(resources(&["flunders", "fischers"]));
-        state.remote.insert(api.name.clone(), known.clone());
-        let mut queue = WorkQueue::new(backoff);
-        let started = tokio::time::Instant::now();
-        queue.queue().add(Key::Discovery(wardle_service()));
-        queue.queue().add(Key::OpenApi(wardle_service()));
-
-        drive(&mut state, &mut queue, |_, key| {
-            matches!(key, Key::Discovery(_))
-        })
-        .await;
-        let waited = started.elapsed();
-        assert!(
-            waited >= DISCOVERY_TIMEOUT && waited < DISCOVERY_TIMEOUT + Duration::from_secs(1),
-            "discovery failed after {waited:?}"
-        );
-        assert_eq!(
-            state.remote[&api.name],
-            RemoteDiscovery::failed(known.resources.clone())
-        );
-        assert!(state.discovery_dirty);
-        // A failed fetch is retried with kube-aggregator's backoff, not at the refresh interval.
-        assert!(queue.is_failing(&Key::Discovery(wardle_service())));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_hanging_backend_does_not_hold_back_another_services_discovery() {
-        let hanging = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let api = wardle_apiservice("v1alpha1");
-        let mut state = state_with_wardle(&api, hanging.local_addr().unwrap());
-        // A second Service whose fetch fails at once (nothing listens on port 9).
-        let refused = ServiceRef {
-            namespace: "other".into(),
-            name: "api".into(),
-            port: 443,
-        };
-        let entry = ServiceEntry {
-            apiservices: vec![(wardle_apiservice("v1beta1"), Availability::Available)],
-            backend: Some(backend_at("127.0.0.1:9".parse().unwrap())),
-            ..Default::default()
-        };
-        state.services.insert(refused.clone(), entry);
-        let mut queue = WorkQueue::new(backoff);
-        let started = tokio::time::Instant::now();
-        queue.queue().add(Key::Discovery(wardle_service()));
-        queue.queue().add(Key::Discovery(refused.clone()));
-
-        drive(&mut state, &mut queue, |_, key| {
-            *key == Key::Discovery(refused.clone())
-        })
-        .await;
-        assert!(
-            started.elapsed() < Duration::from_secs(1),
-            "the refused Service waited {:?} for the hanging one",
-            started.elapsed()
-        );
-        assert!(!state.remote["v1beta1.wardle.example.com"].fresh);
-    }
-}
+mod tests;

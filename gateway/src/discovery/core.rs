@@ -1,5 +1,6 @@
-//! The core server's documents: `/api`, `/apis` (aggregated `Accept`, revalidated with
-//! `If-None-Match`) and `/openapi/v3`. A core that answers without the aggregated
+//! The core server's discovery documents: `/api` and `/apis` (aggregated `Accept`, revalidated
+//! with `If-None-Match`). Its `/openapi/v3` root is fetched on a key of its own (a slow root
+//! must not hold back a new CRD group). A core that answers without the aggregated
 //! `Content-Type` is read the legacy way (`/apis` then every `/apis/<g>/<v>`, `/api` +
 //! `/api/<v>`) and converted. When they are read is the discovery controller's business (the
 //! `Core` key of its work queue); this file only knows how.
@@ -14,8 +15,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{APIGroupList, APIResourceLi
 use kube::core::discovery::v2::APIGroupDiscoveryList;
 
 use super::fetch::{
-    fetch_root, is_aggregated_content_type, FetchError, Fetched, RootDocument, RootFetch, Source,
-    ACCEPT_AGGREGATED, DISCOVERY_TIMEOUT,
+    is_aggregated_content_type, FetchError, Fetched, RootDocument, Source, ACCEPT_AGGREGATED,
+    DISCOVERY_TIMEOUT,
 };
 
 /// What the core server serves, as the merge uses it.
@@ -176,7 +177,6 @@ pub struct CoreDocuments {
     legacy_refresh: Duration,
     api: CoreDocument,
     apis: CoreDocument,
-    openapi: RootDocument,
     last_error: Option<String>,
 }
 
@@ -197,30 +197,25 @@ impl CoreDocuments {
             legacy_refresh,
             api: CoreDocument::new("/api"),
             apis: CoreDocument::new("/apis"),
-            openapi: RootDocument::default(),
             last_error: None,
         }
     }
 
     /// What the merge needs, once both `/api` and `/apis` were read.
-    pub fn state(&self) -> Option<CoreState> {
-        Some(CoreState {
-            discovery: CoreDiscovery {
-                api: self.api.doc.clone()?,
-                apis: self.apis.doc.clone()?,
-            },
-            openapi: self.openapi.clone(),
+    pub fn discovery(&self) -> Option<CoreDiscovery> {
+        Some(CoreDiscovery {
+            api: self.api.doc.clone()?,
+            apis: self.apis.doc.clone()?,
         })
     }
 
-    /// Revalidates the three documents concurrently; logs once per change of error.
+    /// Revalidates both documents concurrently; logs once per change of error.
     pub async fn refresh(&mut self) -> Refreshed {
         let source = &self.source;
         let legacy_refresh = self.legacy_refresh;
-        let (api, apis, root) = tokio::join!(
+        let (api, apis) = tokio::join!(
             self.api.refresh(source, legacy_refresh),
             self.apis.refresh(source, legacy_refresh),
-            fetch_root(source, self.openapi.etag()),
         );
         let mut changed = false;
         let mut errors = Vec::new();
@@ -229,18 +224,6 @@ impl CoreDocuments {
                 Ok(c) => changed |= c,
                 Err(e) => errors.push(e.to_string()),
             }
-        }
-        match root {
-            Ok(fetch) => {
-                let absent = matches!(fetch, RootFetch::Absent);
-                if self.openapi.apply(fetch) {
-                    changed = true;
-                    if absent {
-                        tracing::info!(core = %self.url, "the core server has no /openapi/v3; the gateway serves the remote backends' paths only");
-                    }
-                }
-            }
-            Err(e) => errors.push(e.to_string()),
         }
         let error = (!errors.is_empty()).then(|| errors.join("; "));
         if error != self.last_error {

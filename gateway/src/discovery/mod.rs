@@ -7,9 +7,11 @@
 //! * [`fetch`]: one bounded GET of a document with the gateway's own credentials, and the OpenAPI
 //!   v3 root's revalidation.
 //! * [`core`]: the core server's documents (aggregated, or legacy ones converted).
+//! * [`core_watch`]: when the core's documents change: watchers of its CRDs and APIServices.
 //! * [`backends`]: one backing Service's documents and what is cached of them.
 //! * [`controller`]: one work queue over those fetches; it publishes new immutable snapshots
 //!   ([`DiscoveryCache`]) only when an input changed. All JSON work happens there.
+//! * [`readiness`]: the `/readyz` check that waits for the first discovery of the APIServices.
 //! * [`handler`]: the request path. One `ArcSwap` load, a header comparison, prepared bytes out;
 //!   anything it does not answer falls through to the router (`None`).
 //! * [`openapi`]: the OpenAPI v3 pieces: which backend owns which `/openapi/v3/<path>`, and the
@@ -22,20 +24,38 @@
 pub mod backends;
 pub mod controller;
 pub mod core;
+pub mod core_watch;
 pub mod fetch;
 pub mod handler;
 pub mod openapi;
+pub mod readiness;
 
 use std::sync::Arc;
 
 use apiservice::discovery::{MergedDiscovery, MergedOpenApiRoot};
 use arc_swap::{ArcSwap, ArcSwapOption};
+use tokio::sync::Notify;
 
 use crate::backend::remote::RemoteBackend;
 use crate::metrics::KnownResources;
 use crate::routing::Routing;
 
 pub use controller::DiscoveryController;
+
+/// Whether a request writes the resources the core's discovery is made of:
+/// CustomResourceDefinitions (a CRD group comes or goes) and APIServices (kube-apiserver lists
+/// local ones). When the core answers it with a 2xx, the router calls
+/// [`DiscoveryCache::revalidate_core`]. Only compares a few strings the request-info layer
+/// already parsed; bodies are never read.
+pub fn writes_core_discovery(info: &crate::request_info::RequestInfo) -> bool {
+    info.is_resource_request
+        && info.is_mutating()
+        && matches!(
+            (info.api_group.as_str(), info.resource.as_str()),
+            ("apiextensions.k8s.io", "customresourcedefinitions")
+                | ("apiregistration.k8s.io", "apiservices")
+        )
+}
 
 /// Who answers `/openapi/v3/<path>` for one path of the merged root.
 #[derive(Clone)]
@@ -58,6 +78,9 @@ pub struct DiscoveryCache {
     known_resources: ArcSwap<KnownResources>,
     /// Read on `/api` only, to let a remote `v1.` APIService keep all of `/api`.
     routing: Arc<Routing>,
+    /// Woken by [`DiscoveryCache::revalidate_core`]; the controller revalidates the core's
+    /// documents at once. A `Notify` keeps one wake-up when nobody waits, so none is lost.
+    pub(crate) core_written: Notify,
 }
 
 impl DiscoveryCache {
@@ -67,7 +90,15 @@ impl DiscoveryCache {
             openapi: ArcSwapOption::empty(),
             known_resources: ArcSwap::from_pointee(KnownResources::default()),
             routing,
+            core_written: Notify::new(),
         }
+    }
+
+    /// A write that may change the core's discovery passed through the gateway and succeeded:
+    /// revalidate the core's documents now rather than at the next watch event or resync.
+    /// Costs one atomic operation; called from the request path.
+    pub fn revalidate_core(&self) {
+        self.core_written.notify_one();
     }
 
     /// The current merged discovery, `None` before the first merge.

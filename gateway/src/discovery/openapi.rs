@@ -2,10 +2,12 @@
 //! pass-through for the group-version documents of remote backends.
 //!
 //! kube-aggregator proxies OpenAPI v3 instead of merging specs: the root is the union of every
-//! backend's root `paths`, and a group-version document is answered by whoever listed it. Two
-//! rules keep a backend from answering for someone else:
-//! * a remote backend contributes only the paths of its own APIServices (`apis/<g>/<v>`), like
-//!   kube's v2 aggregation filters remote specs to their paths;
+//! backend's root `paths`, and a document is answered by whoever listed it. Two rules keep a
+//! backend from answering for someone else:
+//! * a remote backend contributes only the paths of its own APIServices (`apis/<g>/<v>`) and of
+//!   their groups (`apis/<g>`, the document of the group's own endpoint, which generic API
+//!   servers list and kube-apiserver answers through its aggregator), like kube's v2 aggregation
+//!   filters remote specs to their paths;
 //! * the core's entry for a group-version that a remote APIService claims is dropped, even
 //!   while that backend has no root yet: requests for it must never reach the core.
 //!
@@ -89,14 +91,22 @@ pub fn openapi_inputs<B: Clone>(
     });
     for remote in remotes {
         let Some(root) = remote.root else { continue };
-        let Some((key, path)) = root.paths.get_key_value(&remote.key) else {
-            continue;
-        };
         let mut own = OpenApiRoot::default();
-        own.paths.insert(key.clone(), path.clone());
-        inputs.push((remote.owner, own));
+        for key in [remote.key.as_str(), group_key(&remote.key)] {
+            if let Some((key, path)) = root.paths.get_key_value(key) {
+                own.paths.insert(key.clone(), path.clone());
+            }
+        }
+        if !own.paths.is_empty() {
+            inputs.push((remote.owner, own));
+        }
     }
     inputs
+}
+
+/// The root key of a group-version's group: `apis/<g>` for `apis/<g>/<v>`.
+fn group_key(key: &str) -> &str {
+    key.rsplit_once('/').map_or(key, |(group, _)| group)
 }
 
 /// The headers sent to a remote backend for a client's `/openapi/v3/<path>` request.
@@ -165,6 +175,41 @@ mod tests {
             );
         }
         r
+    }
+
+    #[test]
+    fn a_remote_backend_brings_its_groups_entry_too() {
+        let core = root(&[("apis/apps", "C1"), ("apis/apps/v1", "C2")]);
+        let wardle = root(&[
+            ("apis", "NOT-ITS-OWN"),
+            ("apis/apps", "EVIL"),
+            ("apis/wardle.example.com", "G"),
+            ("apis/wardle.example.com/v1alpha1", "W"),
+        ]);
+        let remotes = vec![RemoteRoot {
+            owner: "wardle",
+            key: "apis/wardle.example.com/v1alpha1".into(),
+            name: "v1alpha1.wardle.example.com",
+            group_priority_minimum: 2000,
+            version_priority: 100,
+            root: Some(&wardle),
+        }];
+        let merged = merge_openapi_roots(&openapi_inputs("core", Some(&core), remotes)).unwrap();
+        let mut owners: Vec<(&str, &str)> = merged
+            .owners
+            .iter()
+            .map(|(k, v)| (k.as_str(), *v))
+            .collect();
+        owners.sort();
+        assert_eq!(
+            owners,
+            [
+                ("apis/apps", "core"),
+                ("apis/apps/v1", "core"),
+                ("apis/wardle.example.com", "wardle"),
+                ("apis/wardle.example.com/v1alpha1", "wardle"),
+            ]
+        );
     }
 
     #[test]

@@ -36,6 +36,14 @@ struct Args {
     /// restarted core finds in etcd.
     #[arg(long)]
     seed: Option<PathBuf>,
+    /// Serve CustomResourceDefinitions (apiextensions.k8s.io/v1), established a moment after
+    /// creation like kube-apiserver's, and the resources of established ones.
+    #[arg(long)]
+    crds: bool,
+    /// Also serve this built-in group, `GROUP=VERSION[,VERSION...]` (preferred version first);
+    /// repeated, in the order given, after the fixture's own groups.
+    #[arg(long = "group", value_name = "GROUP=VERSIONS")]
+    groups: Vec<String>,
 }
 
 fn load_seed(path: Option<&PathBuf>) -> Result<Vec<Value>, String> {
@@ -72,6 +80,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let seed = load_seed(args.seed.as_ref())?;
     let mut config = core_server::config(&args.minor, !args.no_aggregated_discovery, policy);
     config.seed.extend(seed);
+    for group in &args.groups {
+        let (name, versions) = group
+            .split_once('=')
+            .ok_or_else(|| format!("--group {group}: expected GROUP=VERSION[,VERSION...]"))?;
+        let versions: Vec<&str> = versions.split(',').filter(|v| !v.is_empty()).collect();
+        if versions.is_empty() {
+            return Err(format!("--group {group}: no version").into());
+        }
+        core_server::with_group(&mut config, name, &versions);
+    }
+    if args.crds {
+        core_server::with_crds(&mut config);
+    }
     let tls = match (args.tls_cert_file, args.tls_private_key_file) {
         (Some(cert), Some(key)) => Some(TlsFiles {
             cert,

@@ -151,21 +151,7 @@ impl Pki {
         config: &Path,
         extra: &[&str],
     ) -> Gateway {
-        let (cert, key) = &self.proxy_client;
-        let mut args = vec![
-            "--config".to_owned(),
-            path_arg(config),
-            "--proxy-client-cert-file".to_owned(),
-            path_arg(cert),
-            "--proxy-client-key-file".to_owned(),
-            path_arg(key),
-            "--client-ca-file".to_owned(),
-            path_arg(&self.users_ca_file),
-        ];
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let gateway = Gateway::start(GatewayOptions::new(core.url()).args(args))
-            .await
-            .expect("gateway starts");
+        let gateway = self.spawn_gateway(core, config, extra).await;
         // A session starts once the gateway is ready: before its APIService source has synced,
         // unclaimed `/apis/<group>` paths answer 503 (by design) rather than the core's 404.
         let client = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
@@ -182,6 +168,30 @@ impl Pki {
             gateway.process.logs()
         );
         gateway
+    }
+
+    /// [`Pki::start_gateway`] without waiting for readiness: returns once the gateway serves.
+    pub async fn spawn_gateway(
+        &self,
+        core: &FixtureCore,
+        config: &Path,
+        extra: &[&str],
+    ) -> Gateway {
+        let (cert, key) = &self.proxy_client;
+        let mut args = vec![
+            "--config".to_owned(),
+            path_arg(config),
+            "--proxy-client-cert-file".to_owned(),
+            path_arg(cert),
+            "--proxy-client-key-file".to_owned(),
+            path_arg(key),
+            "--client-ca-file".to_owned(),
+            path_arg(&self.users_ca_file),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        Gateway::start(GatewayOptions::new(core.url()).args(args))
+            .await
+            .expect("gateway starts")
     }
 
     /// A client for `backend` directly (its `/fixture/...` endpoints), verifying its certificate

@@ -44,6 +44,8 @@ pub struct ScenarioBuilder {
     source: Source,
     availability_interval: String,
     gateway_args: Vec<String>,
+    /// Return from [`ScenarioBuilder::start`] only once `/readyz` passes (the default).
+    wait_ready: bool,
 }
 
 impl Scenario {
@@ -66,6 +68,7 @@ impl Scenario {
             source: Source::Kube,
             availability_interval: "1s".to_owned(),
             gateway_args: Vec::new(),
+            wait_ready: true,
         }
     }
 
@@ -230,6 +233,13 @@ impl ScenarioBuilder {
         self
     }
 
+    /// [`ScenarioBuilder::start`] returns as soon as the gateway serves, ready or not (for
+    /// tests of readiness itself).
+    pub fn without_waiting_for_readiness(mut self) -> ScenarioBuilder {
+        self.wait_ready = false;
+        self
+    }
+
     /// Starts the core, the backends and the gateway, and returns once the gateway is ready.
     pub async fn start(self) -> Scenario {
         let ScenarioBuilder {
@@ -243,6 +253,7 @@ impl ScenarioBuilder {
             source,
             availability_interval,
             gateway_args,
+            wait_ready,
         } = self;
         if let Some(policy) = policy {
             let file = pki.write("policy.json", &policy.to_string());
@@ -294,7 +305,11 @@ impl ScenarioBuilder {
         };
         args.extend(gateway_args);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let gateway = pki.start_gateway(&core, &config, &args).await;
+        let gateway = if wait_ready {
+            pki.start_gateway(&core, &config, &args).await
+        } else {
+            pki.spawn_gateway(&core, &config, &args).await
+        };
         Scenario {
             gateway,
             backends,

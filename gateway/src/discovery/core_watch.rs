@@ -1,0 +1,375 @@
+//! Following the core's discovery as it changes, without polling delay.
+//!
+//! The core's `/apis` changes when a CustomResourceDefinition is established (or removed) and
+//! when one of its APIServices changes (kube-apiserver registers a local APIService per CRD
+//! group-version and per built-in group). So where the core serves them, the gateway watches
+//! `customresourcedefinitions` and `apiservices` with kube-rs watchers, and every event marks
+//! the core's documents dirty ([`Signals::revision`]); a revalidation costs one `If-None-Match`
+//! round trip when nothing changed. Writes to those resources that pass through the gateway
+//! revalidate at once too (see [`super::DiscoveryCache::revalidate_core`]), which is usually
+//! earlier than the watch event.
+//!
+//! One race stays: a CRD turns `Established` a moment before or after the core's discovery lists
+//! it (two controllers in kube-apiserver). The CRD watcher therefore publishes the served
+//! group-versions of every established CRD ([`Signals::established`]); when the core's document
+//! does not list one yet, the discovery controller fetches again after a short backoff
+//! ([`ListingRetry`]), a bounded number of times.
+//!
+//! A core that serves neither resource gets no watcher (and no error lines); its documents are
+//! polled instead ([`super::controller`]'s fallback interval).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use apiservice::discovery::CoreDiscovery;
+use futures::StreamExt;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client};
+use tokio::sync::watch;
+use tracing::Instrument;
+
+const APIEXTENSIONS: (&str, &str, &str) =
+    ("apiextensions.k8s.io", "v1", "customresourcedefinitions");
+const APIREGISTRATION: (&str, &str, &str) = ("apiregistration.k8s.io", "v1", "apiservices");
+
+/// What the watchers tell the discovery controller.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Signals {
+    /// Moves on every event of either watcher: the core's documents may have changed.
+    pub revision: u64,
+    /// `<group>/<version>` of every served version of every established CRD, once the CRD
+    /// watch has listed.
+    pub established: Arc<BTreeSet<String>>,
+    /// How many watchers are synced and not failing. While none is (say the gateway may not
+    /// list CRDs), the core's documents are polled as if it served neither.
+    pub healthy: u8,
+}
+
+/// Which watchers run; each starts once, the first time the core's discovery lists its resource.
+pub struct CoreWatchers {
+    client: Client,
+    tx: watch::Sender<Signals>,
+    crds: bool,
+    apiservices: bool,
+}
+
+impl CoreWatchers {
+    pub fn new(client: Client) -> (Self, watch::Receiver<Signals>) {
+        let (tx, rx) = watch::channel(Signals::default());
+        let watchers = Self {
+            client,
+            tx,
+            crds: false,
+            apiservices: false,
+        };
+        (watchers, rx)
+    }
+
+    /// Whether at least one watcher is synced and not failing (then the core needs no short
+    /// poll).
+    pub fn watching(&self) -> bool {
+        self.tx.borrow().healthy > 0
+    }
+
+    /// Starts the watchers the core's discovery says it can serve and that do not run yet.
+    pub fn start_served(&mut self, core: &CoreDiscovery) {
+        if !self.crds && serves_watch(core, APIEXTENSIONS) {
+            self.crds = true;
+            tracing::info!("following the core's CustomResourceDefinitions with a watch");
+            let api = Api::<CustomResourceDefinition>::all(self.client.clone());
+            tokio::spawn(
+                follow_crds(api, self.tx.clone()).instrument(tracing::info_span!(
+                    "core_watch",
+                    resource = APIEXTENSIONS.2
+                )),
+            );
+        }
+        if !self.apiservices && serves_watch(core, APIREGISTRATION) {
+            self.apiservices = true;
+            tracing::info!("following the core's APIServices with a watch");
+            let api = Api::<APIService>::all(self.client.clone());
+            tokio::spawn(
+                follow(api, self.tx.clone(), |_: &Store<APIService>, _| {}).instrument(
+                    tracing::info_span!("core_watch", resource = APIREGISTRATION.2),
+                ),
+            );
+        }
+    }
+}
+
+/// Whether the core lists `resource` of `group/version` with the `watch` verb.
+fn serves_watch(core: &CoreDiscovery, (group, version, resource): (&str, &str, &str)) -> bool {
+    core.apis
+        .items
+        .iter()
+        .filter(|g| g.metadata.as_ref().and_then(|m| m.name.as_deref()) == Some(group))
+        .flat_map(|g| &g.versions)
+        .filter(|v| v.version.as_deref() == Some(version))
+        .flat_map(|v| &v.resources)
+        .any(|r| r.resource.as_deref() == Some(resource) && r.verbs.iter().any(|v| v == "watch"))
+}
+
+async fn follow_crds(api: Api<CustomResourceDefinition>, tx: watch::Sender<Signals>) {
+    follow(api, tx, |store, signals| {
+        signals.established = Arc::new(established_versions(store));
+    })
+    .await
+}
+
+/// Runs one watcher until the controller is gone: a reflector over `api`, and after its first
+/// complete list and every later change, `update` plus a new revision on `tx`. Errors are
+/// retried with kube-rs' default backoff and logged once per failure streak.
+async fn follow<K>(
+    api: Api<K>,
+    tx: watch::Sender<Signals>,
+    update: impl Fn(&Store<K>, &mut Signals),
+) where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let (store, writer) = reflector::store::<K>();
+    let events = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .reflect(writer);
+    let mut events = std::pin::pin!(events);
+    let mut synced = false;
+    let mut failing = false;
+    let mut healthy = false;
+    loop {
+        let event = tokio::select! {
+            event = events.next() => event,
+            () = tx.closed() => return,
+        };
+        let Some(event) = event else { return };
+        let changed = match event {
+            Ok(watcher::Event::InitDone) => {
+                if failing {
+                    tracing::info!("watch recovered");
+                    failing = false;
+                }
+                synced = true;
+                true
+            }
+            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => synced,
+            Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => false,
+            Err(error) => {
+                if !failing {
+                    tracing::warn!(%error, "watch failed; retrying with backoff (the core's discovery is polled meanwhile)");
+                    failing = true;
+                }
+                false
+            }
+        };
+        let now_healthy = synced && !failing;
+        if changed || now_healthy != healthy {
+            let was = std::mem::replace(&mut healthy, now_healthy);
+            tx.send_modify(|signals| {
+                signals.revision += 1;
+                match (was, now_healthy) {
+                    (false, true) => signals.healthy += 1,
+                    (true, false) => signals.healthy = signals.healthy.saturating_sub(1),
+                    _ => {}
+                }
+                update(&store, signals);
+            });
+        }
+    }
+}
+
+/// The served group-versions of every established CRD in `store`.
+fn established_versions(store: &Store<CustomResourceDefinition>) -> BTreeSet<String> {
+    store
+        .state()
+        .iter()
+        .filter(|crd| {
+            crd.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|conditions| {
+                    conditions
+                        .iter()
+                        .any(|c| c.type_ == "Established" && c.status == "True")
+                })
+        })
+        .flat_map(|crd| {
+            crd.spec
+                .versions
+                .iter()
+                .filter(|v| v.served)
+                .map(|v| format!("{}/{}", crd.spec.group, v.name))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// The group-versions in `established` that `core` does not list (yet).
+pub fn unlisted<'a>(established: &'a BTreeSet<String>, core: &CoreDiscovery) -> Vec<&'a str> {
+    established
+        .iter()
+        .map(String::as_str)
+        .filter(|gv| {
+            let (group, version) = gv.split_once('/').unwrap_or(("", gv));
+            !core.apis.items.iter().any(|g| {
+                g.metadata.as_ref().and_then(|m| m.name.as_deref()) == Some(group)
+                    && g.versions
+                        .iter()
+                        .any(|v| v.version.as_deref() == Some(version))
+            })
+        })
+        .collect()
+}
+
+/// Fetches the core's documents again soon while an established CRD is not listed in them:
+/// 25 ms, doubling, for at most [`ListingRetry::ATTEMPTS`] attempts (about 6 s in all), after
+/// which the watch events and the resync take over again.
+#[derive(Debug, Default)]
+pub struct ListingRetry {
+    attempts: u32,
+}
+
+impl ListingRetry {
+    pub const ATTEMPTS: u32 = 8;
+    const FIRST: Duration = Duration::from_millis(25);
+
+    /// After a core fetch: `Some(delay)` to fetch again after, or `None` (all listed, or given
+    /// up). `missing` is what [`unlisted`] found.
+    pub fn next(&mut self, missing: &[&str]) -> Option<Duration> {
+        if missing.is_empty() {
+            self.attempts = 0;
+            return None;
+        }
+        if self.attempts >= Self::ATTEMPTS {
+            return None;
+        }
+        let delay = Self::FIRST * 2u32.pow(self.attempts);
+        self.attempts += 1;
+        if self.attempts == Self::ATTEMPTS {
+            tracing::info!(group_versions = ?missing,
+                "established CustomResourceDefinitions are still not in the core's discovery; last early re-fetch");
+        }
+        Some(delay)
+    }
+
+    /// The set of established CRDs changed: a new round of attempts.
+    pub fn reset(&mut self) {
+        self.attempts = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::core::discovery::v2::APIGroupDiscoveryList;
+
+    fn core(groups: serde_json::Value) -> CoreDiscovery {
+        let apis: APIGroupDiscoveryList = serde_json::from_value(serde_json::json!({
+            "kind": "APIGroupDiscoveryList", "apiVersion": "apidiscovery.k8s.io/v2",
+            "metadata": {}, "items": groups
+        }))
+        .unwrap();
+        CoreDiscovery {
+            api: APIGroupDiscoveryList::default(),
+            apis,
+        }
+    }
+
+    fn group(name: &str, version: &str, resource: &str, verbs: &[&str]) -> serde_json::Value {
+        serde_json::json!({"metadata": {"name": name}, "versions": [{"version": version,
+            "resources": [{"resource": resource, "verbs": verbs,
+                           "responseKind": {"group": "", "version": "", "kind": "K"},
+                           "scope": "Cluster"}]}]})
+    }
+
+    #[test]
+    fn watchers_start_only_for_what_the_core_serves() {
+        let both = core(serde_json::json!([
+            group(
+                "apiextensions.k8s.io",
+                "v1",
+                "customresourcedefinitions",
+                &["list", "watch"]
+            ),
+            group(
+                "apiregistration.k8s.io",
+                "v1",
+                "apiservices",
+                &["list", "watch"]
+            ),
+        ]));
+        assert!(serves_watch(&both, APIEXTENSIONS));
+        assert!(serves_watch(&both, APIREGISTRATION));
+        // Listed without watch, another version, or not at all: no watcher.
+        let neither = core(serde_json::json!([
+            group(
+                "apiextensions.k8s.io",
+                "v1",
+                "customresourcedefinitions",
+                &["list"]
+            ),
+            group(
+                "apiregistration.k8s.io",
+                "v1beta1",
+                "apiservices",
+                &["watch"]
+            ),
+        ]));
+        assert!(!serves_watch(&neither, APIEXTENSIONS));
+        assert!(!serves_watch(&neither, APIREGISTRATION));
+        assert!(!serves_watch(&core(serde_json::json!([])), APIEXTENSIONS));
+    }
+
+    #[test]
+    fn unlisted_names_the_established_group_versions_the_core_lacks() {
+        let doc = core(serde_json::json!([group(
+            "a.example.com",
+            "v1",
+            "as",
+            &["get"]
+        )]));
+        let established: BTreeSet<String> =
+            ["a.example.com/v1", "a.example.com/v2", "b.example.com/v1"]
+                .map(String::from)
+                .into();
+        assert_eq!(
+            unlisted(&established, &doc),
+            ["a.example.com/v2", "b.example.com/v1"]
+        );
+    }
+
+    #[test]
+    fn listing_retry_backs_off_and_gives_up() {
+        let mut retry = ListingRetry::default();
+        let ms = |d: Option<Duration>| d.map(|d| d.as_millis());
+        let delays: Vec<_> = (0..ListingRetry::ATTEMPTS + 1)
+            .map(|_| ms(retry.next(&["x/v1"])))
+            .collect();
+        assert_eq!(
+            delays,
+            [
+                Some(25),
+                Some(50),
+                Some(100),
+                Some(200),
+                Some(400),
+                Some(800),
+                Some(1600),
+                Some(3200),
+                None
+            ]
+        );
+        retry.reset();
+        assert_eq!(ms(retry.next(&["x/v1"])), Some(25));
+        // Listed: done, and the next gap starts from the first step again.
+        assert_eq!(retry.next(&[]), None);
+        assert_eq!(ms(retry.next(&["x/v1"])), Some(25));
+    }
+}
