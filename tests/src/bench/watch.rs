@@ -17,7 +17,7 @@ use super::{BoxError, Settings};
 
 /// Opens `n` watch streams over HTTP/2 (500 streams per connection) and returns what keeps them
 /// open, after each delivered its first event.
-async fn open_watches(
+pub async fn open_watches(
     endpoint: &Endpoint,
     n: usize,
 ) -> Result<(Vec<Sender>, Vec<Incoming>, Duration), BoxError> {
