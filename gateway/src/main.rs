@@ -5,11 +5,6 @@ use std::process::ExitCode;
 use clap::Parser;
 use gateway_config::Cli;
 
-/// mimalloc gives freed pages back to the system soon after a peak (thousands of watches opened
-/// and closed); glibc's per-thread arenas kept them resident, so RSS only ever grew.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// sysexits' EX_USAGE: the configuration was refused.
 const EXIT_CONFIG: u8 = 64;
 
@@ -84,6 +79,7 @@ fn main() -> ExitCode {
         Ok(limit) => tracing::info!(limit, "open-file limit"),
         Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
     }
+    runtime.spawn(aggregation_gateway::memory::trim_after_peaks());
     match runtime.block_on(aggregation_gateway::app::run(config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -115,8 +115,29 @@ fn p99(sorted: &[f64]) -> f64 {
         .unwrap_or(f64::NAN)
 }
 
-/// Runs the scenario against the bench gateway; `idle_gateway` is its RSS before any load.
+/// Runs the scenario against the bench gateway; `idle_gateway` is its RSS before any load. A
+/// failure names its step and carries the gateway's last log lines.
 pub async fn run(
+    settings: &Settings,
+    setup: &Setup,
+    idle_gateway: u64,
+    results: &mut Results,
+) -> Result<(), BoxError> {
+    measure(settings, setup, idle_gateway, results)
+        .await
+        .map_err(|e| {
+            let logs = setup.gateway.process.logs();
+            let tail: Vec<&str> = logs.lines().rev().take(30).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            format!(
+                "{NAME}: {e}\n--- last gateway log lines ---\n{}",
+                tail.join("\n")
+            )
+            .into()
+        })
+}
+
+async fn measure(
     settings: &Settings,
     setup: &Setup,
     idle_gateway: u64,
@@ -140,14 +161,24 @@ pub async fn run(
     };
 
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let calm_probes = probe_latencies(&via, probes).await?;
-    let calm = load(&via, &well_behaved).await?;
+    let calm_probes = probe_latencies(&via, probes)
+        .await
+        .map_err(|e| format!("probes without attackers: {e}"))?;
+    let calm = load(&via, &well_behaved)
+        .await
+        .map_err(|e| format!("load without attackers: {e}"))?;
 
     let sampler = RssSampler::start(vec![gateway]);
-    let attack = attack(&via, slow).await?;
+    let attack = attack(&via, slow)
+        .await
+        .map_err(|e| format!("opening the attack: {e}"))?;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let attacked_probes = probe_latencies(&via, probes).await?;
-    let attacked = load(&via, &well_behaved).await?;
+    let attacked_probes = probe_latencies(&via, probes)
+        .await
+        .map_err(|e| format!("probes while attacked: {e}"))?;
+    let attacked = load(&via, &well_behaved)
+        .await
+        .map_err(|e| format!("load while attacked: {e}"))?;
     let attacked_rss = rss_bytes(gateway).unwrap_or(0);
     let held_streams = attack.held_by_zero_window;
     drop(attack);
@@ -156,11 +187,14 @@ pub async fn run(
     // The memory rounds.
     let rounds = 3;
     let mut after_rounds = Vec::new();
-    for _ in 0..rounds {
-        let (senders, bodies, _) = open_watches(&via, settings.watch_streams).await?;
+    for round in 1..=rounds {
+        let (senders, bodies, _) = open_watches(&via, settings.watch_streams)
+            .await
+            .map_err(|e| format!("watch round {round}: {e}"))?;
         drop(bodies);
         drop(senders);
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        // Longer than the gateway's trim interval (5 s): memory is handed back after peaks.
+        tokio::time::sleep(Duration::from_secs(7)).await;
         after_rounds.push(rss_bytes(gateway).unwrap_or(0));
     }
     let settled = *after_rounds.last().unwrap_or(&0);
