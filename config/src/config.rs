@@ -44,6 +44,8 @@ pub struct ServingConfig {
     pub tls13_only: bool,
     pub cipher_suites: Vec<String>,
     pub http2_max_streams: u32,
+    /// Open client connections allowed; 0: half the open-file limit at start.
+    pub max_client_connections: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -125,7 +127,10 @@ pub struct Limits {
     pub max_readonly_inflight: u32,
     pub max_mutating_inflight: u32,
     pub request_timeout: Duration,
+    /// 0 = unlimited.
     pub max_request_body_bytes: u64,
+    /// For requests proxied to remote APIServices; 0 = unlimited (the backend decides).
+    pub max_remote_request_body_bytes: u64,
     pub header_read_timeout: Duration,
     pub max_header_bytes: u32,
 }

@@ -59,9 +59,14 @@ options! {
         /// Allowed TLS 1.2 cipher suites (IANA names, comma-separated) [default: rustls' secure set].
         #[arg(long, value_name = "SUITES", value_delimiter = ',')]
         pub tls_cipher_suites: Option<Vec<String>>,
-        /// Maximum concurrent HTTP/2 streams per client connection [default: 1000].
+        /// Maximum concurrent HTTP/2 streams per client connection; 0 means kube-apiserver's
+        /// default of 100 [default: 0].
         #[arg(long, value_name = "N")]
         pub http2_max_streams_per_connection: Option<u32>,
+        /// Maximum open client connections; past it new connections are closed at once. 0 means
+        /// half the open-file limit (raised to its hard limit at start) [default: 0].
+        #[arg(long, value_name = "N")]
+        pub max_client_connections: Option<u32>,
 
         // ---- authentication ----
         /// CA bundle that verifies client certificates (user = CN, groups = O).
@@ -192,9 +197,14 @@ options! {
         /// exempt [default: 60s].
         #[arg(long, value_name = "DURATION")]
         pub request_timeout: Option<GoDuration>,
-        /// Largest request body accepted for non-streaming requests [default: 3145728].
+        /// Largest request body accepted for non-streaming requests to the core and the gateway
+        /// itself; 0 = unlimited [default: 3145728].
         #[arg(long, value_name = "BYTES")]
         pub max_request_body_bytes: Option<u64>,
+        /// Largest request body proxied to a remote APIService; 0 leaves it to the backend, as
+        /// kube-aggregator does [default: 0].
+        #[arg(long, value_name = "BYTES")]
+        pub apiservice_max_request_body_bytes: Option<u64>,
         /// How long a client may take to send its request headers [default: 10s].
         #[arg(long, value_name = "DURATION")]
         pub header_read_timeout: Option<GoDuration>,

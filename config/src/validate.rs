@@ -271,13 +271,11 @@ impl Options {
                 ));
             }
         }
-        let http2_max_streams = self.http2_max_streams_per_connection.unwrap_or(1000);
-        if http2_max_streams == 0 {
-            return Err(ConfigError::new(
-                "http2-max-streams-per-connection",
-                "must be at least 1",
-            ));
-        }
+        // kube-apiserver's default since the HTTP/2 rapid-reset fixes: 0 means 100 streams.
+        let http2_max_streams = match self.http2_max_streams_per_connection.unwrap_or(0) {
+            0 => 100,
+            n => n,
+        };
         let serving = ServingConfig {
             cert: pair(
                 "tls-cert-file",
@@ -292,6 +290,7 @@ impl Options {
             tls13_only,
             cipher_suites,
             http2_max_streams,
+            max_client_connections: self.max_client_connections.unwrap_or(0),
         };
 
         if serving.cert_reload_interval.is_zero() {
@@ -483,6 +482,7 @@ impl Options {
             max_mutating_inflight: self.max_mutating_requests_inflight.unwrap_or(200),
             request_timeout: secs(self.request_timeout, 60),
             max_request_body_bytes: self.max_request_body_bytes.unwrap_or(3 * 1024 * 1024),
+            max_remote_request_body_bytes: self.apiservice_max_request_body_bytes.unwrap_or(0),
             header_read_timeout: secs(self.header_read_timeout, 10),
             max_header_bytes: self.max_header_bytes.unwrap_or(1024 * 1024),
         };
@@ -566,6 +566,11 @@ mod tests {
         );
         assert_eq!(c.limits.request_timeout, Duration::from_secs(60));
         assert!(c.authn.anonymous);
+        // kube-apiserver's: --http2-max-streams-per-connection=0 means 100.
+        assert_eq!(c.serving.http2_max_streams, 100);
+        // Bodies to remote APIServices are the backend's business unless asked.
+        assert_eq!(c.limits.max_remote_request_body_bytes, 0);
+        assert_eq!(c.limits.max_request_body_bytes, 3 * 1024 * 1024);
     }
 
     /// One row per `--core-url`: the endpoint it means, or a part of the refusal naming the flag.
@@ -656,13 +661,6 @@ mod tests {
                 "maxHeaderBytes: 100\n",
                 "max-header-bytes",
                 "invalid configuration: --max-header-bytes (maxHeaderBytes): must be at least 8192",
-            ),
-            (
-                "no streams per connection",
-                "http2MaxStreamsPerConnection: 0\n",
-                "http2-max-streams-per-connection",
-                "invalid configuration: --http2-max-streams-per-connection \
-                 (http2MaxStreamsPerConnection): must be at least 1",
             ),
             (
                 "allowed names without the CA that signs them",

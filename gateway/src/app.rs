@@ -221,7 +221,11 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         .layer(RequestInfoService::layer())
         .layer(Authn::layer(authenticator))
         .layer(AuditCapture::layer())
-        .layer(LimitsService::layer(&config.limits, metrics.clone()))
+        .layer(LimitsService::layer(
+            &config.limits,
+            Some(gateway.routing.clone()),
+            metrics.clone(),
+        ))
         .layer(TimeoutService::layer(config.limits.request_timeout))
         .layer(Authz::layer(authorizer))
         .service(Router::new(gateway.clone()));
@@ -253,6 +257,7 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         header_read_timeout: config.limits.header_read_timeout,
         max_header_bytes: config.limits.max_header_bytes,
         http2_max_streams: config.serving.http2_max_streams,
+        max_connections: config.serving.max_client_connections,
     };
     let server = tokio::spawn(
         listener::serve(listener, server_tls, stack, settings, stop_rx)

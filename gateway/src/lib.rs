@@ -15,6 +15,7 @@ pub mod health;
 pub mod identity;
 pub mod listener;
 pub mod logging;
+pub mod memory;
 pub mod metrics;
 pub mod proxy;
 pub mod request;

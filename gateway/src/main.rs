@@ -75,6 +75,11 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     aggregation_gateway::logging::init(&config.logging, log_filter);
+    match raise_open_file_limit() {
+        Ok(limit) => tracing::info!(limit, "open-file limit"),
+        Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
+    }
+    runtime.spawn(aggregation_gateway::memory::trim_after_peaks());
     match runtime.block_on(aggregation_gateway::app::run(config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -86,4 +91,31 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Raises the soft limit on open files to the hard limit, as Go's runtime does at start (so
+/// kube-apiserver runs with it): every client connection, and every watch's connection to the
+/// core, is a descriptor. Returns the soft limit now in force.
+fn raise_open_file_limit() -> std::io::Result<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit only read and write the struct passed by pointer.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: lim.rlim_max,
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            lim = raised;
+        }
+    }
+    Ok(lim.rlim_cur)
 }

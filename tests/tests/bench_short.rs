@@ -20,6 +20,7 @@ const SCENARIOS: &[&str] = &[
     "discovery rebuild",
     "resident memory",
     "start to ready",
+    "overload",
 ];
 
 #[test]

@@ -195,6 +195,7 @@ mod tests {
             tls13_only: false,
             cipher_suites: vec![],
             http2_max_streams: 100,
+            max_client_connections: 0,
         }
     }
 

@@ -92,16 +92,27 @@ impl Probe {
         user: &UserInfo,
     ) -> Result<(), String> {
         let client = self.client();
+        // The whole check, waiting for another check's dial included, takes at most one
+        // attempt's time: a hung backend is reported as soon as upstream's would be.
+        let deadline = tokio::time::Instant::now() + TIMEOUT;
+        let timed_out = || {
+            format!(
+                "failing or missing response: timed out after {}s",
+                TIMEOUT.as_secs()
+            )
+        };
         let mut last = String::from("no attempt was made");
         let mut parallel = ATTEMPTS;
         if !client.answered.load(Ordering::Acquire) {
-            // Another check may be dialing: wait for it rather than dial beside it, but never
-            // longer than one attempt may take.
-            if let Ok(_dialing) = tokio::time::timeout(TIMEOUT, self.dialing.lock()).await {
+            // Another check may be dialing: wait for it rather than dial beside it.
+            if let Ok(_dialing) = tokio::time::timeout_at(deadline, self.dialing.lock()).await {
                 if !client.answered.load(Ordering::Acquire) {
-                    match attempt(&client, resolve(), path, user).await {
-                        Ok(()) => return Ok(()),
-                        Err(e) => last = e,
+                    match tokio::time::timeout_at(deadline, attempt(&client, resolve(), path, user))
+                        .await
+                    {
+                        Ok(Ok(())) => return Ok(()),
+                        Ok(Err(e)) => last = e,
+                        Err(_) => last = timed_out(),
                     }
                     parallel -= 1;
                 }
@@ -110,11 +121,18 @@ impl Probe {
         let mut attempts: FuturesUnordered<_> = (0..parallel)
             .map(|_| attempt(&client, resolve(), path, user))
             .collect();
-        while let Some(outcome) = attempts.next().await {
-            match outcome {
+        loop {
+            match tokio::time::timeout_at(deadline, attempts.next()).await {
                 // The other attempts are dropped (cancelled) with `attempts`.
-                Ok(()) => return Ok(()),
-                Err(e) => last = e,
+                Ok(Some(Ok(()))) => return Ok(()),
+                Ok(Some(Err(e))) => last = e,
+                Ok(None) => break,
+                Err(_) => {
+                    if last == "no attempt was made" {
+                        last = timed_out();
+                    }
+                    break;
+                }
             }
         }
         drop(attempts);

@@ -1,13 +1,22 @@
 //! In-flight limits (kube-apiserver's --max-requests-inflight and
 //! --max-mutating-requests-inflight) answered with 429 and `Retry-After`, and the request body
-//! limit answered with 413. Long-running requests are not counted: they would otherwise hold
-//! slots for hours.
+//! limit answered with 413.
+//!
+//! Not counted: long-running requests (they would hold slots for hours), and the probes
+//! (`GET`/`HEAD` of `/livez`, `/readyz`, `/healthz` and their checks), which kube-apiserver serves
+//! at its `exempt` priority level so that a kubelet's probe is never refused for load.
+//!
+//! The body limit keeps the gateway's own endpoints and the core from large bodies. Requests
+//! proxied to a remote APIService are left to that backend, as kube-aggregator leaves them,
+//! unless `--apiservice-max-request-body-bytes` sets a cap for them.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use apiservice::route_table::Lookup;
 use http::header::CONTENT_LENGTH;
+use http::Method;
 use http_body_util::Limited;
 use prometheus::IntGauge as Gauge;
 use tower::layer::layer_fn;
@@ -15,9 +24,11 @@ use tower::{Layer, Service};
 
 use crate::body::{self, BoxError, Request, Response};
 use crate::error::GatewayError;
+use crate::health::Endpoint;
 use crate::metrics::Metrics;
 use crate::request::BoxFuture;
 use crate::request_info::RequestInfo;
+use crate::routing::{Routing, Target};
 
 struct Slots {
     limit: u32,
@@ -65,8 +76,39 @@ impl Drop for InflightGuard {
 struct Shared {
     readonly: Arc<Slots>,
     mutating: Arc<Slots>,
+    /// 0: no limit.
     max_body: u64,
+    /// For requests to remote APIServices; 0: no limit.
+    max_remote_body: u64,
+    /// Where a request with a body is going, to choose its limit.
+    routing: Option<Arc<Routing>>,
     metrics: Arc<Metrics>,
+}
+
+impl Shared {
+    /// The body limit for `req` (0: none): the remote one when the routing snapshot sends it to
+    /// a remote APIService.
+    fn body_limit(&self, req: &Request, info: Option<&RequestInfo>) -> u64 {
+        let Some(routing) = &self.routing else {
+            return self.max_body;
+        };
+        let path = info.map_or(req.uri().path(), |i| i.path.as_str());
+        let table = routing.load_full();
+        match table.lookup(path) {
+            Lookup::GroupVersion(route) | Lookup::LegacyCore(route)
+                if matches!(route.backend.target, Target::Remote(_)) =>
+            {
+                self.max_remote_body
+            }
+            _ => self.max_body,
+        }
+    }
+}
+
+/// A probe kube-apiserver would serve at its `exempt` priority level.
+fn is_probe(req: &Request) -> bool {
+    matches!(*req.method(), Method::GET | Method::HEAD)
+        && Endpoint::from_path(req.uri().path()).is_some()
 }
 
 #[derive(Clone)]
@@ -76,8 +118,11 @@ pub struct LimitsService<S> {
 }
 
 impl<S> LimitsService<S> {
+    /// `routing` tells requests to remote APIServices apart (their body limit is
+    /// `max_remote_request_body_bytes`); without it every request gets `max_request_body_bytes`.
     pub fn layer(
         limits: &gateway_config::Limits,
+        routing: Option<Arc<Routing>>,
         metrics: Arc<Metrics>,
     ) -> impl Layer<S, Service = Self> + Clone {
         let slots = |limit| {
@@ -90,6 +135,8 @@ impl<S> LimitsService<S> {
             readonly: slots(limits.max_readonly_inflight),
             mutating: slots(limits.max_mutating_inflight),
             max_body: limits.max_request_body_bytes,
+            max_remote_body: limits.max_remote_request_body_bytes,
+            routing,
             metrics,
         };
         layer_fn(move |inner| Self {
@@ -115,21 +162,28 @@ where
     fn call(&mut self, req: Request) -> Self::Future {
         let info = req.extensions().get::<RequestInfo>();
         let long_running = info.is_some_and(|i| i.long_running);
-        if long_running {
+        if long_running || is_probe(&req) {
             return Box::pin(self.inner.call(req));
         }
         let mutating = info.is_some_and(|i| i.is_mutating());
         let limits = &self.limits;
-        let max_body = limits.max_body;
         let declared = req
             .headers()
             .get(CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
-        if declared.is_some_and(|n| n > max_body) {
-            return Box::pin(
-                async move { Err(GatewayError::BodyTooLarge { limit: max_body }.into()) },
-            );
+        // Only a body that may be over the limit costs a look at the routes.
+        let may_exceed = match declared {
+            Some(n) => limits.max_body > 0 && n > limits.max_body,
+            None => !http_body::Body::is_end_stream(req.body()),
+        };
+        let max_body = if may_exceed {
+            limits.body_limit(&req, info)
+        } else {
+            limits.max_body
+        };
+        if max_body > 0 && declared.is_some_and(|n| n > max_body) {
+            return too_large(max_body);
         }
         let (slots, kind, kind_name) = if mutating {
             (&limits.mutating, "mutating", "mutating")
@@ -147,18 +201,73 @@ where
             _slot: guard,
             gauge,
         };
-        // A chunked body has no length up front; Limited ends it with an error past the limit,
-        // which the backends report as 413.
+        // A chunked body has no length up front: it is cut at the limit, and the failure it
+        // causes downstream (the backend's request fails) is answered as the 413 it is.
+        let overflow = Arc::new(AtomicBool::new(false));
         let req = if declared.is_none() && max_body > 0 {
-            req.map(|b| body::boxed(Limited::new(b, max_body as usize)))
+            let seen = overflow.clone();
+            req.map(|b| {
+                body::boxed(OverflowSeen {
+                    inner: Limited::new(b, max_body as usize),
+                    seen,
+                })
+            })
         } else {
             req
         };
         let fut = self.inner.call(req);
         Box::pin(async move {
-            let resp = fut.await?;
-            Ok(resp.map(|b| body::with_guard(b, guard)))
+            let result = fut.await;
+            if overflow.load(Ordering::Acquire) {
+                drop(result);
+                return too_large(max_body).await;
+            }
+            Ok(result?.map(|b| body::with_guard(b, guard)))
         })
+    }
+}
+
+fn too_large(limit: u64) -> BoxFuture<Result<Response, BoxError>> {
+    Box::pin(async move { Err(GatewayError::BodyTooLarge { limit }.into()) })
+}
+
+pin_project_lite::pin_project! {
+    /// A length-limited request body that remembers when it hit its limit.
+    struct OverflowSeen<B> {
+        #[pin]
+        inner: Limited<B>,
+        seen: Arc<AtomicBool>,
+    }
+}
+
+impl<B> http_body::Body for OverflowSeen<B>
+where
+    B: http_body::Body,
+    B::Error: Into<BoxError>,
+{
+    type Data = B::Data;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, BoxError>>> {
+        let this = self.project();
+        let frame = this.inner.poll_frame(cx);
+        if let Poll::Ready(Some(Err(e))) = &frame {
+            if e.is::<http_body_util::LengthLimitError>() {
+                this.seen.store(true, Ordering::Release);
+            }
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -182,6 +291,7 @@ mod tests {
             max_mutating_inflight: 1,
             request_timeout: Duration::from_secs(60),
             max_request_body_bytes: max_body,
+            max_remote_request_body_bytes: 0,
             header_read_timeout: Duration::from_secs(10),
             max_header_bytes: 1 << 20,
         }
@@ -215,7 +325,7 @@ mod tests {
 
     /// request_info then limits over `inner`, as in the real stack.
     fn stack<S>(limits: &gateway_config::Limits, inner: S) -> RequestInfoService<LimitsService<S>> {
-        let limits = LimitsService::layer(limits, Arc::new(Metrics::new())).layer(inner);
+        let limits = LimitsService::layer(limits, None, Arc::new(Metrics::new())).layer(inner);
         RequestInfoService::layer().layer(limits)
     }
 

@@ -1,11 +1,26 @@
-//! The request timeout (kube-apiserver's --request-timeout, 60 s): an ordinary request that has
-//! no response headers by then gets 504. A client's own `?timeout=` shortens it, never extends
-//! it. Long-running requests (watch, exec, attach, portforward, log, proxy) are exempt. The
-//! deadline covers the response headers only: a 101's tunnel, like any body, runs past it.
+//! The request timeout (kube-apiserver's --request-timeout, 60 s) bounds the whole exchange of an
+//! ordinary request, writing the response to the client included: a request without response
+//! headers by then gets 504, and a response the client has not taken in by then is cut off (the
+//! HTTP/2 stream is reset, the HTTP/1.1 connection closed), which frees its in-flight slot and its
+//! buffers. Without the second half, a client that stops reading (an HTTP/2 connection that
+//! announces a zero flow-control window, an HTTP/1.1 client that reads nothing) would hold slots
+//! and memory forever, because hyper polls a response body only as fast as the client takes it.
+//! A client's own `?timeout=` shortens the limit, never extends it. Long-running requests (watch,
+//! exec, attach, portforward, log, proxy) are exempt, and so is a 101's tunnel.
+//!
+//! The cut itself is the listener's: it runs every exchange under an [`ExchangeDeadline`] (each
+//! HTTP/2 stream in a task of its own, an HTTP/1.1 connection one exchange at a time) and ends it
+//! when the deadline this layer armed passes. The deadline reaches this layer as a task-local
+//! because hyper polls an HTTP/2 stream's service future in the stream's task, which nothing in the
+//! request can name.
 
+use std::future::Future;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use tokio::sync::Notify;
+use tokio::time::Instant;
 use tower::layer::layer_fn;
 use tower::{Layer, Service};
 
@@ -13,6 +28,82 @@ use crate::body::{BoxError, Request, Response};
 use crate::error::GatewayError;
 use crate::request::BoxFuture;
 use crate::request_info::RequestInfo;
+
+/// After a 504, how long the client has to read that Status before the exchange is cut.
+const TIMEOUT_STATUS_GRACE: Duration = Duration::from_secs(5);
+
+tokio::task_local! {
+    static EXCHANGE: ExchangeDeadline;
+}
+
+// === impl ExchangeDeadline ===
+
+/// The deadline of the exchange being served, armed by [`TimeoutService`] and enforced by the
+/// listener. Unarmed (long-running requests, requests not yet past the timeout layer) it never
+/// expires.
+#[derive(Clone, Default)]
+pub struct ExchangeDeadline(Arc<DeadlineState>);
+
+#[derive(Default)]
+struct DeadlineState {
+    at: Mutex<Option<Instant>>,
+    changed: Notify,
+}
+
+impl ExchangeDeadline {
+    /// Polls `f` with this deadline as the current exchange's, for one poll.
+    pub fn poll_within<R>(&self, f: impl FnOnce() -> R) -> R {
+        EXCHANGE.sync_scope(self.clone(), f)
+    }
+
+    /// Runs `fut` with this deadline as the current exchange's.
+    pub async fn scope<F: Future>(self, fut: F) -> F::Output {
+        EXCHANGE.scope(self, fut).await
+    }
+
+    /// The exchange being served by this task, if the listener runs it under a deadline.
+    fn current() -> Option<Self> {
+        EXCHANGE.try_with(Clone::clone).ok()
+    }
+
+    fn arm(&self, at: Instant) {
+        *self.0.at.lock().unwrap_or_else(|e| e.into_inner()) = Some(at);
+        self.0.changed.notify_waiters();
+    }
+
+    /// The exchange is over (its response was written or dropped): nothing to enforce until
+    /// the next one arms it.
+    pub fn disarm(&self) {
+        *self.0.at.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        self.0.changed.notify_waiters();
+    }
+
+    fn armed(&self) -> Option<Instant> {
+        *self.0.at.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Resolves once an armed deadline has passed while still armed.
+    pub async fn expired(&self) {
+        loop {
+            let changed = self.0.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            match self.armed() {
+                None => changed.await,
+                Some(at) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(at) => {
+                            if self.armed().is_some_and(|now| now <= Instant::now()) {
+                                return;
+                            }
+                        }
+                        _ = changed => {}
+                    }
+                }
+            }
+        }
+    }
+}
 
 #[derive(Clone)]
 pub struct TimeoutService<S> {
@@ -61,11 +152,26 @@ where
         }
         let limit = client_timeout(req.uri().query().unwrap_or(""))
             .map_or(self.limit, |d| d.min(self.limit));
+        let deadline = Instant::now() + limit;
         let fut = self.inner.call(req);
         Box::pin(async move {
-            match tokio::time::timeout(limit, fut).await {
-                Ok(result) => result,
-                Err(_) => Err(GatewayError::Timeout(limit).into()),
+            // Read on the first poll: that runs in the exchange's own task (see the module docs).
+            let exchange = ExchangeDeadline::current();
+            let arm = |at| {
+                if let Some(exchange) = &exchange {
+                    exchange.arm(at);
+                }
+            };
+            match tokio::time::timeout_at(deadline, fut).await {
+                Ok(Ok(resp)) if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS => Ok(resp),
+                Ok(result) => {
+                    arm(deadline);
+                    result
+                }
+                Err(_) => {
+                    arm(Instant::now() + TIMEOUT_STATUS_GRACE);
+                    Err(GatewayError::Timeout(limit).into())
+                }
             }
         })
     }

@@ -28,12 +28,13 @@
 //!
 //! Route-table and discovery rebuilds ([`rebuild`]) are timed in process with the gateway's own
 //! `apiservice` types (no sockets). Memory and CPU come from `/proc` ([`memory`]); start-up time is
-//! [`ready`].
+//! [`ready`]; what hostile clients cost the gateway and everyone else is [`overload`].
 
 pub mod backend;
 pub mod documents;
 pub mod load;
 pub mod memory;
+pub mod overload;
 pub mod ready;
 pub mod real;
 pub mod rebuild;

@@ -15,22 +15,28 @@ use super::report::{Results, Row};
 use super::setup::Setup;
 use super::{BoxError, Settings};
 
-/// Opens `n` watch streams over HTTP/2 (500 streams per connection) and returns what keeps them
-/// open, after each delivered its first event.
-async fn open_watches(
+/// How many watches share one HTTP/2 connection: the gateway's default stream limit, which is
+/// kube-apiserver's (100), so each connection is full.
+pub const WATCHES_PER_CONNECTION: usize = 100;
+
+/// Opens `n` watch streams over HTTP/2 ([`WATCHES_PER_CONNECTION`] per connection) and returns
+/// what keeps them open, after each delivered its first event. Each connection is opened just
+/// before its streams: a connection that made no request within the header read timeout is
+/// closed by the gateway.
+pub async fn open_watches(
     endpoint: &Endpoint,
     n: usize,
 ) -> Result<(Vec<Sender>, Vec<Incoming>, Duration), BoxError> {
     let tls = client_tls(endpoint.ca_pem.as_deref().ok_or("TLS endpoint")?, Proto::H2)?;
-    let per_connection = 500;
+    let per_connection = WATCHES_PER_CONNECTION;
     let mut senders = Vec::new();
-    for _ in 0..n.div_ceil(per_connection) {
-        senders.push(connect(endpoint, Some(&tls), Proto::H2).await?);
-    }
     let started = Instant::now();
     let semaphore = Arc::new(tokio::sync::Semaphore::new(256));
     let mut tasks = Vec::with_capacity(n);
     for i in 0..n {
+        if i % per_connection == 0 {
+            senders.push(connect(endpoint, Some(&tls), Proto::H2).await?);
+        }
         let mut sender = senders[i / per_connection]
             .clone_h2()
             .ok_or("HTTP/2 sender")?;
@@ -79,7 +85,8 @@ pub async fn run(
 ) -> Result<(), BoxError> {
     let Results { rows, raw } = results;
     let n = settings.watch_streams;
-    let name = format!("{n} watch streams held open (HTTP/2, 500 per connection)");
+    let name =
+        format!("{n} watch streams held open (HTTP/2, {WATCHES_PER_CONNECTION} per connection)");
     eprintln!("bench: {name}");
     let measure = |pid: u32, endpoint: Endpoint| async move {
         // Let connections from earlier scenarios close and memory settle first.

@@ -21,7 +21,7 @@ use e2e::bench::load::LOAD_GENERATOR;
 use e2e::bench::memory::{mb, raise_nofile_limit, rss_bytes, RssSampler};
 use e2e::bench::report::{self, Results, Row};
 use e2e::bench::setup::{self, Setup};
-use e2e::bench::{backend, ready, real, rebuild, throughput, watch, BoxError, Settings};
+use e2e::bench::{backend, overload, ready, real, rebuild, throughput, watch, BoxError, Settings};
 use e2e::certs::install_crypto;
 use e2e::harness;
 
@@ -134,6 +134,9 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
 
     if settings.wants("watch streams held open") {
         watch::run(&settings, &setup, idle_gateway, &mut results).await?;
+    }
+    if settings.wants(overload::NAME) {
+        overload::run(&settings, &setup, idle_gateway, &mut results).await?;
     }
     if settings.wants("start to ready") {
         ready::run(&settings, &setup, &mut results).await?;
