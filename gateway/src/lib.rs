@@ -3,6 +3,7 @@
 //! tower stack every request crosses, the router, the backend clients (core and remote), the
 //! handlers the gateway answers itself, and start-up/shutdown.
 
+pub mod apiservice_table;
 pub mod app;
 pub mod auth;
 pub mod backend;

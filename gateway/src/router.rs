@@ -10,6 +10,7 @@ use apiservice::route_table::Lookup;
 use http::{header, HeaderValue, Method};
 use tower::Service;
 
+use crate::apiservice_table;
 use crate::backend::core::CoreBackend;
 use crate::body::{full, BoxError, Request, Response};
 use crate::discovery::DiscoveryCache;
@@ -108,6 +109,16 @@ impl Service<Request> for Router {
                     gw.discovery.revalidate_core();
                 }
             };
+            // `kubectl get apiservices` of a core that stores them as the chart's CRD.
+            let apiservice_table = info
+                .filter(|i| apiservice_table::applies(i, req.headers()))
+                .map(|i| i.verb == "watch");
+            let from_core = |resp: Response| async move {
+                match apiservice_table {
+                    Some(watch) => apiservice_table::present(resp, watch).await,
+                    None => resp,
+                }
+            };
             // Routes are matched on the decoded path, as kube-aggregator's mux matches
             // `URL.Path`; the request itself goes on with the path the client wrote.
             let route_path = info.map_or(path, |i| i.path.as_str());
@@ -118,13 +129,13 @@ impl Service<Request> for Router {
             };
             if let Some(route) = route {
                 let result = match &route.backend.target {
-                    Target::Local => {
-                        let result = gw.core.forward(req, client, long_running).await;
-                        if let Ok(resp) = &result {
-                            after_core(resp);
+                    Target::Local => match gw.core.forward(req, client, long_running).await {
+                        Ok(resp) => {
+                            after_core(&resp);
+                            Ok(from_core(resp).await)
                         }
-                        result
-                    }
+                        Err(e) => Err(e),
+                    },
                     Target::Broken(why) => Err(GatewayError::BackendUnavailable {
                         api_service: route.api_service.name.clone(),
                         reason: why.to_string(),
@@ -159,7 +170,7 @@ impl Service<Request> for Router {
             let resp = match gw.core.forward(req, client, long_running).await {
                 Ok(resp) => {
                     after_core(&resp);
-                    resp
+                    from_core(resp).await
                 }
                 Err(e) => {
                     log_failure(&e, "core server request failed");

@@ -35,21 +35,32 @@ spec:
       subresources:
         status: {}
       # The built-in API prints SERVICE as namespace/name or Local and AVAILABLE as True or
-      # "False (Reason)": computed cells that a CRD's printer columns cannot express (one simple
-      # JSON path per column; kube-apiserver's table convertor prints the first value it finds).
-      # These print the Service's name and the condition's status instead.
+      # "False (Reason)": joined cells, where a CRD's printer column is one JSON path. So these
+      # print the parts, with the namespace and the reason at priority 1 (shown by -o wide), and
+      # the gateway joins them into the built-in API's four columns when kubectl asks through it.
+      # The names are what the gateway looks for: change them together with apiservice_table.rs.
       additionalPrinterColumns:
         - name: Service
           type: string
-          description: The Service (namespace/name) serving this group version; empty for a group the core serves itself.
+          description: The name of the Service that hosts this API endpoint; empty for a group the core serves itself (Local).
           jsonPath: .spec.service.name
         - name: Available
           type: string
-          description: Whether the gateway can reach the APIService's backend.
+          description: Whether this service is available.
           jsonPath: .status.conditions[?(@.type=="Available")].status
         - name: Age
           type: date
           jsonPath: .metadata.creationTimestamp
+        - name: Service Namespace
+          type: string
+          priority: 1
+          description: The namespace of the Service that hosts this API endpoint.
+          jsonPath: .spec.service.namespace
+        - name: Reason
+          type: string
+          priority: 1
+          description: Why the Available condition is what it is.
+          jsonPath: .status.conditions[?(@.type=="Available")].reason
       schema:
         openAPIV3Schema:
           description: APIService represents a server for a particular GroupVersion; the gateway routes /apis/<group>/<version> to it.

@@ -87,7 +87,14 @@ fn the_apiservice_crd_is_rendered_for_the_core_only_with_status_and_printer_colu
                         "Available",
                         ".status.conditions[?(@.type==\"Available\")].status"
                     ),
-                    ("Age", ".metadata.creationTimestamp")
+                    ("Age", ".metadata.creationTimestamp"),
+                    // The parts the gateway joins into kube's SERVICE and AVAILABLE cells
+                    // (gateway/src/apiservice_table.rs looks for these names).
+                    ("Service Namespace", ".spec.service.namespace"),
+                    (
+                        "Reason",
+                        ".status.conditions[?(@.type==\"Available\")].reason"
+                    ),
                 ]
             );
             let schema = serde_json::to_value(

@@ -413,6 +413,102 @@ pub async fn apiservice_crd(real: &Real) {
         cases.len(),
         failures.join("\n")
     );
+    printed_as_the_built_in_api(real, &admin).await;
+}
+
+/// `kubectl get apiservices` of the CRD through the gateway prints the built-in API's columns:
+/// SERVICE `namespace/name` or `Local`, AVAILABLE `True`, `False (Reason)` or `Unknown`. Directly
+/// against the core the CRD prints the parts (the name, the bare status).
+async fn printed_as_the_built_in_api(real: &Real, admin: &Kubectl) {
+    use serde_json::json;
+    let (_, through) = real.admins();
+    let resource = format!("apiservices.{TEST_GROUP}");
+    let objects = [
+        (
+            "v1.remote.e2e.example.com",
+            json!({"group": "remote.e2e.example.com", "version": "v1",
+            "groupPriorityMinimum": 100, "versionPriority": 10,
+            "service": {"namespace": "wardle", "name": "api"}}),
+            Some(("False", "FailedDiscoveryCheck")),
+        ),
+        (
+            "v1.local.e2e.example.com",
+            json!({"group": "local.e2e.example.com", "version": "v1",
+            "groupPriorityMinimum": 100, "versionPriority": 10}),
+            Some(("True", "Local")),
+        ),
+        (
+            "v2.remote.e2e.example.com",
+            json!({"group": "remote.e2e.example.com", "version": "v2",
+            "groupPriorityMinimum": 100, "versionPriority": 10,
+            "service": {"namespace": "other", "name": "svc"}}),
+            None,
+        ),
+    ];
+    for (name, spec, status) in &objects {
+        let object = json!({"apiVersion": format!("{TEST_GROUP}/v1"), "kind": "APIService",
+            "metadata": {"name": name}, "spec": spec});
+        let file = admin.home().join(format!("{name}.json"));
+        std::fs::write(&file, object.to_string()).unwrap();
+        admin
+            .run_ok(&["apply", "-f", &file.display().to_string()])
+            .await;
+        if let Some((status, reason)) = status {
+            let patch = json!({"status": {"conditions": [{"type": "Available", "status": status,
+                "reason": reason, "message": "set by the test",
+                "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
+            admin
+                .run_ok(&[
+                    "patch",
+                    &resource,
+                    name,
+                    "--subresource=status",
+                    "--type=merge",
+                    "-p",
+                    &patch.to_string(),
+                ])
+                .await;
+        }
+    }
+    let words = |out: &str| -> Vec<String> {
+        out.lines()
+            .map(|l| {
+                // AGE is the last column and changes with time.
+                let mut w: Vec<&str> = l.split_whitespace().collect();
+                w.pop();
+                w.join(" ")
+            })
+            .collect()
+    };
+    // The layout is the built-in API's, as kube-apiserver prints it for its own APIServices.
+    let builtin = admin
+        .run_ok(&["get", "apiservices.apiregistration.k8s.io"])
+        .await;
+    let through_gateway = through.run_ok(&["get", &resource]).await;
+    let got = words(&through_gateway.stdout);
+    assert_eq!(
+        got.first(),
+        words(&builtin.stdout).first(),
+        "the header through the gateway is not kube-apiserver's:\n{through_gateway}\n{builtin}"
+    );
+    assert_eq!(
+        got[1..],
+        [
+            "v1.local.e2e.example.com Local True",
+            "v1.remote.e2e.example.com wardle/api False (FailedDiscoveryCheck)",
+            "v2.remote.e2e.example.com other/svc Unknown",
+        ],
+        "kubectl get {resource} through the gateway:\n{through_gateway}"
+    );
+    // Directly, the CRD's own columns: the parts, which only the gateway joins.
+    let direct = admin.run_ok(&["get", &resource]).await;
+    assert!(
+        words(&direct.stdout).contains(&"v1.remote.e2e.example.com api False".to_owned()),
+        "directly the CRD prints the Service's name and the bare status:\n{direct}"
+    );
+    for (name, ..) in &objects {
+        admin.run_ok(&["delete", &resource, name]).await;
+    }
 }
 
 async fn dry_run_output(kubectl: &Kubectl, api_version: &str, case: &Case) -> Value {
