@@ -441,6 +441,10 @@ async fn metrics_count_requests_by_target_and_code() {
 /// A core serving HTTPS with a certificate of its own CA (written to `dir/core-ca.crt`, also
 /// returned) and on a Unix socket (`dir/core.sock`).
 async fn tls_core(dir: &std::path::Path) -> (FixtureCore, std::path::PathBuf) {
+    tls_core_with(dir, &[]).await
+}
+
+async fn tls_core_with(dir: &std::path::Path, extra: &[&str]) -> (FixtureCore, std::path::PathBuf) {
     let ca = e2e::certs::TestCa::new("core-ca");
     let ca_file = ca.write(dir, "core-ca").unwrap();
     let (cert, key) = ca
@@ -448,17 +452,99 @@ async fn tls_core(dir: &std::path::Path) -> (FixtureCore, std::path::PathBuf) {
         .write(dir, "core")
         .unwrap();
     let socket = dir.join("core.sock");
-    let core = FixtureCore::start(&[
-        "--tls-cert-file",
-        cert.to_str().unwrap(),
-        "--tls-private-key-file",
-        key.to_str().unwrap(),
-        "--unix-socket",
-        socket.to_str().unwrap(),
-    ])
+    let core = FixtureCore::start(
+        &[
+            "--tls-cert-file",
+            cert.to_str().unwrap(),
+            "--tls-private-key-file",
+            key.to_str().unwrap(),
+            "--unix-socket",
+            socket.to_str().unwrap(),
+        ]
+        .into_iter()
+        .chain(extra.iter().copied())
+        .collect::<Vec<_>>(),
+    )
     .await
     .unwrap();
     (core, ca_file)
+}
+
+/// kube-apiserver closes an HTTP/2 connection once it has answered an anonymous request
+/// (UnauthenticatedHTTP2DOSMitigation). Anonymous callers beside a token user in every round:
+/// every request is answered, and the core accepts a few connections from the gateway, not one
+/// more per anonymous request (those go over HTTP/1.1 keep-alive, closing nothing shared).
+#[tokio::test]
+async fn anonymous_callers_do_not_close_the_core_connection_others_share() {
+    let dir = tempfile::tempdir().unwrap();
+    let (core, ca_file) = tls_core_with(dir.path(), &["--goaway-anonymous-http2"]).await;
+    // The gateway's own requests (token reviews, access reviews) carry a token, as in a real
+    // deployment; the core would otherwise take them for anonymous ones.
+    let token_file = dir.path().join("gateway.token");
+    std::fs::write(&token_file, harness::DEFAULT_TOKEN).unwrap();
+    let gateway = Gateway::start(GatewayOptions::new(format!("https://{}", core.addr)).args([
+        "--apiservice-source",
+        "none",
+        "--core-ca-file",
+        ca_file.to_str().unwrap(),
+        "--core-token-file",
+        token_file.to_str().unwrap(),
+    ]))
+    .await
+    .unwrap();
+    let core_client =
+        harness::http1_client(&std::fs::read_to_string(&ca_file).unwrap(), None).unwrap();
+    let accepted = || async {
+        let url = format!("https://{}/fixture/connections", core.addr);
+        let (_, _, body) = harness::get(&core_client, &url).await.unwrap();
+        serde_json::from_slice::<Value>(&body).unwrap()["accepted"]
+            .as_u64()
+            .unwrap()
+    };
+    let ca = gateway.ca_pem().unwrap();
+    let client = harness::http2_client(&ca, None).unwrap();
+    let url = format!("{}/api/v1/namespaces", gateway.url());
+    let get = |token: Option<&'static str>| {
+        let mut req = Request::get(&url);
+        if let Some(token) = token {
+            req = req.header("authorization", format!("Bearer {token}"));
+        }
+        harness::send(&client, req.body(Full::new(Bytes::new())).unwrap())
+    };
+    // Warm: the gateway's connections to the core are open.
+    assert_eq!(
+        get(Some(harness::DEFAULT_TOKEN)).await.unwrap().0,
+        StatusCode::OK
+    );
+    let before = accepted().await;
+    const ROUNDS: usize = 30;
+    let mut failures = Vec::new();
+    for round in 0..ROUNDS {
+        let answers = futures::future::join_all(
+            std::iter::once(get(None)).chain((0..5).map(|_| get(Some(harness::DEFAULT_TOKEN)))),
+        )
+        .await;
+        for (i, answer) in answers.into_iter().enumerate() {
+            match answer {
+                Ok((StatusCode::OK, _, _)) => {}
+                other => failures.push(format!("round {round}, request {i}: {other:?}")),
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{failures:#?}\n{}",
+        gateway.process.logs()
+    );
+    // This question's own connection counts too.
+    let opened = accepted().await - before;
+    eprintln!("core connections opened for {ROUNDS} rounds with an anonymous caller: {opened}");
+    assert!(
+        opened <= 6,
+        "{opened} core connections for {ROUNDS} anonymous requests beside a token user: each \
+         anonymous request closed the connection the others shared\n{}",
+        gateway.process.logs()
+    );
 }
 
 /// The gateway reaches the core over HTTPS verified with --core-ca-file (HTTP/2 when offered),

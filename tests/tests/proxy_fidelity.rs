@@ -448,3 +448,66 @@ async fn apiservices_on_one_service_share_its_connections() {
         s.logs()
     );
 }
+
+// ---- anonymous callers cost nobody else their backend connection ----
+
+/// A k8s.io/apiserver backend closes an HTTP/2 connection once it has answered an anonymous
+/// request (kube's UnauthenticatedHTTP2DOSMitigation, on by default). With an anonymous caller
+/// beside authenticated ones in every round, every request is answered and the backend accepts a
+/// few connections, not one more per anonymous request: anonymous requests go over HTTP/1.1
+/// keep-alive, and close nothing the others share.
+#[tokio::test]
+async fn anonymous_callers_do_not_close_the_connection_others_share() {
+    let s = Scenario::builder()
+        .backend(
+            "wardle",
+            WARDLE_GROUP,
+            "v1alpha1",
+            &["--goaway-anonymous-http2"],
+        )
+        .apiservice(WARDLE_GROUP, "v1alpha1", "wardle")
+        .start()
+        .await;
+    let alice = s.user("alice", &["dev"]);
+    assert_served(&s, &alice).await;
+    let ca = s.gateway.ca_pem().unwrap();
+    let url = format!(
+        "{}/apis/wardle.example.com/v1alpha1/namespaces/default/flunders",
+        s.gateway.url()
+    );
+    let as_alice = harness::http2_client(&ca, Some(&alice)).unwrap();
+    let anonymous = harness::http2_client(&ca, None).unwrap();
+    let before = accepted_connections(&s).await;
+    const ROUNDS: usize = 30;
+    let mut failures = Vec::new();
+    for round in 0..ROUNDS {
+        let answers = futures::future::join_all((0..6).map(|i| {
+            let (who, client) = match i {
+                0 => ("anonymous", anonymous.clone()),
+                _ => ("alice", as_alice.clone()),
+            };
+            let url = url.clone();
+            async move { (who, harness::get(&client, &url).await) }
+        }))
+        .await;
+        for (who, answer) in answers {
+            match answer {
+                Ok((StatusCode::OK, _, _)) => {}
+                Ok((status, _, body)) => failures.push(format!(
+                    "round {round}, {who}: {status} {}",
+                    String::from_utf8_lossy(&body)
+                )),
+                Err(e) => failures.push(format!("round {round}, {who}: {e}")),
+            }
+        }
+    }
+    assert_rows_passed("requests answered", ROUNDS * 6, &failures);
+    let opened = accepted_connections(&s).await - before;
+    eprintln!("backend connections opened for {ROUNDS} rounds with an anonymous caller: {opened}");
+    assert!(
+        opened <= 6,
+        "{opened} backend connections for {ROUNDS} anonymous requests beside authenticated ones: \
+         each anonymous request closed the connection the others shared\n{}",
+        s.logs()
+    );
+}

@@ -26,11 +26,13 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use tokio::sync::watch;
 
+use super::resend;
 use super::unix::UnixConnector;
 use crate::auth::onward::{prepare_core_request, CoreCredentials};
 use crate::auth::Authenticated;
 use crate::body::{Body, Request, Response};
 use crate::error::GatewayError;
+use crate::identity::ANONYMOUS;
 use crate::proxy::{self, Upstream};
 
 #[derive(Debug, thiserror::Error)]
@@ -56,13 +58,31 @@ enum HttpClient {
 }
 
 impl HttpClient {
+    /// Sends `req`, again on another connection when the core refused it unprocessed (see
+    /// `resend`).
     async fn send(
         &self,
         req: Request,
     ) -> Result<hyper::Response<Incoming>, hyper_util::client::legacy::Error> {
-        match self {
-            Self::Tcp(c) => c.request(req).await,
-            Self::Unix(c) => c.request(req).await,
+        let mut again = resend::resendable(&req);
+        let mut req = req;
+        let mut attempt = 1;
+        loop {
+            let sent = match self {
+                Self::Tcp(c) => c.request(req).await,
+                Self::Unix(c) => c.request(req).await,
+            };
+            match (sent, again.take()) {
+                (Err(e), Some(copy))
+                    if attempt < resend::MAX_ATTEMPTS && resend::refused_unprocessed(&e) =>
+                {
+                    tracing::debug!(error = %e, attempt, "the core refused the request unprocessed; sending again");
+                    again = resend::resendable(&copy);
+                    req = copy;
+                    attempt += 1;
+                }
+                (sent, _) => return sent,
+            }
         }
     }
 }
@@ -75,11 +95,14 @@ enum Credentials {
     Token(HeaderValue),
 }
 
-/// A pooled client and its HTTP/1.1 twin for upgrades, with one TLS identity.
+/// A pooled client and its HTTP/1.1 twin, with one TLS identity. The twin carries upgrades, and
+/// anonymous callers' requests: a k8s.io/apiserver core answers an anonymous request on HTTP/2
+/// with a GOAWAY (kube's `UnauthenticatedHTTP2DOSMitigation`), which would close the connection
+/// every other caller's requests share; on HTTP/1.1 it keeps the connection alive.
 #[derive(Clone)]
 struct Clients {
     pooled: HttpClient,
-    upgrades: HttpClient,
+    http1: HttpClient,
 }
 
 /// How the core is verified, and the clients to fall back to without a proxy certificate.
@@ -94,7 +117,7 @@ fn tcp_clients(
 ) -> Result<Clients, CoreSetupError> {
     Ok(Clients {
         pooled: HttpClient::Tcp(tcp_client(trust, identity, true)?),
-        upgrades: HttpClient::Tcp(tcp_client(trust, identity, false)?),
+        http1: HttpClient::Tcp(tcp_client(trust, identity, false)?),
     })
 }
 
@@ -308,7 +331,7 @@ impl CoreBackend {
                 // No TLS on a socket: one client serves every identity.
                 let clients = Clients {
                     pooled: client.clone(),
-                    upgrades: client,
+                    http1: client,
                 };
                 (
                     upstream,
@@ -436,17 +459,22 @@ impl CoreBackend {
                 &self.own
             }
         };
+        let anonymous = parts
+            .extensions
+            .get::<Authenticated>()
+            .is_some_and(|a| a.user().name == ANONYMOUS);
         let req = Request::from_parts(parts, body);
         if upgrade {
-            return proxy::forward_upgrade(req, |r| clients.upgrades.send(r), self.drain.clone())
+            return proxy::forward_upgrade(req, |r| clients.http1.send(r), self.drain.clone())
                 .await
                 .map_err(|e| self.unavailable(e));
         }
-        let resp = clients
-            .pooled
-            .send(req)
-            .await
-            .map_err(|e| self.unavailable(e))?;
+        let client = if anonymous {
+            &clients.http1
+        } else {
+            &clients.pooled
+        };
+        let resp = client.send(req).await.map_err(|e| self.unavailable(e))?;
         Ok(proxy::client_response(resp, long_running, &self.drain))
     }
 

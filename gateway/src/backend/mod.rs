@@ -8,6 +8,7 @@ pub mod kube_client;
 pub mod pool;
 pub mod probe;
 pub mod remote;
+pub mod resend;
 pub mod unix;
 
 use std::time::Duration;

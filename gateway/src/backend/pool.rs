@@ -43,6 +43,7 @@ use tower::ServiceExt;
 
 use super::failures::{FailureSignal, Watched, WatchedStream};
 use super::probe::Probe;
+use super::resend::{refused_unprocessed, resendable, MAX_ATTEMPTS};
 use crate::body::{self, Body, BoxError, Request};
 
 /// Dials with TLS over TCP connections that report their failures (see `failures`).
@@ -164,6 +165,9 @@ struct H2Conn {
     connection: Arc<Mutex<Option<H2Connection>>>,
     streams: usize,
     idle_since: Instant,
+    /// The backend said it is closing this connection (GOAWAY): no new streams go to it, and
+    /// it is dropped once its last stream ends.
+    retired: bool,
 }
 
 // === impl ServiceConnections ===
@@ -214,22 +218,58 @@ impl ServiceConnections {
     /// Sends `req` (an absolute `https://` URI) on a free HTTP/2 stream to its endpoint, or over
     /// HTTP/1.1 when the endpoint does not speak HTTP/2. The stream counts as busy until the
     /// response body is finished or dropped.
-    pub async fn send(&self, mut req: Request) -> Result<http::Response<Body>, PoolError> {
+    ///
+    /// A safe request with no body that the backend refused unprocessed (a stream above the
+    /// last one its GOAWAY accepted, or reset with REFUSED_STREAM) is sent again on another
+    /// connection, as Go's transport does for kube-aggregator: a Go server closing a busy
+    /// connection gracefully otherwise turns every request in flight on it into a 503.
+    pub async fn send(&self, req: Request) -> Result<http::Response<Body>, PoolError> {
+        let mut again = resendable(&req);
+        let mut req = req;
+        for attempt in 1.. {
+            match self.send_once(req).await {
+                Err(Attempt::Refused(e)) if attempt < MAX_ATTEMPTS => match again.take() {
+                    Some(copy) => {
+                        tracing::debug!(error = %e, attempt, "backend refused the stream unprocessed; sending again");
+                        again = resendable(&copy);
+                        req = copy;
+                    }
+                    None => return Err(PoolError::Http2(e)),
+                },
+                Err(Attempt::Refused(e)) => return Err(PoolError::Http2(e)),
+                Err(Attempt::Failed(e)) => return Err(e),
+                Ok(resp) => return Ok(resp),
+            }
+        }
+        unreachable!("the loop returns on its last attempt")
+    }
+
+    async fn send_once(&self, mut req: Request) -> Result<http::Response<Body>, Attempt> {
         let endpoint = req
             .uri()
             .authority()
             .cloned()
             .ok_or_else(|| PoolError::Connect("the request names no backend address".into()))?;
         let Some(stream) = self.stream(&endpoint).await? else {
-            return self.send_http1(req).await;
+            return Ok(self.send_http1(req).await?);
         };
         *req.version_mut() = Version::HTTP_2;
         let mut send = stream.send.clone();
-        let resp = send.send_request(req).await.map_err(PoolError::Http2)?;
-        Ok(resp.map(|b| body::with_guard(b, stream)))
+        match send.send_request(req).await {
+            Ok(resp) => Ok(resp.map(|b| body::with_guard(b, stream))),
+            Err(e) if refused_unprocessed(&e) => {
+                // No new streams go to a connection that is going away.
+                stream.retire();
+                Err(Attempt::Refused(e))
+            }
+            Err(e) => Err(Attempt::Failed(PoolError::Http2(e))),
+        }
     }
 
-    async fn send_http1(&self, req: Request) -> Result<http::Response<Body>, PoolError> {
+    /// Sends `req` over HTTP/1.1 whatever the endpoint speaks: for anonymous callers, whom a
+    /// k8s.io/apiserver backend answers on HTTP/2 with a GOAWAY for the whole connection (see
+    /// `backend::core::Clients`).
+    pub async fn send_http1(&self, req: Request) -> Result<http::Response<Body>, PoolError> {
         let resp = self.http1.request(req).await.map_err(PoolError::Http1)?;
         Ok(resp.map(body::boxed))
     }
@@ -454,6 +494,7 @@ async fn connect(
         connection,
         streams: 0,
         idle_since: Instant::now(),
+        retired: false,
     }))
 }
 
@@ -483,6 +524,19 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// How one send ended when it did not answer.
+enum Attempt {
+    /// The backend refused the stream without processing it.
+    Refused(hyper::Error),
+    Failed(PoolError),
+}
+
+impl From<PoolError> for Attempt {
+    fn from(e: PoolError) -> Self {
+        Attempt::Failed(e)
+    }
+}
+
 // === impl Shared ===
 
 impl Shared {
@@ -497,14 +551,15 @@ impl Endpoint {
     /// Drops closed connections and those unused for [`IDLE_TIMEOUT`].
     fn close_unused(&mut self) {
         self.connections.retain(|c| {
-            !c.send.is_closed() && (c.streams > 0 || c.idle_since.elapsed() < IDLE_TIMEOUT)
+            !c.send.is_closed()
+                && (c.streams > 0 || (!c.retired && c.idle_since.elapsed() < IDLE_TIMEOUT))
         });
     }
 
     fn least_busy_with_room(&mut self) -> Option<&mut H2Conn> {
         self.connections
             .iter_mut()
-            .filter(|c| !c.send.is_closed() && c.streams < c.limit())
+            .filter(|c| !c.send.is_closed() && !c.retired && c.streams < c.limit())
             .min_by_key(|c| c.streams)
     }
 
@@ -545,6 +600,19 @@ impl Stream {
             connection: conn.id,
             endpoint: endpoint.clone(),
             shared: shared.clone(),
+        }
+    }
+}
+
+impl Stream {
+    /// Marks this stream's connection as going away (see `H2Conn::retired`).
+    fn retire(&self) {
+        let mut endpoints = self.shared.lock();
+        let conn = endpoints
+            .get_mut(&self.endpoint)
+            .and_then(|ep| ep.connections.iter_mut().find(|c| c.id == self.connection));
+        if let Some(conn) = conn {
+            conn.retired = true;
         }
     }
 }
@@ -643,25 +711,7 @@ mod tests {
         Arc<AtomicUsize>,
         rustls::RootCertStore,
     ) {
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = rcgen::CertificateParams::new(vec!["api.wardle.svc".to_owned()])
-            .unwrap()
-            .self_signed(&key)
-            .unwrap();
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add(cert.der().clone()).unwrap();
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut tls = rustls::ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_no_client_auth()
-            .with_single_cert(
-                vec![CertificateDer::from(cert.der().to_vec())],
-                PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
-            )
-            .unwrap();
-        tls.alpn_protocols = vec![b"h2".to_vec()];
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+        let (acceptor, roots) = tls_acceptor();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let accepted = Arc::new(AtomicUsize::new(0));
@@ -691,6 +741,71 @@ mod tests {
             }
         });
         (addr, accepted, roots)
+    }
+
+    /// An HTTP/2 server over TLS whose first connection refuses every stream but `/hang`
+    /// (REFUSED_STREAM), as a server closing that connection would; later connections answer
+    /// everything. Returns its address, accepted connections and the streams it answered.
+    async fn refusing_server() -> (
+        std::net::SocketAddr,
+        Arc<AtomicUsize>,
+        Arc<AtomicUsize>,
+        rustls::RootCertStore,
+    ) {
+        let (acceptor, roots) = tls_acceptor();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let answered = Arc::new(AtomicUsize::new(0));
+        let (counted, answers) = (accepted.clone(), answered.clone());
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let first = counted.fetch_add(1, Ordering::SeqCst) == 0;
+                let (acceptor, answers) = (acceptor.clone(), answers.clone());
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let Ok(mut conn) = h2::server::handshake(tls).await else {
+                        return;
+                    };
+                    let mut held = Vec::new();
+                    while let Some(Ok((req, mut respond))) = conn.accept().await {
+                        if req.uri().path() == "/hang" {
+                            held.push(respond);
+                        } else if first {
+                            respond.send_reset(h2::Reason::REFUSED_STREAM);
+                        } else {
+                            answers.fetch_add(1, Ordering::SeqCst);
+                            let _ = respond.send_response(http::Response::new(()), true);
+                        }
+                    }
+                });
+            }
+        });
+        (addr, accepted, answered, roots)
+    }
+
+    fn tls_acceptor() -> (tokio_rustls::TlsAcceptor, rustls::RootCertStore) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["api.wardle.svc".to_owned()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(cert.der().clone()).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![CertificateDer::from(cert.der().to_vec())],
+                PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
+            )
+            .unwrap();
+        tls.alpn_protocols = vec![b"h2".to_vec()];
+        (tokio_rustls::TlsAcceptor::from(Arc::new(tls)), roots)
     }
 
     fn pool(roots: rustls::RootCertStore, max_connections: usize) -> ServiceConnections {
@@ -785,5 +900,32 @@ mod tests {
         assert_eq!(hanging.await.unwrap().unwrap(), http::StatusCode::OK);
         let resp = pool.send(get(addr, "/")).await.unwrap();
         assert_eq!(resp.status(), http::StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn a_refused_stream_is_sent_again_on_another_connection() {
+        let (addr, accepted, answered, roots) = refusing_server().await;
+        let pool = Arc::new(pool(roots, 4));
+        // A long request keeps the first connection open beside the refusals.
+        let _hanging = tokio::spawn({
+            let pool = pool.clone();
+            async move { pool.send(get(addr, "/hang")).await.map(|r| r.status()) }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let resp = tokio::time::timeout(Duration::from_secs(5), pool.send(get(addr, "/")))
+            .await
+            .expect("answered")
+            .expect("a refused GET is sent again, not failed");
+        assert_eq!(resp.status(), http::StatusCode::OK);
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            2,
+            "sent again on a new connection"
+        );
+        // The refusing connection takes no more streams.
+        let resp = pool.send(get(addr, "/")).await.unwrap();
+        assert_eq!(resp.status(), http::StatusCode::OK);
+        assert_eq!(answered.load(Ordering::SeqCst), 2);
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
     }
 }

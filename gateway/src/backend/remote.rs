@@ -292,7 +292,17 @@ impl RemoteBackend {
             remove_cors_grants(resp.headers_mut());
             return Ok(resp);
         }
-        let send = self.connections.send(req);
+        // Anonymous callers over HTTP/1.1: a k8s.io/apiserver backend closes an HTTP/2
+        // connection after an anonymous request (kube's UnauthenticatedHTTP2DOSMitigation),
+        // and every other caller's requests share that connection.
+        let anonymous = user.name == crate::identity::ANONYMOUS;
+        let send = async {
+            if anonymous {
+                self.connections.send_http1(req).await
+            } else {
+                self.connections.send(req).await
+            }
+        };
         let resp = if discovery {
             tokio::time::timeout(DISCOVERY_TIMEOUT, send)
                 .await

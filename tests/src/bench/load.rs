@@ -187,6 +187,11 @@ pub struct LoadResult {
     pub all_requests: u64,
     pub bytes: u64,
     pub errors: u64,
+    /// How the errors ended: `"<status>"` for a non-2xx answer, `"transport"` for a broken or
+    /// timed-out exchange; so a row with errors says what they were.
+    pub error_kinds: std::collections::BTreeMap<String, u64>,
+    /// The start of the first non-2xx body, to read what the server said.
+    pub error_sample: Option<String>,
     pub seconds: f64,
     pub p50_ms: f64,
     pub p99_ms: f64,
@@ -206,6 +211,7 @@ impl LoadResult {
     pub fn to_json(&self) -> Value {
         json!({
             "requests": self.requests, "bytes": self.bytes, "errors": self.errors,
+            "error_kinds": self.error_kinds,
             "seconds": self.seconds, "requests_per_second": round(self.rps(), 1),
             "mib_per_second": round(self.mib_per_s(), 1),
             "p50_ms": round(self.p50_ms, 3), "p99_ms": round(self.p99_ms, 3),
@@ -224,6 +230,8 @@ struct WorkerStats {
     all_requests: u64,
     bytes: u64,
     errors: u64,
+    error_kinds: std::collections::BTreeMap<String, u64>,
+    error_sample: Option<String>,
     latencies_us: Vec<u32>,
 }
 
@@ -248,21 +256,25 @@ async fn worker(
         let req = request(&endpoint, spec.proto, &spec.path, spec.accept);
         let exchange = async {
             let resp = sender.send(req).await?;
-            let ok = resp.status().is_success();
+            let status = resp.status();
             let mut body = resp.into_body();
             let mut bytes = 0u64;
+            let mut sample = Vec::new();
             while let Some(frame) = body.frame().await {
                 if let Some(data) = frame?.data_ref() {
                     bytes += data.len() as u64;
+                    if !status.is_success() && sample.len() < 512 {
+                        sample.extend_from_slice(&data[..data.len().min(512 - sample.len())]);
+                    }
                 }
             }
-            Ok::<_, BoxError>((ok, bytes))
+            Ok::<_, BoxError>((status, bytes, sample))
         };
         let outcome = tokio::time::timeout(REQUEST_TIMEOUT, exchange).await;
         let done = Instant::now();
         let measured = started >= measure_from && done <= end;
         match outcome {
-            Ok(Ok((true, bytes))) => {
+            Ok(Ok((status, bytes, _))) if status.is_success() => {
                 stats.all_requests += 1;
                 if measured {
                     stats.requests += 1;
@@ -271,10 +283,20 @@ async fn worker(
                     stats.latencies_us.push(us);
                 }
             }
-            Ok(Ok((false, _))) => stats.errors += 1,
+            Ok(Ok((status, _, sample))) => {
+                stats.errors += 1;
+                if stats.error_sample.is_none() {
+                    stats.error_sample = Some(String::from_utf8_lossy(&sample).into_owned());
+                }
+                *stats
+                    .error_kinds
+                    .entry(status.as_str().to_owned())
+                    .or_default() += 1;
+            }
             // A broken connection ends this worker; the error count shows it.
             Ok(Err(_)) | Err(_) => {
                 stats.errors += 1;
+                *stats.error_kinds.entry("transport".to_owned()).or_default() += 1;
                 break;
             }
         }
@@ -326,6 +348,10 @@ pub async fn load(endpoint: &Endpoint, spec: &LoadSpec) -> Result<LoadResult, Bo
         total.all_requests += stats.all_requests;
         total.bytes += stats.bytes;
         total.errors += stats.errors;
+        total.error_sample = total.error_sample.or(stats.error_sample);
+        for (kind, n) in stats.error_kinds {
+            *total.error_kinds.entry(kind).or_default() += n;
+        }
         total.latencies_us.extend(stats.latencies_us);
     }
     total.latencies_us.sort_unstable();
@@ -335,6 +361,8 @@ pub async fn load(endpoint: &Endpoint, spec: &LoadSpec) -> Result<LoadResult, Bo
         all_requests: total.all_requests,
         bytes: total.bytes,
         errors: total.errors,
+        error_kinds: total.error_kinds,
+        error_sample: total.error_sample,
         seconds: spec.duration.as_secs_f64(),
         p50_ms: percentile(lat, 50.0),
         p99_ms: percentile(lat, 99.0),

@@ -169,9 +169,12 @@ pub async fn run(
         let d = load(&direct, &spec).await?;
         let v = load(&via, &spec).await?;
         eprintln!(
-            "bench:   kube-apiserver {:.0} req/s p99 {:.3} ms errors {}; gateway {:.0} req/s p99 {:.3} ms errors {}",
-            d.rps(), d.p99_ms, d.errors, v.rps(), v.p99_ms, v.errors
+            "bench:   kube-apiserver {:.0} req/s p99 {:.3} ms errors {:?}; gateway {:.0} req/s p99 {:.3} ms errors {:?}",
+            d.rps(), d.p99_ms, d.error_kinds, v.rps(), v.p99_ms, v.error_kinds
         );
+        if v.errors > 0 {
+            eprintln!("bench:   first error via the gateway: {:?}", v.error_sample);
+        }
         let errors = if d.errors + v.errors > 0 {
             format!("; {} direct / {} via errors", d.errors, v.errors)
         } else {

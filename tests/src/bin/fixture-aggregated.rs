@@ -40,6 +40,10 @@ struct Args {
     /// HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS per connection (unset: hyper's default).
     #[arg(long)]
     http2_max_streams_per_connection: Option<u32>,
+    /// Close an HTTP/2 connection (GOAWAY) after answering a request from `system:anonymous`,
+    /// as k8s.io/apiserver servers do (UnauthenticatedHTTP2DOSMitigation, on by default).
+    #[arg(long)]
+    goaway_anonymous_http2: bool,
     /// Answer `/api` and `/apis` (the discovery roots) only after this many milliseconds, like
     /// a backend still warming up.
     #[arg(long, default_value_t = 0)]
@@ -80,6 +84,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     config.fail_every_nth_group_version = args.fail_every_nth_group_version;
     config.http2_max_concurrent_streams = args.http2_max_streams_per_connection;
     config.discovery_delay = std::time::Duration::from_millis(args.discovery_delay_ms);
+    config.goaway_anonymous_http2 = args.goaway_anonymous_http2;
     let tls = TlsFiles {
         cert: args.tls_cert_file,
         key: args.tls_private_key_file,

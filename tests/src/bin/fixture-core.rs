@@ -44,6 +44,10 @@ struct Args {
     /// repeated, in the order given, after the fixture's own groups.
     #[arg(long = "group", value_name = "GROUP=VERSIONS")]
     groups: Vec<String>,
+    /// Close an HTTP/2 connection (GOAWAY) after answering an anonymous request, as
+    /// kube-apiserver does (UnauthenticatedHTTP2DOSMitigation, on by default).
+    #[arg(long)]
+    goaway_anonymous_http2: bool,
 }
 
 fn load_seed(path: Option<&PathBuf>) -> Result<Vec<Value>, String> {
@@ -80,6 +84,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let seed = load_seed(args.seed.as_ref())?;
     let mut config = core_server::config(&args.minor, !args.no_aggregated_discovery, policy);
     config.seed.extend(seed);
+    config.goaway_anonymous_http2 = args.goaway_anonymous_http2;
     for group in &args.groups {
         let (name, versions) = group
             .split_once('=')
