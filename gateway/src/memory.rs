@@ -1,15 +1,17 @@
 //! Memory comes back after peaks. glibc's allocator keeps memory freed by its per-thread arenas
 //! mapped, so after thousands of watches are opened and closed the gateway's RSS stays at the
 //! peak (it climbed from 228 to 312 MiB over three such rounds, and a manual `malloc_trim` brought
-//! it to 23 MiB). Every few seconds, when the arenas hold more free memory than
-//! [`TRIM_THRESHOLD`], it is handed back to the system. Elsewhere than glibc this does nothing.
+//! it to 23 MiB). Every few seconds, when more memory is resident than in use by more than
+//! [`TRIM_THRESHOLD`] over what the last trim left, it is handed back to the system. Elsewhere
+//! than glibc this does nothing.
 
 use std::time::Duration;
 
 /// How often the free memory is looked at.
 const INTERVAL: Duration = Duration::from_secs(5);
 
-/// Free memory kept in the arenas before a trim: what a burst of ordinary requests reuses.
+/// Resident memory beyond what is in use, over what a trim last left, before another trim: what
+/// a burst of ordinary requests reuses.
 const TRIM_THRESHOLD: usize = 16 << 20;
 
 /// Runs for the life of the process.
@@ -17,31 +19,58 @@ pub async fn trim_after_peaks() {
     let mut interval = tokio::time::interval(INTERVAL);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Free chunks stay counted as free after a trim (their pages are gone, the chunks are not),
-    // so a trim is due when the free memory has moved since the last one, not merely when high.
-    let mut after_last_trim = 0usize;
+    // so the allocator's free count says nothing about what is resident: a peak that reuses the
+    // same chunks ends with the same free count and kept its pages. What a trim can give back is
+    // resident memory not in use ("slack"); the slack a trim leaves (code, stacks, allocator
+    // bookkeeping) is the baseline the next one is measured against.
+    let mut slack_after_trim = 0usize;
     loop {
         interval.tick().await;
-        let Some(free) = free_in_arenas() else {
+        let Some(slack) = slack() else {
             return;
         };
-        if free > TRIM_THRESHOLD && free.abs_diff(after_last_trim) > TRIM_THRESHOLD / 4 {
+        if slack > slack_after_trim + TRIM_THRESHOLD {
             // Blocking: it walks and locks every arena.
-            let trimmed = tokio::task::spawn_blocking(move || {
+            let left = tokio::task::spawn_blocking(move || {
                 trim();
-                free_in_arenas()
+                self::slack()
             })
             .await;
-            after_last_trim = trimmed.ok().flatten().unwrap_or(free);
-            tracing::debug!(free_bytes = free, "returned free memory to the system");
+            slack_after_trim = left.ok().flatten().unwrap_or(slack);
+            tracing::debug!(
+                slack_bytes = slack,
+                left_bytes = slack_after_trim,
+                "returned free memory to the system"
+            );
         }
     }
 }
 
+/// Resident bytes the allocator does not have in use.
+fn slack() -> Option<usize> {
+    Some(resident_bytes()?.saturating_sub(in_use_bytes()?))
+}
+
+#[cfg(target_os = "linux")]
+fn resident_bytes() -> Option<usize> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: usize = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf only reads a system constant.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Some(pages * usize::try_from(page).ok()?)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn resident_bytes() -> Option<usize> {
+    None
+}
+
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn free_in_arenas() -> Option<usize> {
+fn in_use_bytes() -> Option<usize> {
     // SAFETY: mallinfo2 only reads the allocator's statistics.
     let info = unsafe { libc::mallinfo2() };
-    Some(info.fordblks)
+    // Chunks in use in the arenas, and blocks mapped on their own.
+    Some(info.uordblks + info.hblkhd)
 }
 
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
@@ -53,7 +82,7 @@ fn trim() {
 }
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn free_in_arenas() -> Option<usize> {
+fn in_use_bytes() -> Option<usize> {
     None
 }
 
