@@ -27,7 +27,6 @@ use std::time::Duration;
 use bytes::{Buf, Bytes};
 use http_body::Frame;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::Notify;
 use tokio::time::{Instant, Sleep};
 
 use crate::body::{self, Body, BoxError};
@@ -56,8 +55,6 @@ pub struct ConnState {
     /// has its own, in its own task.)
     exchange: Option<ExchangeDeadline>,
     phase: Mutex<Phase>,
-    /// Wakes the connection task when exchanges open or close.
-    changed: Notify,
 }
 
 struct Phase {
@@ -92,7 +89,6 @@ impl ConnState {
                 unwritten: 0,
                 writer: None,
             }),
-            changed: Notify::new(),
         })
     }
 
@@ -113,7 +109,6 @@ impl ConnState {
         if let Some(exchange) = &self.exchange {
             exchange.disarm();
         }
-        self.changed.notify_one();
         ExchangeGuard(self.clone())
     }
 
@@ -125,7 +120,6 @@ impl ConnState {
     /// The connection now carries a tunnel (after a 101): no deadlines of ours apply.
     pub fn upgraded(&self) {
         self.phase().upgraded = true;
-        self.changed.notify_one();
     }
 
     /// The read deadline in force, if any: the first request's, or an HTTP/1.1 head's.
@@ -166,6 +160,11 @@ impl ConnState {
 
     /// Resolves once the connection has been idle (no open exchange, no request head under way)
     /// for [`IDLE_TIMEOUT`].
+    ///
+    /// Checked lazily: exchanges do not wake this task as they open and close (two wake-ups per
+    /// request, often on another worker thread, were a measurable part of a small request's
+    /// cost). It sleeps until the idle deadline it last saw, or for [`IDLE_TIMEOUT`] while
+    /// exchanges are open, and looks again; a deadline that moved meanwhile is only later.
     pub async fn idle_expired(&self) {
         loop {
             let deadline = {
@@ -177,14 +176,9 @@ impl ConnState {
                 idle.then_some(phase.idle_since + IDLE_TIMEOUT)
             };
             match deadline {
-                None => self.changed.notified().await,
                 Some(at) if at <= Instant::now() => return,
-                Some(at) => {
-                    tokio::select! {
-                        _ = tokio::time::sleep_until(at) => {}
-                        _ = self.changed.notified() => {}
-                    }
-                }
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => tokio::time::sleep(IDLE_TIMEOUT).await,
             }
         }
     }
@@ -206,7 +200,6 @@ impl Drop for ExchangeGuard {
         if let Some(exchange) = &self.0.exchange {
             exchange.disarm();
         }
-        self.0.changed.notify_one();
     }
 }
 

@@ -52,7 +52,7 @@ pub struct ListenerSettings {
 /// bytes; hyper must also size its parse array, 100 lines by default, which a client with many
 /// `Impersonate-Extra-*` values can exceed. This is far above what clients send, while the byte
 /// limit is what binds in practice.
-const MAX_HEADER_LINES: usize = 1024;
+const MAX_HEADER_LINES: usize = 256;
 
 /// What an HTTP/2 client may send on one stream before the gateway reads it: kube-apiserver's
 /// `MaxUploadBufferPerStream` (enough for 99 % of API objects in one go).

@@ -40,6 +40,8 @@ pub enum Proto {
 pub struct Endpoint {
     pub addr: SocketAddr,
     pub ca_pem: Option<Arc<str>>,
+    /// A client certificate to present: an authenticated caller instead of an anonymous one.
+    pub client_cert: Option<crate::certs::CertifiedPair>,
 }
 
 impl Endpoint {
@@ -315,7 +317,17 @@ fn percentile(sorted: &[u32], p: f64) -> f64 {
 /// Runs `spec` against `endpoint`: opens every connection, then warms up and measures in lockstep.
 pub async fn load(endpoint: &Endpoint, spec: &LoadSpec) -> Result<LoadResult, BoxError> {
     let tls = match &endpoint.ca_pem {
-        Some(ca) => Some(client_tls(ca, spec.proto)?),
+        Some(ca) => {
+            let alpn: &[&[u8]] = match spec.proto {
+                Proto::H1 => &[b"http/1.1"],
+                Proto::H2 => &[b"h2"],
+            };
+            Some(Arc::new(harness::tls_client_config(
+                ca,
+                endpoint.client_cert.as_ref(),
+                alpn,
+            )?))
+        }
         None => None,
     };
     let mut senders = Vec::new();

@@ -38,6 +38,7 @@ pub async fn run(
         let endpoint = Endpoint {
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
             ca_pem: Some(setup.ca_pem.clone()),
+            client_cert: None,
         };
         let tls = client_tls(&setup.ca_pem, Proto::H1)?;
         let options = setup.gateway_options.clone().secure_port(port);

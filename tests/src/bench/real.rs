@@ -112,10 +112,12 @@ pub async fn run(
     let direct = Endpoint {
         addr: plane.url.trim_start_matches("https://").parse()?,
         ca_pem: Some(Arc::from(pki.cluster_ca.cert_pem())),
+        client_cert: None,
     };
     let via = Endpoint {
         addr: gateway.addr,
         ca_pem: Some(Arc::from(gateway.ca_pem()?.as_str())),
+        client_cert: None,
     };
     let flunders = format!("/apis/{WARDLE_GROUP}/{WARDLE_VERSION}/namespaces/default/flunders");
     // Both sides serve flunders before anything is measured.

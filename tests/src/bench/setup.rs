@@ -27,6 +27,8 @@ pub struct Setup {
     pub gateway_options: GatewayOptions,
     /// The bench CA, trusted by the load generator for the backend and the gateway alike.
     pub ca_pem: Arc<str>,
+    /// A user the gateway authenticates by its client certificate (`--client-ca-file`).
+    pub user: crate::certs::CertifiedPair,
     pub plain_pid: u32,
     _plain: FixtureServer,
     _dir: tempfile::TempDir,
@@ -38,7 +40,8 @@ impl Setup {
     pub async fn start(gateway_binary: &Path) -> Result<Setup, BoxError> {
         let dir = tempfile::Builder::new().prefix("bench-").tempdir()?;
         let ca = TestCa::try_new("bench-ca")?;
-        ca.write(dir.path(), "ca.crt")?;
+        let ca_file = ca.write(dir.path(), "ca.crt")?;
+        let user = ca.issue_client("bench-user", &["bench"]);
         let ca_pem: Arc<str> = Arc::from(ca.cert_pem());
         let (backend_cert, backend_key) = ca
             .issue_server(&["api.bench.svc", "localhost", "127.0.0.1"])
@@ -104,6 +107,8 @@ impl Setup {
             p(&apiservices),
             "--apiservice-availability-interval".to_owned(),
             "1s".to_owned(),
+            "--client-ca-file".to_owned(),
+            p(&ca_file),
         ];
         args.extend(webhooks_off(gateway_binary)?);
         // The per-request access log is silenced: at tens of thousands of requests per second its
@@ -120,6 +125,7 @@ impl Setup {
             gateway,
             gateway_options: options,
             ca_pem,
+            user,
             plain_pid,
             _plain: plain,
             _dir: dir,
@@ -133,14 +139,25 @@ impl Setup {
         Endpoint {
             addr: self.tls_backend.addr,
             ca_pem: Some(self.ca_pem.clone()),
+            client_cert: None,
         }
     }
 
-    /// The gateway.
+    /// The gateway, as an anonymous caller.
     pub fn via(&self) -> Endpoint {
         Endpoint {
             addr: self.gateway.addr,
             ca_pem: Some(self.ca_pem.clone()),
+            client_cert: None,
+        }
+    }
+
+    /// The gateway, as a user with a client certificate: what reaches remote APIServices over
+    /// HTTP/2 (anonymous callers' requests go over HTTP/1.1 upstream).
+    pub fn via_as_user(&self) -> Endpoint {
+        Endpoint {
+            client_cert: Some(self.user.clone()),
+            ..self.via()
         }
     }
 

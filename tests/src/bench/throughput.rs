@@ -39,14 +39,17 @@ async fn pair(
     let cpu = meter.per_request_us(direct.all_requests);
     direct.cpu_us = vec![("backend", cpu[0]), ("load generator", cpu[1])];
     // Via the gateway: the remote scenario's backend is the TLS one, the others' the plain core.
-    let backend = if via_path.starts_with("/apis/") {
-        tls_backend
+    // The remote scenario's caller has a client certificate, as kubectl's users do: anonymous
+    // callers' requests go to remote backends over HTTP/1.1, not the HTTP/2 it measures.
+    let remote = via_path.starts_with("/apis/");
+    let (backend, endpoint) = if remote {
+        (tls_backend, setup.via_as_user())
     } else {
-        plain_backend
+        (plain_backend, setup.via())
     };
     let meter = CpuMeter::start(&[gateway, backend, me]);
     let mut via = load(
-        &setup.via(),
+        &endpoint,
         &LoadSpec {
             path: via_path.to_owned(),
             ..spec.clone()
@@ -175,7 +178,7 @@ pub async fn run(
     }
 
     let remote_path = format!("/apis/{BENCH_GROUP}/v1/namespaces/default/things/bench");
-    let name = "TLS termination + TLS to backend (remote APIService, h2 upstream), HTTP/1.1, 32 connections";
+    let name = "TLS termination + TLS to backend (remote APIService, h2 upstream, client-certificate user), HTTP/1.1, 32 connections";
     if settings.wants(name) {
         let (d, v) = pair(setup, name, &remote_path, &remote_path, &base, raw).await?;
         latency_rows(rows, name, &d, &v, false);
