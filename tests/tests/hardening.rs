@@ -201,10 +201,19 @@ async fn past_the_connection_cap_new_connections_are_refused_until_others_close(
         refused.is_err(),
         "a fourth connection was accepted past --max-client-connections=3"
     );
-    assert!(gateway
-        .process
-        .logs()
-        .contains("open client connections at --max-client-connections"));
+    // The log line is read from the gateway's stderr by another task: wait for it.
+    assert!(
+        gateway
+            .process
+            .wait_for_line(
+                |l| l.contains("open client connections at --max-client-connections"),
+                Duration::from_secs(5),
+            )
+            .await
+            .is_some(),
+        "no log line says the cap was reached:\n{}",
+        gateway.process.logs()
+    );
 
     drop(open.pop());
     let client = client(&gateway);

@@ -35,6 +35,19 @@ async fn wardle(gateway_args: &[&str]) -> (Scenario, CertifiedPair) {
     (s, alice)
 }
 
+/// The wardle backend started with `backend_args`, registered from a manifest at start, its
+/// flunders served.
+async fn wardle_backend(backend_args: &[&str]) -> (Scenario, CertifiedPair) {
+    let s = Scenario::builder()
+        .backend("wardle", WARDLE_GROUP, "v1alpha1", backend_args)
+        .apiservice(WARDLE_GROUP, "v1alpha1", "wardle")
+        .start()
+        .await;
+    let alice = s.user("alice", &["dev"]);
+    assert_served(&s, &alice).await;
+    (s, alice)
+}
+
 async fn assert_served(s: &Scenario, user: &CertifiedPair) {
     let flunders = "/apis/wardle.example.com/v1alpha1/namespaces/default/flunders";
     assert!(
@@ -330,18 +343,7 @@ async fn request_trailers_reach_neither_a_backend_nor_the_core() {
 /// request is still answered at once, and the APIService stays available.
 #[tokio::test]
 async fn a_backends_stream_limit_never_stalls_its_group() {
-    let s = Scenario::builder()
-        .backend(
-            "wardle",
-            WARDLE_GROUP,
-            "v1alpha1",
-            &["--http2-max-streams-per-connection", "50"],
-        )
-        .apiservice(WARDLE_GROUP, "v1alpha1", "wardle")
-        .start()
-        .await;
-    let alice = s.user("alice", &["dev"]);
-    assert_served(&s, &alice).await;
+    let (s, alice) = wardle_backend(&["--http2-max-streams-per-connection", "50"]).await;
     let ca = s.gateway.ca_pem().unwrap();
     let watch = format!(
         "{}/apis/wardle.example.com/v1alpha1/namespaces/default/flunders?watch=1",
@@ -458,18 +460,7 @@ async fn apiservices_on_one_service_share_its_connections() {
 /// keep-alive, and close nothing the others share.
 #[tokio::test]
 async fn anonymous_callers_do_not_close_the_connection_others_share() {
-    let s = Scenario::builder()
-        .backend(
-            "wardle",
-            WARDLE_GROUP,
-            "v1alpha1",
-            &["--goaway-anonymous-http2"],
-        )
-        .apiservice(WARDLE_GROUP, "v1alpha1", "wardle")
-        .start()
-        .await;
-    let alice = s.user("alice", &["dev"]);
-    assert_served(&s, &alice).await;
+    let (s, alice) = wardle_backend(&["--goaway-anonymous-http2"]).await;
     let ca = s.gateway.ca_pem().unwrap();
     let url = format!(
         "{}/apis/wardle.example.com/v1alpha1/namespaces/default/flunders",

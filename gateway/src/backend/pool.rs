@@ -848,16 +848,25 @@ mod tests {
             .unwrap()
     }
 
-    #[tokio::test]
-    async fn a_full_connection_gets_another_beside_it() {
-        let release = Arc::new(Notify::new());
-        let (addr, accepted, roots) = one_stream_server(release.clone()).await;
-        let pool = Arc::new(pool(roots, 4));
+    /// Sends `GET /hang` in the background and gives it time to take its stream.
+    async fn hold_a_stream(
+        pool: &Arc<ServiceConnections>,
+        addr: std::net::SocketAddr,
+    ) -> tokio::task::JoinHandle<Result<http::StatusCode, PoolError>> {
         let hanging = tokio::spawn({
             let pool = pool.clone();
             async move { pool.send(get(addr, "/hang")).await.map(|r| r.status()) }
         });
         tokio::time::sleep(Duration::from_millis(200)).await;
+        hanging
+    }
+
+    #[tokio::test]
+    async fn a_full_connection_gets_another_beside_it() {
+        let release = Arc::new(Notify::new());
+        let (addr, accepted, roots) = one_stream_server(release.clone()).await;
+        let pool = Arc::new(pool(roots, 4));
+        let hanging = hold_a_stream(&pool, addr).await;
         let resp = tokio::time::timeout(Duration::from_secs(2), pool.send(get(addr, "/")))
             .await
             .expect("answered beside the hanging request")
@@ -873,11 +882,7 @@ mod tests {
         let release = Arc::new(Notify::new());
         let (addr, accepted, roots) = one_stream_server(release.clone()).await;
         let pool = Arc::new(pool(roots, 1));
-        let hanging = tokio::spawn({
-            let pool = pool.clone();
-            async move { pool.send(get(addr, "/hang")).await.map(|r| r.status()) }
-        });
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        let hanging = hold_a_stream(&pool, addr).await;
         let started = Instant::now();
         let Err(err) = pool.send(get(addr, "/")).await else {
             panic!("a request beside a full connection that may not grow was answered");
@@ -907,11 +912,7 @@ mod tests {
         let (addr, accepted, answered, roots) = refusing_server().await;
         let pool = Arc::new(pool(roots, 4));
         // A long request keeps the first connection open beside the refusals.
-        let _hanging = tokio::spawn({
-            let pool = pool.clone();
-            async move { pool.send(get(addr, "/hang")).await.map(|r| r.status()) }
-        });
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        let _hanging = hold_a_stream(&pool, addr).await;
         let resp = tokio::time::timeout(Duration::from_secs(5), pool.send(get(addr, "/")))
             .await
             .expect("answered")
