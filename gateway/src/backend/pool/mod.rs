@@ -23,24 +23,22 @@
 //! client, which opens a connection per concurrent request anyway.
 
 use std::collections::HashMap;
-use std::future::poll_fn;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::task::Poll;
 use std::time::Duration;
 
-use futures::FutureExt;
 use http::uri::Authority;
-use http::{Uri, Version};
+use http::Version;
 use hyper::client::conn::http2;
 use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
-use hyper_util::client::legacy::connect::Connection as _;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::sync::Notify;
 use tokio::time::Instant;
-use tower::ServiceExt;
 
+mod connect;
+
+use self::connect::{connect, Connected, H2Conn};
 use super::failures::{FailureSignal, Watched, WatchedStream};
 use super::probe::Probe;
 use super::resend::{refused_unprocessed, resendable, MAX_ATTEMPTS};
@@ -154,20 +152,6 @@ struct Endpoint {
     waiting: usize,
     /// The endpoint did not pick `h2`: every request goes over HTTP/1.1.
     http1: bool,
-}
-
-struct H2Conn {
-    id: u64,
-    send: http2::SendRequest<Body>,
-    /// Polled by its own task; read here for the server's current stream limit. The task
-    /// takes it out when the connection ends: that drops hyper's dispatcher, so `send` reports
-    /// itself closed instead of accepting requests nobody will send.
-    connection: Arc<Mutex<Option<H2Connection>>>,
-    streams: usize,
-    idle_since: Instant,
-    /// The backend said it is closing this connection (GOAWAY): no new streams go to it, and
-    /// it is dropped once its last stream ends.
-    retired: bool,
 }
 
 // === impl ServiceConnections ===
@@ -402,102 +386,6 @@ impl Spread {
     }
 }
 
-enum Connected {
-    Http2(H2Conn),
-    /// The server did not pick `h2`.
-    Http1,
-}
-
-/// Dials `endpoint`, and for an `h2` connection, waits for the server's settings (its stream
-/// limit) before the connection takes streams.
-async fn connect(
-    connector: &Connector,
-    shared: &Shared,
-    endpoint: &Authority,
-) -> Result<Connected, PoolError> {
-    let uri = Uri::builder()
-        .scheme("https")
-        .authority(endpoint.clone())
-        .path_and_query("/")
-        .build()
-        .map_err(|e| PoolError::Connect(e.into()))?;
-    let io = connector
-        .clone()
-        .oneshot(uri)
-        .await
-        .map_err(PoolError::Connect)?;
-    if !io.connected().is_negotiated_h2() {
-        return Ok(Connected::Http1);
-    }
-    let (send, connection) = http2::Builder::new(TokioExecutor::new())
-        .timer(TokioTimer::new())
-        // Until the server's SETTINGS arrive no stream may open: 0 here marks "not yet known"
-        // (h2 replaces it with the announced limit, or unlimited when none is announced).
-        .initial_max_send_streams(0)
-        .keep_alive_interval(Duration::from_secs(10))
-        .keep_alive_timeout(Duration::from_secs(5))
-        .keep_alive_while_idle(true)
-        .adaptive_window(true)
-        .handshake(io)
-        .await
-        .map_err(|e| PoolError::Connect(e.into()))?;
-    let connection = Arc::new(Mutex::new(Some(connection)));
-    tokio::spawn({
-        let connection = connection.clone();
-        async move {
-            let driven = poll_fn(|cx| {
-                let mut slot = lock(&connection);
-                let Some(driving) = slot.as_mut() else {
-                    return Poll::Ready(Ok(()));
-                };
-                let ended = std::task::ready!(driving.poll_unpin(cx));
-                *slot = None;
-                Poll::Ready(ended)
-            })
-            .await;
-            if let Err(e) = driven {
-                tracing::debug!(error = %e, "backend connection ended");
-            }
-        }
-    });
-    // hyper shows the limit but signals no event when the SETTINGS frame is read: look at it
-    // until it is known (once per connection, usually within one round trip).
-    let settled = async {
-        while current_max_send_streams(&connection) == 0 {
-            if send.is_closed() {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        true
-    };
-    match tokio::time::timeout(SETTINGS_WAIT, settled).await {
-        Ok(true) => {}
-        Ok(false) => {
-            return Err(PoolError::Connect(
-                "the backend closed the connection".into(),
-            ))
-        }
-        Err(_) => {
-            return Err(PoolError::Connect(
-                format!(
-                    "no HTTP/2 settings from the backend within {}s",
-                    SETTINGS_WAIT.as_secs()
-                )
-                .into(),
-            ))
-        }
-    }
-    Ok(Connected::Http2(H2Conn {
-        id: shared.next_id.fetch_add(1, Ordering::Relaxed),
-        send,
-        connection,
-        streams: 0,
-        idle_since: Instant::now(),
-        retired: false,
-    }))
-}
-
 /// Every 30 s, closes connections unused for [`IDLE_TIMEOUT`]; ends with the pool.
 async fn close_idle(shared: Weak<Shared>) {
     loop {
@@ -511,13 +399,6 @@ async fn close_idle(shared: Weak<Shared>) {
         }
         endpoints.retain(|_, ep| !ep.connections.is_empty() || ep.connecting + ep.waiting > 0);
     }
-}
-
-/// The stream limit the server announced; 0 before it did and after the connection ended.
-fn current_max_send_streams(connection: &Mutex<Option<H2Connection>>) -> usize {
-    lock(connection)
-        .as_ref()
-        .map_or(0, H2Connection::current_max_send_streams)
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -572,14 +453,6 @@ impl Endpoint {
             .max()
             .unwrap_or(100)
             .max(1)
-    }
-}
-
-// === impl H2Conn ===
-
-impl H2Conn {
-    fn limit(&self) -> usize {
-        current_max_send_streams(&self.connection)
     }
 }
 
@@ -691,242 +564,4 @@ impl Drop for Counted<'_> {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::sync::atomic::AtomicUsize;
-
-    use http_body_util::BodyExt;
-    use hyper::service::service_fn;
-    use hyper_rustls::FixedServerNameResolver;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-
-    use super::*;
-
-    /// An HTTP/2 server over TLS allowing one stream per connection: `/hang` answers only when
-    /// `release` is notified, anything else at once. Returns its address and a count of the
-    /// connections it accepted.
-    async fn one_stream_server(
-        release: Arc<Notify>,
-    ) -> (
-        std::net::SocketAddr,
-        Arc<AtomicUsize>,
-        rustls::RootCertStore,
-    ) {
-        let (acceptor, roots) = tls_acceptor();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let accepted = Arc::new(AtomicUsize::new(0));
-        let counted = accepted.clone();
-        tokio::spawn(async move {
-            while let Ok((tcp, _)) = listener.accept().await {
-                counted.fetch_add(1, Ordering::SeqCst);
-                let (acceptor, release) = (acceptor.clone(), release.clone());
-                tokio::spawn(async move {
-                    let Ok(tls) = acceptor.accept(tcp).await else {
-                        return;
-                    };
-                    let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                        let release = release.clone();
-                        async move {
-                            if req.uri().path() == "/hang" {
-                                release.notified().await;
-                            }
-                            Ok::<_, std::convert::Infallible>(http::Response::new(body::full("ok")))
-                        }
-                    });
-                    let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                        .max_concurrent_streams(1)
-                        .serve_connection(TokioIo::new(tls), service)
-                        .await;
-                });
-            }
-        });
-        (addr, accepted, roots)
-    }
-
-    /// An HTTP/2 server over TLS whose first connection refuses every stream but `/hang`
-    /// (REFUSED_STREAM), as a server closing that connection would; later connections answer
-    /// everything. Returns its address, accepted connections and the streams it answered.
-    async fn refusing_server() -> (
-        std::net::SocketAddr,
-        Arc<AtomicUsize>,
-        Arc<AtomicUsize>,
-        rustls::RootCertStore,
-    ) {
-        let (acceptor, roots) = tls_acceptor();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let accepted = Arc::new(AtomicUsize::new(0));
-        let answered = Arc::new(AtomicUsize::new(0));
-        let (counted, answers) = (accepted.clone(), answered.clone());
-        tokio::spawn(async move {
-            while let Ok((tcp, _)) = listener.accept().await {
-                let first = counted.fetch_add(1, Ordering::SeqCst) == 0;
-                let (acceptor, answers) = (acceptor.clone(), answers.clone());
-                tokio::spawn(async move {
-                    let Ok(tls) = acceptor.accept(tcp).await else {
-                        return;
-                    };
-                    let Ok(mut conn) = h2::server::handshake(tls).await else {
-                        return;
-                    };
-                    let mut held = Vec::new();
-                    while let Some(Ok((req, mut respond))) = conn.accept().await {
-                        if req.uri().path() == "/hang" {
-                            held.push(respond);
-                        } else if first {
-                            respond.send_reset(h2::Reason::REFUSED_STREAM);
-                        } else {
-                            answers.fetch_add(1, Ordering::SeqCst);
-                            let _ = respond.send_response(http::Response::new(()), true);
-                        }
-                    }
-                });
-            }
-        });
-        (addr, accepted, answered, roots)
-    }
-
-    fn tls_acceptor() -> (tokio_rustls::TlsAcceptor, rustls::RootCertStore) {
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = rcgen::CertificateParams::new(vec!["api.wardle.svc".to_owned()])
-            .unwrap()
-            .self_signed(&key)
-            .unwrap();
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add(cert.der().clone()).unwrap();
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut tls = rustls::ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_no_client_auth()
-            .with_single_cert(
-                vec![CertificateDer::from(cert.der().to_vec())],
-                PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
-            )
-            .unwrap();
-        tls.alpn_protocols = vec![b"h2".to_vec()];
-        (tokio_rustls::TlsAcceptor::from(Arc::new(tls)), roots)
-    }
-
-    fn pool(roots: rustls::RootCertStore, max_connections: usize) -> ServiceConnections {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let tls = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
-        http.enforce_http(false);
-        let builder = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls.clone())
-            .https_only()
-            .with_server_name_resolver(FixedServerNameResolver::new(
-                ServerName::try_from("api.wardle.svc").unwrap(),
-            ));
-        let failures = FailureSignal::new();
-        let connector = builder
-            .enable_http1()
-            .enable_http2()
-            .wrap_connector(Watched::new(http, Some(failures.clone())));
-        let http1 = crate::backend::client_builder().build(connector.clone());
-        let probe = Probe::new(tls, ServerName::try_from("api.wardle.svc").unwrap());
-        ServiceConnections::new(
-            connector,
-            http1,
-            probe,
-            failures,
-            PoolSettings {
-                max_connections,
-                stream_wait: Duration::from_millis(300),
-            },
-        )
-    }
-
-    fn get(addr: std::net::SocketAddr, path: &str) -> Request {
-        http::Request::get(format!("https://{addr}{path}"))
-            .body(body::empty())
-            .unwrap()
-    }
-
-    /// Sends `GET /hang` in the background and gives it time to take its stream.
-    async fn hold_a_stream(
-        pool: &Arc<ServiceConnections>,
-        addr: std::net::SocketAddr,
-    ) -> tokio::task::JoinHandle<Result<http::StatusCode, PoolError>> {
-        let hanging = tokio::spawn({
-            let pool = pool.clone();
-            async move { pool.send(get(addr, "/hang")).await.map(|r| r.status()) }
-        });
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        hanging
-    }
-
-    #[tokio::test]
-    async fn a_full_connection_gets_another_beside_it() {
-        let release = Arc::new(Notify::new());
-        let (addr, accepted, roots) = one_stream_server(release.clone()).await;
-        let pool = Arc::new(pool(roots, 4));
-        let hanging = hold_a_stream(&pool, addr).await;
-        let resp = tokio::time::timeout(Duration::from_secs(2), pool.send(get(addr, "/")))
-            .await
-            .expect("answered beside the hanging request")
-            .unwrap();
-        assert_eq!(resp.into_body().collect().await.unwrap().to_bytes(), "ok");
-        assert_eq!(accepted.load(Ordering::SeqCst), 2);
-        release.notify_waiters();
-        assert_eq!(hanging.await.unwrap().unwrap(), http::StatusCode::OK);
-    }
-
-    #[tokio::test]
-    async fn no_free_stream_within_the_wait_is_an_error_not_a_hang() {
-        let release = Arc::new(Notify::new());
-        let (addr, accepted, roots) = one_stream_server(release.clone()).await;
-        let pool = Arc::new(pool(roots, 1));
-        let hanging = hold_a_stream(&pool, addr).await;
-        let started = Instant::now();
-        let Err(err) = pool.send(get(addr, "/")).await else {
-            panic!("a request beside a full connection that may not grow was answered");
-        };
-        assert!(
-            matches!(
-                err,
-                PoolError::Exhausted {
-                    connections: 1,
-                    streams: 1,
-                    ..
-                }
-            ),
-            "{err}"
-        );
-        assert!(started.elapsed() < Duration::from_secs(2));
-        assert_eq!(accepted.load(Ordering::SeqCst), 1);
-        // Once the stream is free again, it is used.
-        release.notify_waiters();
-        assert_eq!(hanging.await.unwrap().unwrap(), http::StatusCode::OK);
-        let resp = pool.send(get(addr, "/")).await.unwrap();
-        assert_eq!(resp.status(), http::StatusCode::OK);
-    }
-
-    #[tokio::test]
-    async fn a_refused_stream_is_sent_again_on_another_connection() {
-        let (addr, accepted, answered, roots) = refusing_server().await;
-        let pool = Arc::new(pool(roots, 4));
-        // A long request keeps the first connection open beside the refusals.
-        let _hanging = hold_a_stream(&pool, addr).await;
-        let resp = tokio::time::timeout(Duration::from_secs(5), pool.send(get(addr, "/")))
-            .await
-            .expect("answered")
-            .expect("a refused GET is sent again, not failed");
-        assert_eq!(resp.status(), http::StatusCode::OK);
-        assert_eq!(
-            accepted.load(Ordering::SeqCst),
-            2,
-            "sent again on a new connection"
-        );
-        // The refusing connection takes no more streams.
-        let resp = pool.send(get(addr, "/")).await.unwrap();
-        assert_eq!(resp.status(), http::StatusCode::OK);
-        assert_eq!(answered.load(Ordering::SeqCst), 2);
-        assert_eq!(accepted.load(Ordering::SeqCst), 2);
-    }
-}
+mod tests;

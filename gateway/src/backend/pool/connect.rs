@@ -1,0 +1,146 @@
+//! One HTTP/2 connection to a backend: dialing it (TLS, ALPN), waiting for the stream limit its
+//! server announces before it takes streams, and the task that drives it.
+
+use std::future::poll_fn;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::task::Poll;
+use std::time::Duration;
+
+use futures::FutureExt;
+use http::uri::Authority;
+use http::Uri;
+use hyper::client::conn::http2;
+use hyper_util::client::legacy::connect::Connection as _;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use tokio::time::Instant;
+use tower::ServiceExt;
+
+use super::{lock, Connector, H2Connection, PoolError, Shared, SETTINGS_WAIT};
+use crate::body::Body;
+
+/// An HTTP/2 connection of the pool, with the streams it carries.
+pub(super) struct H2Conn {
+    pub(super) id: u64,
+    pub(super) send: http2::SendRequest<Body>,
+    /// Polled by its own task; read here for the server's current stream limit. The task
+    /// takes it out when the connection ends: that drops hyper's dispatcher, so `send` reports
+    /// itself closed instead of accepting requests nobody will send.
+    connection: Arc<Mutex<Option<H2Connection>>>,
+    pub(super) streams: usize,
+    pub(super) idle_since: Instant,
+    /// The backend said it is closing this connection (GOAWAY): no new streams go to it, and
+    /// it is dropped once its last stream ends.
+    pub(super) retired: bool,
+}
+
+// === impl H2Conn ===
+
+impl H2Conn {
+    pub(super) fn limit(&self) -> usize {
+        current_max_send_streams(&self.connection)
+    }
+}
+
+pub(super) enum Connected {
+    Http2(H2Conn),
+    /// The server did not pick `h2`.
+    Http1,
+}
+
+/// Dials `endpoint`, and for an `h2` connection, waits for the server's settings (its stream
+/// limit) before the connection takes streams.
+pub(super) async fn connect(
+    connector: &Connector,
+    shared: &Shared,
+    endpoint: &Authority,
+) -> Result<Connected, PoolError> {
+    let uri = Uri::builder()
+        .scheme("https")
+        .authority(endpoint.clone())
+        .path_and_query("/")
+        .build()
+        .map_err(|e| PoolError::Connect(e.into()))?;
+    let io = connector
+        .clone()
+        .oneshot(uri)
+        .await
+        .map_err(PoolError::Connect)?;
+    if !io.connected().is_negotiated_h2() {
+        return Ok(Connected::Http1);
+    }
+    let (send, connection) = http2::Builder::new(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        // Until the server's SETTINGS arrive no stream may open: 0 here marks "not yet known"
+        // (h2 replaces it with the announced limit, or unlimited when none is announced).
+        .initial_max_send_streams(0)
+        .keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(5))
+        .keep_alive_while_idle(true)
+        .adaptive_window(true)
+        .handshake(io)
+        .await
+        .map_err(|e| PoolError::Connect(e.into()))?;
+    let connection = Arc::new(Mutex::new(Some(connection)));
+    tokio::spawn({
+        let connection = connection.clone();
+        async move {
+            let driven = poll_fn(|cx| {
+                let mut slot = lock(&connection);
+                let Some(driving) = slot.as_mut() else {
+                    return Poll::Ready(Ok(()));
+                };
+                let ended = std::task::ready!(driving.poll_unpin(cx));
+                *slot = None;
+                Poll::Ready(ended)
+            })
+            .await;
+            if let Err(e) = driven {
+                tracing::debug!(error = %e, "backend connection ended");
+            }
+        }
+    });
+    // hyper shows the limit but signals no event when the SETTINGS frame is read: look at it
+    // until it is known (once per connection, usually within one round trip).
+    let settled = async {
+        while current_max_send_streams(&connection) == 0 {
+            if send.is_closed() {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        true
+    };
+    match tokio::time::timeout(SETTINGS_WAIT, settled).await {
+        Ok(true) => {}
+        Ok(false) => {
+            return Err(PoolError::Connect(
+                "the backend closed the connection".into(),
+            ))
+        }
+        Err(_) => {
+            return Err(PoolError::Connect(
+                format!(
+                    "no HTTP/2 settings from the backend within {}s",
+                    SETTINGS_WAIT.as_secs()
+                )
+                .into(),
+            ))
+        }
+    }
+    Ok(Connected::Http2(H2Conn {
+        id: shared.next_id.fetch_add(1, Ordering::Relaxed),
+        send,
+        connection,
+        streams: 0,
+        idle_since: Instant::now(),
+        retired: false,
+    }))
+}
+
+/// The stream limit the server announced; 0 before it did and after the connection ended.
+pub(super) fn current_max_send_streams(connection: &Mutex<Option<H2Connection>>) -> usize {
+    lock(connection)
+        .as_ref()
+        .map_or(0, H2Connection::current_max_send_streams)
+}

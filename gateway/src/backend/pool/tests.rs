@@ -1,0 +1,255 @@
+//! The pool against real HTTP/2 servers over TLS: more connections when streams run out, a
+//! deadline instead of a queue, and refused streams sent again.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use http_body_util::BodyExt;
+use hyper::service::service_fn;
+use hyper_rustls::FixedServerNameResolver;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+
+use super::*;
+
+type TlsStream = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+
+/// A TLS server (ALPN `h2`) on 127.0.0.1 handing each accepted connection, with its index from
+/// 0, to `serve`. Returns its address, a count of the connections it accepted, and the roots
+/// that trust it.
+async fn tls_server<F, Fut>(
+    serve: F,
+) -> (
+    std::net::SocketAddr,
+    Arc<AtomicUsize>,
+    rustls::RootCertStore,
+)
+where
+    F: Fn(usize, TlsStream) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (acceptor, roots) = tls_acceptor();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counted = accepted.clone();
+    let serve = Arc::new(serve);
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let index = counted.fetch_add(1, Ordering::SeqCst);
+            let (acceptor, serve) = (acceptor.clone(), serve.clone());
+            tokio::spawn(async move {
+                if let Ok(tls) = acceptor.accept(tcp).await {
+                    serve(index, tls).await;
+                }
+            });
+        }
+    });
+    (addr, accepted, roots)
+}
+
+/// An HTTP/2 server allowing one stream per connection: `/hang` answers only when `release` is
+/// notified, anything else at once.
+async fn one_stream_server(
+    release: Arc<Notify>,
+) -> (
+    std::net::SocketAddr,
+    Arc<AtomicUsize>,
+    rustls::RootCertStore,
+) {
+    tls_server(move |_, tls| {
+        let release = release.clone();
+        async move {
+            let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                let release = release.clone();
+                async move {
+                    if req.uri().path() == "/hang" {
+                        release.notified().await;
+                    }
+                    Ok::<_, std::convert::Infallible>(http::Response::new(body::full("ok")))
+                }
+            });
+            let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .max_concurrent_streams(1)
+                .serve_connection(TokioIo::new(tls), service)
+                .await;
+        }
+    })
+    .await
+}
+
+/// An HTTP/2 server whose first connection refuses every stream but `/hang` (REFUSED_STREAM),
+/// as a server closing that connection would; later connections answer everything. Returns
+/// its address, accepted connections, the streams it answered and the roots that trust it.
+async fn refusing_server() -> (
+    std::net::SocketAddr,
+    Arc<AtomicUsize>,
+    Arc<AtomicUsize>,
+    rustls::RootCertStore,
+) {
+    let answered = Arc::new(AtomicUsize::new(0));
+    let answers = answered.clone();
+    let (addr, accepted, roots) = tls_server(move |index, tls| {
+        let answers = answers.clone();
+        async move {
+            let Ok(mut conn) = h2::server::handshake(tls).await else {
+                return;
+            };
+            let mut held = Vec::new();
+            while let Some(Ok((req, mut respond))) = conn.accept().await {
+                if req.uri().path() == "/hang" {
+                    held.push(respond);
+                } else if index == 0 {
+                    respond.send_reset(h2::Reason::REFUSED_STREAM);
+                } else {
+                    answers.fetch_add(1, Ordering::SeqCst);
+                    let _ = respond.send_response(http::Response::new(()), true);
+                }
+            }
+        }
+    })
+    .await;
+    (addr, accepted, answered, roots)
+}
+
+fn tls_acceptor() -> (tokio_rustls::TlsAcceptor, rustls::RootCertStore) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["api.wardle.svc".to_owned()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert.der().clone()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![CertificateDer::from(cert.der().to_vec())],
+            PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
+        )
+        .unwrap();
+    tls.alpn_protocols = vec![b"h2".to_vec()];
+    (tokio_rustls::TlsAcceptor::from(Arc::new(tls)), roots)
+}
+
+fn pool(roots: rustls::RootCertStore, max_connections: usize) -> ServiceConnections {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+    http.enforce_http(false);
+    let builder = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls.clone())
+        .https_only()
+        .with_server_name_resolver(FixedServerNameResolver::new(
+            ServerName::try_from("api.wardle.svc").unwrap(),
+        ));
+    let failures = FailureSignal::new();
+    let connector = builder
+        .enable_http1()
+        .enable_http2()
+        .wrap_connector(Watched::new(http, Some(failures.clone())));
+    let http1 = crate::backend::client_builder().build(connector.clone());
+    let probe = Probe::new(tls, ServerName::try_from("api.wardle.svc").unwrap());
+    ServiceConnections::new(
+        connector,
+        http1,
+        probe,
+        failures,
+        PoolSettings {
+            max_connections,
+            stream_wait: Duration::from_millis(300),
+        },
+    )
+}
+
+fn get(addr: std::net::SocketAddr, path: &str) -> Request {
+    http::Request::get(format!("https://{addr}{path}"))
+        .body(body::empty())
+        .unwrap()
+}
+
+/// Sends `GET /hang` in the background and gives it time to take its stream.
+async fn hold_a_stream(
+    pool: &Arc<ServiceConnections>,
+    addr: std::net::SocketAddr,
+) -> tokio::task::JoinHandle<Result<http::StatusCode, PoolError>> {
+    let hanging = tokio::spawn({
+        let pool = pool.clone();
+        async move { pool.send(get(addr, "/hang")).await.map(|r| r.status()) }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    hanging
+}
+
+#[tokio::test]
+async fn a_full_connection_gets_another_beside_it() {
+    let release = Arc::new(Notify::new());
+    let (addr, accepted, roots) = one_stream_server(release.clone()).await;
+    let pool = Arc::new(pool(roots, 4));
+    let hanging = hold_a_stream(&pool, addr).await;
+    let resp = tokio::time::timeout(Duration::from_secs(2), pool.send(get(addr, "/")))
+        .await
+        .expect("answered beside the hanging request")
+        .unwrap();
+    assert_eq!(resp.into_body().collect().await.unwrap().to_bytes(), "ok");
+    assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    release.notify_waiters();
+    assert_eq!(hanging.await.unwrap().unwrap(), http::StatusCode::OK);
+}
+
+#[tokio::test]
+async fn no_free_stream_within_the_wait_is_an_error_not_a_hang() {
+    let release = Arc::new(Notify::new());
+    let (addr, accepted, roots) = one_stream_server(release.clone()).await;
+    let pool = Arc::new(pool(roots, 1));
+    let hanging = hold_a_stream(&pool, addr).await;
+    let started = Instant::now();
+    let Err(err) = pool.send(get(addr, "/")).await else {
+        panic!("a request beside a full connection that may not grow was answered");
+    };
+    assert!(
+        matches!(
+            err,
+            PoolError::Exhausted {
+                connections: 1,
+                streams: 1,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    // Once the stream is free again, it is used.
+    release.notify_waiters();
+    assert_eq!(hanging.await.unwrap().unwrap(), http::StatusCode::OK);
+    let resp = pool.send(get(addr, "/")).await.unwrap();
+    assert_eq!(resp.status(), http::StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_refused_stream_is_sent_again_on_another_connection() {
+    let (addr, accepted, answered, roots) = refusing_server().await;
+    let pool = Arc::new(pool(roots, 4));
+    // A long request keeps the first connection open beside the refusals.
+    let _hanging = hold_a_stream(&pool, addr).await;
+    let resp = tokio::time::timeout(Duration::from_secs(5), pool.send(get(addr, "/")))
+        .await
+        .expect("answered")
+        .expect("a refused GET is sent again, not failed");
+    assert_eq!(resp.status(), http::StatusCode::OK);
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        2,
+        "sent again on a new connection"
+    );
+    // The refusing connection takes no more streams.
+    let resp = pool.send(get(addr, "/")).await.unwrap();
+    assert_eq!(resp.status(), http::StatusCode::OK);
+    assert_eq!(answered.load(Ordering::SeqCst), 2);
+    assert_eq!(accepted.load(Ordering::SeqCst), 2);
+}
