@@ -54,8 +54,9 @@ impl RoutedTo {
 #[derive(Clone, Debug)]
 pub struct ConnInfo {
     pub remote: std::net::SocketAddr,
-    /// The verified client certificate chain, leaf first, when the client presented one.
-    pub peer_certs: Option<Arc<Vec<rustls::pki_types::CertificateDer<'static>>>>,
+    /// The verified client certificate chain, when the client presented one, with what
+    /// authentication last concluded from it (shared by the connection's requests).
+    pub peer_certs: Option<Arc<crate::auth::x509::PeerCertificates>>,
 }
 
 #[cfg(test)]

@@ -45,7 +45,6 @@ use std::sync::Arc;
 use gateway_config::tls::TlsError;
 use http::header::{HeaderName, HeaderValue, AUTHORIZATION};
 use http::{HeaderMap, StatusCode};
-use rustls::pki_types::CertificateDer;
 
 use crate::body::{Request, Response};
 use crate::error::without_addresses;
@@ -224,11 +223,11 @@ impl Authenticator {
     async fn identify(
         &self,
         headers: &HeaderMap,
-        chain: Option<&Vec<CertificateDer<'static>>>,
+        peer: Option<&x509::PeerCertificates>,
     ) -> Result<Option<(Method, Arc<UserInfo>)>, Response> {
         let mut failures: Vec<String> = Vec::new();
-        if let (Some(chain), Some(certs)) = (chain, &self.certs) {
-            let check = certs.check(chain);
+        if let (Some(peer), Some(certs)) = (peer, &self.certs) {
+            let check = certs.check_peer(peer);
             match check.front_proxy {
                 Some(Ok(())) => {
                     if let Some(user) = requestheader::user_from_headers(headers) {

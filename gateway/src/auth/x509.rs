@@ -7,15 +7,22 @@
 //!
 //! The verifiers are rebuilt when the CA files change (same directory watch as the serving
 //! material), and swapped in atomically; a broken file keeps the previous verifiers.
+//!
+//! A chain cannot change within a TLS connection, so a connection's requests share one
+//! verification ([`PeerCertificates`]): an ECDSA check per request was a fifth of the gateway's
+//! CPU for certificate users. It is done again when the verifiers are rebuilt, and at least every
+//! [`RECHECK`], so a certificate that expires stops working within that.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use gateway_config::tls::{self, TlsError};
 use rustls::pki_types::{CertificateDer, UnixTime};
 use rustls::server::danger::ClientCertVerifier;
 use rustls::server::WebPkiClientVerifier;
+use tokio::time::Instant;
 
 use crate::identity::UserInfo;
 
@@ -88,8 +95,46 @@ struct Verifiers {
     requestheader_ca: Option<Arc<dyn ClientCertVerifier>>,
 }
 
+/// How long a connection's verified chain is trusted before it is verified again.
+pub const RECHECK: Duration = Duration::from_secs(1);
+
+/// A connection's client certificate chain (leaf first), and the last check of it, shared by the
+/// connection's requests.
+pub struct PeerCertificates {
+    pub chain: Vec<CertificateDer<'static>>,
+    last: Mutex<Option<LastCheck>>,
+}
+
+struct LastCheck {
+    /// The verifiers it was made with: a reload makes it stale at once.
+    verifiers: Arc<Verifiers>,
+    at: Instant,
+    check: CertCheck,
+}
+
+impl PeerCertificates {
+    pub fn new(chain: Vec<CertificateDer<'static>>) -> Self {
+        Self {
+            chain,
+            last: Mutex::new(None),
+        }
+    }
+
+    fn last(&self) -> std::sync::MutexGuard<'_, Option<LastCheck>> {
+        self.last.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl std::fmt::Debug for PeerCertificates {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerCertificates")
+            .field("certificates", &self.chain.len())
+            .finish_non_exhaustive()
+    }
+}
+
 /// What a presented certificate chain is good for.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct CertCheck {
     /// `Some(Ok)` when the chain belongs to the request-header CA and its CN is allowed: its
     /// `X-Remote-*` headers may be believed. `Some(Err)` says why not; `None` when no
@@ -154,10 +199,30 @@ impl CertAuthenticator {
         }
     }
 
-    /// Verifies `chain` (leaf first) against each CA separately. A signature check or two per
-    /// request with a certificate; kube-apiserver does the same per request.
+    /// What a connection's chain is good for: its last check while that is fresh (made with
+    /// the current verifiers, less than [`RECHECK`] ago), else a new one.
+    pub fn check_peer(&self, peer: &PeerCertificates) -> CertCheck {
+        let verifiers = self.verifiers.load_full();
+        if let Some(last) = &*peer.last() {
+            if Arc::ptr_eq(&last.verifiers, &verifiers) && last.at.elapsed() < RECHECK {
+                return last.check.clone();
+            }
+        }
+        let check = self.check_with(&verifiers, &peer.chain);
+        *peer.last() = Some(LastCheck {
+            verifiers,
+            at: Instant::now(),
+            check: check.clone(),
+        });
+        check
+    }
+
+    /// Verifies `chain` (leaf first) against each CA separately: a signature check or two.
     pub fn check(&self, chain: &[CertificateDer<'static>]) -> CertCheck {
-        let verifiers = self.verifiers.load();
+        self.check_with(&self.verifiers.load(), chain)
+    }
+
+    fn check_with(&self, verifiers: &Verifiers, chain: &[CertificateDer<'static>]) -> CertCheck {
         let front_proxy = verifiers.requestheader_ca.as_deref().map(|v| {
             verify(v, chain)
                 .map_err(|e| format!("not a front-proxy certificate: {e}"))
@@ -293,6 +358,40 @@ pub(crate) mod tests {
         let check = auth.check(&foreign);
         assert!(check.user.unwrap().is_err());
         assert!(check.front_proxy.unwrap().is_err());
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// A connection's requests share one verification, until the CA files are reloaded: then a
+    /// chain the new CA does not sign is refused at once, whatever was concluded before.
+    #[tokio::test(start_paused = true)]
+    async fn a_connections_chain_is_verified_again_after_a_reload_and_after_recheck() {
+        provider();
+        let dir = tempfile_dir();
+        let users = Ca::new("users");
+        let file = users.write(&dir, "users.pem");
+        let auth = CertAuthenticator::new(Some(file.clone()), None, vec![]).unwrap();
+        let peer = PeerCertificates::new(users.client("alice", Some("dev")));
+
+        let first = auth.check_peer(&peer);
+        assert_eq!(first.user.unwrap().unwrap().unwrap().name, "alice");
+        let checked_at = peer.last().as_ref().unwrap().at;
+        // Within RECHECK, the same conclusion without a new verification.
+        tokio::time::advance(RECHECK / 2).await;
+        assert!(auth.check_peer(&peer).user.unwrap().is_ok());
+        assert_eq!(peer.last().as_ref().unwrap().at, checked_at);
+        // After RECHECK, verified again.
+        tokio::time::advance(RECHECK).await;
+        assert!(auth.check_peer(&peer).user.unwrap().is_ok());
+        assert!(peer.last().as_ref().unwrap().at > checked_at);
+
+        // The CA is replaced: alice's chain no longer verifies, at once.
+        std::fs::write(&file, Ca::new("other users").pem).unwrap();
+        auth.reload();
+        let after = auth.check_peer(&peer);
+        assert!(
+            after.user.unwrap().is_err(),
+            "a chain verified with the previous CA stayed accepted after a reload"
+        );
         let _ = std::fs::remove_dir_all(dir);
     }
 
