@@ -453,11 +453,15 @@ async fn routes_stay_up_while_the_core_restarts_and_follow_the_restarted_core() 
     s.core = FixtureCore::start(&["--listen", &addr, "--seed", &seed])
         .await
         .unwrap();
+    // Two watches of APIServices come back: the APIService source's (the routes) and
+    // discovery's (the core's own groups). Either alone is not enough for the delete below.
     let resynced = harness::wait_until(Duration::from_secs(20), || async {
         apiservice_reads(&s.core)
             .await
             .iter()
-            .any(|(_, watch)| *watch)
+            .filter(|(_, watch)| *watch)
+            .count()
+            >= 2
     })
     .await;
     assert!(
