@@ -14,10 +14,10 @@
 //! [`RECHECK`], so a certificate that expires stops working within that.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use gateway_config::tls::{self, TlsError};
 use rustls::pki_types::{CertificateDer, UnixTime};
 use rustls::server::danger::ClientCertVerifier;
@@ -102,7 +102,8 @@ pub const RECHECK: Duration = Duration::from_secs(1);
 /// connection's requests.
 pub struct PeerCertificates {
     pub chain: Vec<CertificateDer<'static>>,
-    last: Mutex<Option<LastCheck>>,
+    /// Read without a lock: the connection's HTTP/2 streams read it at once.
+    last: ArcSwapOption<LastCheck>,
 }
 
 struct LastCheck {
@@ -116,12 +117,8 @@ impl PeerCertificates {
     pub fn new(chain: Vec<CertificateDer<'static>>) -> Self {
         Self {
             chain,
-            last: Mutex::new(None),
+            last: ArcSwapOption::empty(),
         }
-    }
-
-    fn last(&self) -> std::sync::MutexGuard<'_, Option<LastCheck>> {
-        self.last.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -203,17 +200,17 @@ impl CertAuthenticator {
     /// the current verifiers, less than [`RECHECK`] ago), else a new one.
     pub fn check_peer(&self, peer: &PeerCertificates) -> CertCheck {
         let verifiers = self.verifiers.load_full();
-        if let Some(last) = &*peer.last() {
+        if let Some(last) = &*peer.last.load() {
             if Arc::ptr_eq(&last.verifiers, &verifiers) && last.at.elapsed() < RECHECK {
                 return last.check.clone();
             }
         }
         let check = self.check_with(&verifiers, &peer.chain);
-        *peer.last() = Some(LastCheck {
+        peer.last.store(Some(Arc::new(LastCheck {
             verifiers,
             at: Instant::now(),
             check: check.clone(),
-        });
+        })));
         check
     }
 
@@ -374,15 +371,15 @@ pub(crate) mod tests {
 
         let first = auth.check_peer(&peer);
         assert_eq!(first.user.unwrap().unwrap().unwrap().name, "alice");
-        let checked_at = peer.last().as_ref().unwrap().at;
+        let checked_at = peer.last.load().as_ref().unwrap().at;
         // Within RECHECK, the same conclusion without a new verification.
         tokio::time::advance(RECHECK / 2).await;
         assert!(auth.check_peer(&peer).user.unwrap().is_ok());
-        assert_eq!(peer.last().as_ref().unwrap().at, checked_at);
+        assert_eq!(peer.last.load().as_ref().unwrap().at, checked_at);
         // After RECHECK, verified again.
         tokio::time::advance(RECHECK).await;
         assert!(auth.check_peer(&peer).user.unwrap().is_ok());
-        assert!(peer.last().as_ref().unwrap().at > checked_at);
+        assert!(peer.last.load().as_ref().unwrap().at > checked_at);
 
         // The CA is replaced: alice's chain no longer verifies, at once.
         std::fs::write(&file, Ca::new("other users").pem).unwrap();

@@ -59,12 +59,15 @@ enum HttpClient {
 
 impl HttpClient {
     /// Sends `req`, again on another connection when the core refused it unprocessed (see
-    /// `resend`).
+    /// `resend`). Only HTTPS can carry HTTP/2 (chosen by ALPN), whose GOAWAY refuses streams
+    /// already sent; over plain HTTP/1.1 hyper-util itself retries a request its closing
+    /// connection never sent, so no copy is kept there (the sidecar core's hot path).
     async fn send(
         &self,
         req: Request,
     ) -> Result<hyper::Response<Incoming>, hyper_util::client::legacy::Error> {
-        let mut again = resend::resendable(&req);
+        let multiplexed = req.uri().scheme() == Some(&http::uri::Scheme::HTTPS);
+        let mut again = multiplexed.then(|| resend::resendable(&req)).flatten();
         let mut req = req;
         let mut attempt = 1;
         loop {

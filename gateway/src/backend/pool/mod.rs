@@ -207,47 +207,35 @@ impl ServiceConnections {
     /// last one its GOAWAY accepted, or reset with REFUSED_STREAM) is sent again on another
     /// connection, as Go's transport does for kube-aggregator: a Go server closing a busy
     /// connection gracefully otherwise turns every request in flight on it into a 503.
-    pub async fn send(&self, req: Request) -> Result<http::Response<Body>, PoolError> {
-        let mut again = resendable(&req);
-        let mut req = req;
-        for attempt in 1.. {
-            match self.send_once(req).await {
-                Err(Attempt::Refused(e)) if attempt < MAX_ATTEMPTS => match again.take() {
-                    Some(copy) => {
-                        tracing::debug!(error = %e, attempt, "backend refused the stream unprocessed; sending again");
-                        again = resendable(&copy);
-                        req = copy;
-                    }
-                    None => return Err(PoolError::Http2(e)),
-                },
-                Err(Attempt::Refused(e)) => return Err(PoolError::Http2(e)),
-                Err(Attempt::Failed(e)) => return Err(e),
-                Ok(resp) => return Ok(resp),
-            }
-        }
-        unreachable!("the loop returns on its last attempt")
-    }
-
-    async fn send_once(&self, mut req: Request) -> Result<http::Response<Body>, Attempt> {
+    pub async fn send(&self, mut req: Request) -> Result<http::Response<Body>, PoolError> {
         let endpoint = req
             .uri()
             .authority()
             .cloned()
             .ok_or_else(|| PoolError::Connect("the request names no backend address".into()))?;
-        let Some(stream) = self.stream(&endpoint).await? else {
-            return Ok(self.send_http1(req).await?);
-        };
-        *req.version_mut() = Version::HTTP_2;
-        let mut send = stream.send.clone();
-        match send.send_request(req).await {
-            Ok(resp) => Ok(resp.map(|b| body::with_guard(b, stream))),
-            Err(e) if refused_unprocessed(&e) => {
-                // No new streams go to a connection that is going away.
-                stream.retire();
-                Err(Attempt::Refused(e))
+        for attempt in 1..=MAX_ATTEMPTS {
+            let Some(stream) = self.stream(&endpoint).await? else {
+                return self.send_http1(req).await;
+            };
+            // Sending consumes the request: keep what a resend needs while one may follow.
+            let again = (attempt < MAX_ATTEMPTS).then(|| resendable(&req)).flatten();
+            *req.version_mut() = Version::HTTP_2;
+            let mut send = stream.send.clone();
+            match send.send_request(req).await {
+                Ok(resp) => return Ok(resp.map(|b| body::with_guard(b, stream))),
+                Err(e) if refused_unprocessed(&e) => {
+                    // No new streams go to a connection that is going away.
+                    stream.retire();
+                    let Some(copy) = again else {
+                        return Err(PoolError::Http2(e));
+                    };
+                    tracing::debug!(error = %e, attempt, "backend refused the stream unprocessed; sending again");
+                    req = copy;
+                }
+                Err(e) => return Err(PoolError::Http2(e)),
             }
-            Err(e) => Err(Attempt::Failed(PoolError::Http2(e))),
         }
+        unreachable!("the last attempt keeps no copy, so it returns")
     }
 
     /// Sends `req` over HTTP/1.1 whatever the endpoint speaks: for anonymous callers, whom a
@@ -403,19 +391,6 @@ async fn close_idle(shared: Weak<Shared>) {
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// How one send ended when it did not answer.
-enum Attempt {
-    /// The backend refused the stream without processing it.
-    Refused(hyper::Error),
-    Failed(PoolError),
-}
-
-impl From<PoolError> for Attempt {
-    fn from(e: PoolError) -> Self {
-        Attempt::Failed(e)
-    }
 }
 
 // === impl Shared ===
