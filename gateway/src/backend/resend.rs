@@ -4,8 +4,8 @@
 //! HTTP/2 connections with a GOAWAY; the streams above its last stream id were never processed,
 //! and a request queued on the closing connection was never sent. Go's transport sends those
 //! again on another connection, so kube-aggregator's callers never see them; without that, every
-//! such close turned the requests in flight into 503s (2 % of a flunders list under 32
-//! connections). Only requests no server acts on twice are sent again: safe methods with an empty
+//! such close turned the requests in flight into 503s (1 898 of about 10 000 flunders lists
+//! under 32 anonymous connections, before anonymous callers moved to HTTP/1.1). Only requests no server acts on twice are sent again: safe methods with an empty
 //! body.
 
 use std::error::Error;

@@ -229,16 +229,21 @@ pub fn unlisted<'a>(established: &'a BTreeSet<String>, core: &CoreDiscovery) -> 
 }
 
 /// Fetches the core's documents again soon while an established CRD is not listed in them:
-/// 25 ms, doubling, for at most [`ListingRetry::ATTEMPTS`] attempts (about 6 s in all), after
-/// which the watch events and the resync take over again.
+/// every 20 ms for the first 300 ms (the usual gap between kube-apiserver's establishing and
+/// discovery controllers, so the gateway lags the core by one step at most while a client that
+/// just saw `Established` asks for `/apis`), then doubling from 40 ms, for at most
+/// [`ListingRetry::ATTEMPTS`] attempts (about 5.4 s in all), after which the watch events and the
+/// resync take over again. Each attempt is one `If-None-Match` round trip to the core.
 #[derive(Debug, Default)]
 pub struct ListingRetry {
     attempts: u32,
 }
 
 impl ListingRetry {
-    pub const ATTEMPTS: u32 = 8;
-    const FIRST: Duration = Duration::from_millis(25);
+    pub const ATTEMPTS: u32 = 22;
+    const STEP: Duration = Duration::from_millis(20);
+    /// Attempts at [`Self::STEP`] before backing off.
+    const CLOSE: u32 = 15;
 
     /// After a core fetch: `Some(delay)` to fetch again after, or `None` (all listed, or given
     /// up). `missing` is what [`unlisted`] found.
@@ -250,7 +255,10 @@ impl ListingRetry {
         if self.attempts >= Self::ATTEMPTS {
             return None;
         }
-        let delay = Self::FIRST * 2u32.pow(self.attempts);
+        let delay = match self.attempts.checked_sub(Self::CLOSE) {
+            None => Self::STEP,
+            Some(backed_off) => Self::STEP * 2u32.pow(backed_off + 1),
+        };
         self.attempts += 1;
         if self.attempts == Self::ATTEMPTS {
             tracing::info!(group_versions = ?missing,
@@ -352,24 +360,14 @@ mod tests {
         let delays: Vec<_> = (0..ListingRetry::ATTEMPTS + 1)
             .map(|_| ms(retry.next(&["x/v1"])))
             .collect();
-        assert_eq!(
-            delays,
-            [
-                Some(25),
-                Some(50),
-                Some(100),
-                Some(200),
-                Some(400),
-                Some(800),
-                Some(1600),
-                Some(3200),
-                None
-            ]
-        );
+        let mut want = vec![Some(20); 15];
+        want.extend([40, 80, 160, 320, 640, 1280, 2560].map(Some));
+        want.push(None);
+        assert_eq!(delays, want);
         retry.reset();
-        assert_eq!(ms(retry.next(&["x/v1"])), Some(25));
+        assert_eq!(ms(retry.next(&["x/v1"])), Some(20));
         // Listed: done, and the next gap starts from the first step again.
         assert_eq!(retry.next(&[]), None);
-        assert_eq!(ms(retry.next(&["x/v1"])), Some(25));
+        assert_eq!(ms(retry.next(&["x/v1"])), Some(20));
     }
 }
