@@ -10,5 +10,6 @@ pub mod priority;
 pub mod resolve;
 pub mod route_table;
 pub mod source;
+pub mod traffic;
 pub mod validation;
 pub mod version;

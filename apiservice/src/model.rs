@@ -15,6 +15,7 @@ pub use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::{
     APIService, APIServiceCondition, APIServiceSpec, APIServiceStatus, ServiceReference,
 };
 
+use crate::traffic::TrafficPolicy;
 use crate::validation::{validate, ValidationErrors};
 
 /// Port kube-aggregator defaults `spec.service.port` to.
@@ -148,6 +149,8 @@ pub struct RegisteredAPIService {
     pub group_priority_minimum: i32,
     pub version_priority: i32,
     pub backend: Backend,
+    /// What its annotations say about its traffic (see [`crate::traffic`]).
+    pub traffic: TrafficPolicy,
 }
 
 impl RegisteredAPIService {
@@ -203,6 +206,12 @@ impl TryFrom<&APIService> for RegisteredAPIService {
             group_priority_minimum: spec.group_priority_minimum,
             version_priority: spec.version_priority,
             backend,
+            traffic: api
+                .metadata
+                .annotations
+                .as_ref()
+                .map(TrafficPolicy::from_annotations)
+                .unwrap_or_default(),
         })
     }
 }

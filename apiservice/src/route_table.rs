@@ -487,6 +487,7 @@ mod tests {
 
     fn remote(group: &str, version: &str) -> RegisteredAPIService {
         RegisteredAPIService {
+            traffic: Default::default(),
             name: format!("{version}.{group}"),
             group: group.into(),
             version: version.into(),
@@ -506,6 +507,7 @@ mod tests {
 
     fn local(group: &str, version: &str) -> RegisteredAPIService {
         RegisteredAPIService {
+            traffic: Default::default(),
             backend: Backend::Local,
             ..remote(group, version)
         }

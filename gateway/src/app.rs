@@ -218,7 +218,7 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         .layer(AccessLog::layer(metrics.clone(), discovery.clone()))
         .layer(Audit::layer(audit))
         .layer(Rescue::layer())
-        .layer(RequestInfoService::layer())
+        .layer(RequestInfoService::layer(Some(gateway.routing.clone())))
         .layer(Authn::layer(authenticator))
         .layer(AuditCapture::layer())
         .layer(LimitsService::layer(

@@ -66,6 +66,16 @@ pub struct Upstream {
 
 /// Rewrites a client request into the request for `upstream`. The client's trailers are dropped
 /// (see [`body::without_trailers`]): like `Trailer` and `TE`, they are not passed on.
+/// Points an already prepared request at another upstream (a retry on another endpoint).
+pub fn set_upstream(req: &mut Request, upstream: &Upstream) {
+    let mut parts = req.uri().clone().into_parts();
+    parts.scheme = Some(upstream.scheme.clone());
+    parts.authority = Some(upstream.authority.clone());
+    if let Ok(uri) = Uri::from_parts(parts) {
+        *req.uri_mut() = uri;
+    }
+}
+
 pub fn prepare_request(req: &mut Request, upstream: &Upstream, client: Option<SocketAddr>) {
     let body = std::mem::take(req.body_mut());
     *req.body_mut() = body::without_trailers(body);

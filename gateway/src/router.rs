@@ -217,6 +217,7 @@ mod tests {
 
     fn table(target: Target) -> Arc<Routes> {
         let api = RegisteredAPIService {
+            traffic: Default::default(),
             name: "v1alpha1.wardle.example.com".into(),
             group: "wardle.example.com".into(),
             version: "v1alpha1".into(),

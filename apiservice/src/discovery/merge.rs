@@ -518,6 +518,7 @@ mod tests {
 
     fn svc(group: &str, version: &str, gp: i32, vp: i32, remote: bool) -> RegisteredAPIService {
         RegisteredAPIService {
+            traffic: Default::default(),
             name: format!("{version}.{group}"),
             group: group.into(),
             version: version.into(),

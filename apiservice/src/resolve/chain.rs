@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::{Changes, Endpoint, ResolveError, ResolveReason, ServiceResolver};
+use super::{Changes, Endpoint, Endpoints, ResolveError, ResolveReason, ServiceResolver};
 use crate::model::ServiceRef;
 
 /// Asks each resolver in turn; the first that knows the Service answers. A resolver "does not
@@ -31,6 +31,10 @@ impl ChainResolver {
 impl ServiceResolver for ChainResolver {
     fn resolve(&self, svc: &ServiceRef) -> Result<Endpoint, ResolveError> {
         self.first(svc, |r| r.resolve(svc))
+    }
+
+    fn endpoints(&self, svc: &ServiceRef) -> Result<Endpoints, ResolveError> {
+        self.first(svc, |r| r.endpoints(svc))
     }
 
     fn check_endpoints(&self, svc: &ServiceRef) -> Result<(), ResolveError> {

@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use tracing::{info, warn, Instrument};
 
 use super::slice_index::{SliceIndex, SliceWriter};
-use super::{Changes, Endpoint, ResolveError, ResolveReason, ServiceResolver};
+use super::{Changes, Endpoint, Endpoints, ResolveError, ResolveReason, ServiceResolver};
 use crate::model::ServiceRef;
 
 // === impl KubeResolver ===
@@ -198,6 +198,32 @@ impl KubeResolver {
     /// endpoint port whose name equals the Service port's name (the targetPort as resolved by
     /// the EndpointSlice controller).
     fn resolve_endpoint(&self, r: &ServiceRef) -> Result<Endpoint, ResolveError> {
+        self.with_ready_endpoints(r, |n, candidates| {
+            let i = self.next.fetch_add(1, Ordering::Relaxed) % n;
+            candidates
+                .nth(i)
+                .map(|(host, port)| Endpoint::new(host.clone(), port))
+        })
+    }
+
+    /// Every ready endpoint of the Service, for the balancer (see [`Self::resolve_endpoint`]).
+    fn ready_endpoints(&self, r: &ServiceRef) -> Result<Endpoints, ResolveError> {
+        self.with_ready_endpoints(r, |_, candidates| {
+            Some(
+                candidates
+                    .map(|(host, port)| Endpoint::new(host.clone(), port))
+                    .collect(),
+            )
+        })
+    }
+
+    /// Calls `pick` with the number of ready endpoints (at least one) and an iterator over
+    /// them; `MissingEndpoints` when there are none or `pick` finds nothing.
+    fn with_ready_endpoints<T>(
+        &self,
+        r: &ServiceRef,
+        pick: impl FnOnce(usize, &mut dyn Iterator<Item = (&String, u16)>) -> Option<T>,
+    ) -> Result<T, ResolveError> {
         let svc = self.service(r)?;
         let port = find_port(&svc, r.port).ok_or_else(|| ResolveError::not_listening(r))?;
         match service_type(&svc) {
@@ -212,7 +238,7 @@ impl KubeResolver {
         let port_name = port.name.as_deref().unwrap_or("");
         let picked = self.slices.with_service(&r.namespace, &r.name, |slices| {
             let slices = slices?;
-            // Counted, then walked again to the pick: no allocation per request.
+            // Counted, then walked again to the pick: no allocation to count.
             let candidates = || {
                 slices.values().flat_map(|slice| {
                     let port = endpoint_port(slice, port_name);
@@ -228,10 +254,7 @@ impl KubeResolver {
             if n == 0 {
                 return None;
             }
-            let i = self.next.fetch_add(1, Ordering::Relaxed) % n;
-            candidates()
-                .nth(i)
-                .map(|(host, port)| Endpoint::new(host.clone(), port))
+            pick(n, &mut candidates())
         });
         picked.ok_or_else(|| {
             ResolveError::new(
@@ -250,6 +273,14 @@ impl ServiceResolver for KubeResolver {
             self.resolve_endpoint(svc)
         } else {
             self.resolve_cluster_ip(svc)
+        }
+    }
+
+    fn endpoints(&self, svc: &ServiceRef) -> Result<Endpoints, ResolveError> {
+        if self.endpoint_routing {
+            self.ready_endpoints(svc)
+        } else {
+            self.resolve_cluster_ip(svc).map(|e| Endpoints::from([e]))
         }
     }
 

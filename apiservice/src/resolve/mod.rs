@@ -22,6 +22,7 @@
 //! the answer ([`Endpoint`] or [`ResolveError`]), the [`ServiceResolver`] trait, and [`Changes`].
 
 use std::fmt;
+use std::sync::Arc;
 
 use tokio::sync::watch;
 
@@ -40,6 +41,9 @@ pub use kube::KubeResolver;
 pub use static_services::{StaticResolver, StaticServiceError};
 
 // === impl Endpoint ===
+
+/// The addresses a Service can be reached at, shared rather than copied per request.
+pub type Endpoints = Arc<[Endpoint]>;
 
 /// A resolved address. `host` is a DNS name or an IP literal, IPv6 without brackets.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -187,6 +191,13 @@ pub trait ServiceResolver: Send + Sync + 'static {
     /// The address to dial for one request or connection. Successive calls may return different
     /// addresses (round-robin over static URLs, endpoint routing).
     fn resolve(&self, svc: &ServiceRef) -> Result<Endpoint, ResolveError>;
+
+    /// Every address the Service can be reached at now, for the gateway's balancer to choose
+    /// among: the ready endpoints with endpoint routing, a static service's URLs, otherwise the
+    /// one address [`ServiceResolver::resolve`] gives.
+    fn endpoints(&self, svc: &ServiceRef) -> Result<Endpoints, ResolveError> {
+        self.resolve(svc).map(|e| Arc::from([e]))
+    }
 
     /// kube-aggregator's availability pre-checks, before any discovery probe: the Service exists,
     /// and for a ClusterIP Service it listens on the port and has a ready endpoint for it. Routing

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use gateway_config::StaticService;
 
-use super::{Endpoint, ResolveError, ServiceResolver};
+use super::{Endpoint, Endpoints, ResolveError, ServiceResolver};
 use crate::model::ServiceRef;
 
 /// A static service URL that cannot be used.
@@ -24,7 +24,7 @@ pub struct StaticServiceError {
 struct StaticEntry {
     /// `None` matches any port.
     port: Option<u16>,
-    endpoints: Vec<Endpoint>,
+    endpoints: Endpoints,
     next: AtomicUsize,
 }
 
@@ -57,7 +57,7 @@ impl StaticResolver {
                 .or_default()
                 .push(StaticEntry {
                     port: s.port,
-                    endpoints,
+                    endpoints: endpoints.into(),
                     next: AtomicUsize::new(0),
                 });
         }
@@ -82,6 +82,12 @@ impl ServiceResolver for StaticResolver {
             .ok_or_else(|| ResolveError::not_present(svc))?;
         let i = entry.next.fetch_add(1, Ordering::Relaxed) % entry.endpoints.len();
         Ok(entry.endpoints[i].clone())
+    }
+
+    fn endpoints(&self, svc: &ServiceRef) -> Result<Endpoints, ResolveError> {
+        self.entry(svc)
+            .map(|e| e.endpoints.clone())
+            .ok_or_else(|| ResolveError::not_present(svc))
     }
 
     fn check_endpoints(&self, svc: &ServiceRef) -> Result<(), ResolveError> {

@@ -26,7 +26,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use tokio::sync::watch;
 
-use super::resend;
+use super::retry;
 use super::unix::UnixConnector;
 use crate::auth::onward::{prepare_core_request, CoreCredentials};
 use crate::auth::Authenticated;
@@ -59,7 +59,7 @@ enum HttpClient {
 
 impl HttpClient {
     /// Sends `req`, again on another connection when the core refused it unprocessed (see
-    /// `resend`). Only HTTPS can carry HTTP/2 (chosen by ALPN), whose GOAWAY refuses streams
+    /// `retry`). Only HTTPS can carry HTTP/2 (chosen by ALPN), whose GOAWAY refuses streams
     /// already sent; over plain HTTP/1.1 hyper-util itself retries a request its closing
     /// connection never sent, so no copy is kept there (the sidecar core's hot path).
     async fn send(
@@ -67,7 +67,7 @@ impl HttpClient {
         req: Request,
     ) -> Result<hyper::Response<Incoming>, hyper_util::client::legacy::Error> {
         let multiplexed = req.uri().scheme() == Some(&http::uri::Scheme::HTTPS);
-        let mut again = multiplexed.then(|| resend::resendable(&req)).flatten();
+        let mut again = multiplexed.then(|| retry::resendable(&req)).flatten();
         let mut req = req;
         let mut attempt = 1;
         loop {
@@ -77,10 +77,10 @@ impl HttpClient {
             };
             match (sent, again.take()) {
                 (Err(e), Some(copy))
-                    if attempt < resend::MAX_ATTEMPTS && resend::refused_unprocessed(&e) =>
+                    if attempt < retry::MAX_ATTEMPTS && retry::refused_unprocessed(&e) =>
                 {
                     tracing::debug!(error = %e, attempt, "the core refused the request unprocessed; sending again");
-                    again = resend::resendable(&copy);
+                    again = retry::resendable(&copy);
                     req = copy;
                     attempt += 1;
                 }

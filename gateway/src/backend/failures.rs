@@ -61,6 +61,15 @@ impl FailureSignal {
         }
     }
 
+    /// One APIService sending on these connections (what an endpoint probe checks).
+    pub fn first_api_service(&self) -> Option<Arc<str>> {
+        self.api_services
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .first()
+            .cloned()
+    }
+
     /// From now on, failures ask `queue` to re-check the APIServices (set once).
     pub fn report_to(&self, queue: Queue<String>) {
         let _ = self.reports.set(Reports {

@@ -1,6 +1,7 @@
 //! The targets a request can be proxied to: the core server (everything no APIService claims)
 //! and, per APIService, a remote aggregated server. Both share `crate::proxy`.
 
+pub mod balance;
 pub mod core;
 pub mod core_readiness;
 pub mod failures;
@@ -8,7 +9,7 @@ pub mod kube_client;
 pub mod pool;
 pub mod probe;
 pub mod remote;
-pub mod resend;
+pub mod retry;
 pub mod unix;
 
 use std::time::Duration;

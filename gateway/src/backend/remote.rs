@@ -15,7 +15,8 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use apiservice::model::{RegisteredAPIService, RemoteBackendSpec};
-use apiservice::resolve::ServiceResolver;
+use apiservice::resolve::{Endpoint, ServiceResolver};
+use apiservice::traffic::ConnectionSettings;
 use gateway_config::tls::{self, Identity, ServerTrust};
 use http::uri::{Authority, Scheme};
 use http::Method;
@@ -26,9 +27,11 @@ use tokio::sync::watch;
 
 use crate::workqueue::Queue;
 
+use super::balance::Picked;
 use super::failures::{FailureSignal, Watched};
 use super::pool::{Connector, PoolError, PoolSettings, ServiceConnections};
 use super::probe::Probe;
+use super::retry::{self, Failure, Replay};
 use crate::body::{self, Body, Request, Response};
 use crate::error::GatewayError;
 use crate::identity::{set_identity_headers, UserInfo};
@@ -38,7 +41,7 @@ use crate::proxy::{self, Upstream};
 const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Who the availability probe and discovery fetches are (see the module docs).
-static DISCOVERY_USER: LazyLock<UserInfo> = LazyLock::new(|| UserInfo {
+pub(super) static DISCOVERY_USER: LazyLock<UserInfo> = LazyLock::new(|| UserInfo {
     name: "system:kube-aggregator".into(),
     groups: vec!["system:masters".into()],
     ..Default::default()
@@ -66,6 +69,8 @@ fn own_identity(path_and_query: &str) -> &'static UserInfo {
 pub struct RemoteBackend {
     pub name: Arc<str>,
     spec: RemoteBackendSpec,
+    /// How its connections are kept (from the APIService's annotations).
+    connection_settings: ConnectionSettings,
     resolver: Arc<dyn ServiceResolver>,
     /// The connections to the Service, shared with every APIService that names it with the
     /// same trust (see `backend::pool`).
@@ -127,7 +132,8 @@ impl RemoteBackend {
         resolver: Arc<dyn ServiceResolver>,
         drain: watch::Receiver<bool>,
     ) -> Result<Self, RemoteSetupError> {
-        let connections = Self::service_connections(&api.name, spec, proxy_identity)?;
+        let connections =
+            Self::service_connections(&api.name, spec, &api.traffic.connections, proxy_identity)?;
         Ok(Self::with_connections(
             api,
             spec,
@@ -151,6 +157,7 @@ impl RemoteBackend {
         Self {
             name,
             spec: spec.clone(),
+            connection_settings: api.traffic.connections,
             resolver,
             connections,
             drain,
@@ -158,12 +165,13 @@ impl RemoteBackend {
         }
     }
 
-    /// Connections to the Service `spec` names, trusted as `spec` says, presenting
-    /// `proxy_identity`: what every APIService with the same spec can share. `api_name` names
-    /// the APIService in errors.
+    /// Connections to the Service `spec` names, trusted as `spec` says, kept as `settings`
+    /// say, presenting `proxy_identity`: what every APIService with the same spec and settings
+    /// can share. `api_name` names the APIService in errors.
     pub fn service_connections(
         api_name: &str,
         spec: &RemoteBackendSpec,
+        settings: &ConnectionSettings,
         proxy_identity: Option<&Identity>,
     ) -> Result<ServiceConnections, RemoteSetupError> {
         let trust = if spec.insecure_skip_tls_verify {
@@ -214,7 +222,7 @@ impl RemoteBackend {
             http1,
             probe,
             failures,
-            PoolSettings::default(),
+            PoolSettings::with(settings),
         ))
     }
 
@@ -237,9 +245,10 @@ impl RemoteBackend {
         self
     }
 
-    /// Whether this backend was built from the same spec (so it can be kept across a rebuild).
-    pub fn same_spec(&self, spec: &RemoteBackendSpec) -> bool {
-        self.spec == *spec
+    /// Whether this backend was built from the same spec and connection settings (so it can be
+    /// kept across a rebuild).
+    pub fn same_spec(&self, spec: &RemoteBackendSpec, settings: &ConnectionSettings) -> bool {
+        self.spec == *spec && self.connection_settings == *settings
     }
 
     fn upstream(&self) -> Result<Upstream, GatewayError> {
@@ -274,10 +283,14 @@ impl RemoteBackend {
         client: Option<SocketAddr>,
         long_running: bool,
     ) -> Result<Response, GatewayError> {
-        let upstream = self.upstream()?;
+        let endpoints = self
+            .resolver
+            .endpoints(&self.spec.service)
+            .map_err(|e| self.unavailable(e.message))?;
         let upgrade = proxy::is_upgrade(req.headers());
         let discovery = is_group_version_discovery(req.method(), req.uri().path());
-        proxy::prepare_request(&mut req, &upstream, client);
+        let first = self.pick(&endpoints, None)?;
+        proxy::prepare_request(&mut req, &upstream_at(&first), client);
         // Sending the request without the caller's identity would have the backend act for the
         // gateway instead: refuse it.
         set_identity_headers(req.headers_mut(), user).map_err(|e| {
@@ -288,29 +301,22 @@ impl RemoteBackend {
             let http1 = self.connections.http1();
             let mut resp = proxy::forward_upgrade(req, |r| http1.request(r), self.drain.clone())
                 .await
-                .map_err(|e| self.failed_request(PoolError::Http1(e)))?;
+                .map_err(|e| self.failed_request(&first, endpoints.len(), PoolError::Http1(e)))?;
             remove_cors_grants(resp.headers_mut());
             return Ok(resp);
         }
         // Anonymous callers over HTTP/1.1: a k8s.io/apiserver backend closes an HTTP/2
         // connection after an anonymous request (kube's UnauthenticatedHTTP2DOSMitigation),
         // and every other caller's requests share that connection.
-        let anonymous = user.name == crate::identity::ANONYMOUS;
-        let send = async {
-            if anonymous {
-                self.connections.send_http1(req).await
-            } else {
-                self.connections.send(req).await
-            }
-        };
+        let http1 = user.name == crate::identity::ANONYMOUS;
+        let send = self.send(req, &endpoints, first, http1);
         let resp = if discovery {
             tokio::time::timeout(DISCOVERY_TIMEOUT, send)
                 .await
                 .map_err(|_| self.unavailable("discovery did not answer within 5s"))?
         } else {
             send.await
-        }
-        .map_err(|e| self.failed_request(e))?;
+        }?;
         if self.reject_forwarding_redirects && is_forwarding_redirect(&resp) {
             return Err(GatewayError::BackendRedirect {
                 api_service: self.name.to_string(),
@@ -320,6 +326,76 @@ impl RemoteBackend {
         let mut resp = proxy::client_response(resp, long_running, &self.drain);
         remove_cors_grants(resp.headers_mut());
         Ok(resp)
+    }
+
+    /// An endpoint for the next attempt (see `balance`).
+    fn pick(
+        &self,
+        endpoints: &[Endpoint],
+        avoid: Option<&Authority>,
+    ) -> Result<Picked, GatewayError> {
+        self.connections
+            .balancer()
+            .pick(endpoints, avoid)
+            .map_err(|e| self.unavailable(e))
+    }
+
+    /// Sends `req` (prepared for `first`) and, when it fails in a way `retry` allows, again on
+    /// another endpoint or connection. The endpoint counts the request in flight until the
+    /// response body ends.
+    async fn send(
+        &self,
+        req: Request,
+        endpoints: &[Endpoint],
+        first: Picked,
+        http1: bool,
+    ) -> Result<http::Response<Body>, GatewayError> {
+        let method = req.method().clone();
+        let (mut req, replay) = Replay::keep(req)
+            .await
+            .map_err(|e| GatewayError::BadRequest(format!("reading the request body: {e}")))?;
+        let mut picked = first;
+        let mut sent_again_after_sending = false;
+        for attempt in 1..=retry::MAX_ATTEMPTS {
+            let sent = if http1 {
+                self.connections.send_http1(req).await
+            } else {
+                self.connections.send(req).await
+            };
+            let e = match sent {
+                Ok(resp) => {
+                    self.connections.balancer().succeeded(&picked);
+                    return Ok(resp.map(|b| body::with_guard(b, picked)));
+                }
+                Err(e) => e,
+            };
+            let failure = Failure::of(&e);
+            let again = match &replay {
+                Some(replay)
+                    if attempt < retry::MAX_ATTEMPTS
+                        && failure.may_send_again(&method)
+                        && !(failure == Failure::AfterSending && sent_again_after_sending) =>
+                {
+                    replay
+                }
+                _ => return Err(self.failed_request(&picked, endpoints.len(), e)),
+            };
+            if failure.is_endpoint_failure() {
+                self.note_endpoint_failure(&picked, endpoints.len(), &e);
+            }
+            sent_again_after_sending |= failure == Failure::AfterSending;
+            tracing::debug!(
+                error = %e,
+                attempt,
+                endpoint = %picked.health.authority,
+                "request failed before reaching the backend's answer; sending again"
+            );
+            let next = self.pick(endpoints, Some(&picked.health.authority))?;
+            req = again.request();
+            proxy::set_upstream(&mut req, &upstream_at(&next));
+            picked = next;
+        }
+        unreachable!("the last attempt returns")
     }
 
     /// The availability probe: `GET /apis/<group>/<version>` (`/api/<version>` for the legacy
@@ -351,22 +427,28 @@ impl RemoteBackend {
         headers: http::HeaderMap,
         timeout: Duration,
     ) -> Result<http::Response<Body>, GatewayError> {
-        let upstream = self.upstream()?;
+        let endpoints = self
+            .resolver
+            .endpoints(&self.spec.service)
+            .map_err(|e| self.unavailable(e.message))?;
+        let first = self.pick(&endpoints, None)?;
         let mut req = http::Request::builder()
             .method(Method::GET)
-            .uri(format!("https://{}{path_and_query}", upstream.authority))
+            .uri(format!(
+                "https://{}{path_and_query}",
+                first.health.authority
+            ))
             .body(body::empty())
             .map_err(|e| GatewayError::Internal(e.to_string()))?;
         *req.headers_mut() = headers;
         set_identity_headers(req.headers_mut(), own_identity(path_and_query))
             .map_err(|e| GatewayError::Internal(e.to_string()))?;
-        match tokio::time::timeout(timeout, self.connections.send(req)).await {
+        match tokio::time::timeout(timeout, self.send(req, &endpoints, first, false)).await {
             Err(_) => Err(self.unavailable(format!(
                 "GET {path_and_query} did not answer within {}s",
                 timeout.as_secs()
             ))),
-            Ok(Err(e)) => Err(self.failed_request(e)),
-            Ok(Ok(resp)) => Ok(resp),
+            Ok(result) => result,
         }
     }
 
@@ -377,17 +459,25 @@ impl RemoteBackend {
 
     /// A request that failed in transport: could not connect (refused, TLS refused), or the
     /// connection was reset or closed under it. Either says the backend may be gone: re-check
-    /// it now. Not when the caller's own request body failed, nor when the pool only ran out
-    /// of streams, which say nothing about the backend.
-    fn failed_request(&self, e: PoolError) -> GatewayError {
-        if !matches!(e, PoolError::Exhausted { .. }) && !caused_by_request_body(&e) {
-            self.connections.failures().report(if e.is_connect() {
-                "connect failed"
-            } else {
-                "request failed in transport"
-            });
+    /// it now, and take the endpoint out of the balancer's choices. Not when the caller's own
+    /// request body failed, nor when the pool only ran out of streams, which say nothing about
+    /// the backend.
+    fn failed_request(&self, picked: &Picked, endpoints: usize, e: PoolError) -> GatewayError {
+        if Failure::of(&e).is_endpoint_failure() {
+            self.note_endpoint_failure(picked, endpoints, &e);
         }
         self.transport_error(e)
+    }
+
+    fn note_endpoint_failure(&self, picked: &Picked, endpoints: usize, e: &PoolError) {
+        self.connections.failures().report(if e.is_connect() {
+            "connect failed"
+        } else {
+            "request failed in transport"
+        });
+        self.connections
+            .balancer()
+            .failed(picked, endpoints <= 1, &crate::error::chain(e));
     }
 
     fn transport_error(&self, e: PoolError) -> GatewayError {
@@ -401,20 +491,12 @@ impl RemoteBackend {
     }
 }
 
-/// Whether a transport error came from the request body the caller sent (it failed, or was
-/// aborted), rather than from the backend's side of the connection.
-fn caused_by_request_body(e: &PoolError) -> bool {
-    if let PoolError::Http2(h) = e {
-        return h.is_user() || h.is_body_write_aborted();
+/// Where a request to `picked` goes: aggregated servers always speak TLS.
+fn upstream_at(picked: &Picked) -> Upstream {
+    Upstream {
+        scheme: Scheme::HTTPS,
+        authority: picked.health.authority.clone(),
     }
-    let mut source = std::error::Error::source(e);
-    while let Some(err) = source {
-        if let Some(h) = err.downcast_ref::<hyper::Error>() {
-            return h.is_user() || h.is_body_write_aborted();
-        }
-        source = err.source();
-    }
-    false
 }
 
 /// A redirect the client would follow somewhere else: a 3xx naming a `Location`. kube-aggregator
@@ -470,6 +552,7 @@ mod tests {
     async fn a_refused_connection_asks_for_an_availability_recheck_once_per_burst() {
         use crate::workqueue::{Next, WorkQueue};
         let api = RegisteredAPIService {
+            traffic: Default::default(),
             name: "v1.dead.io".into(),
             group: "dead.io".into(),
             version: "v1".into(),

@@ -10,6 +10,7 @@ use apiservice::model::{Backend, RegisteredAPIService, RemoteBackendSpec};
 use apiservice::resolve::ServiceResolver;
 use apiservice::route_table::{Availability, RouteTable};
 use apiservice::source::{ApiServiceSet, Refusal};
+use apiservice::traffic::{ConnectionSettings, TrafficPolicy};
 use gateway_config::tls::Identity;
 use tokio::sync::watch;
 
@@ -46,7 +47,7 @@ pub struct RouteController {
     metrics: Arc<Metrics>,
     backends: HashMap<String, Arc<RemoteBackend>>,
     /// Connections per backend Service and trust, shared by the APIServices that name it.
-    connections: HashMap<RemoteBackendSpec, Arc<ServiceConnections>>,
+    connections: HashMap<(RemoteBackendSpec, ConnectionSettings), Arc<ServiceConnections>>,
     /// The proxy identity the backends in `backends` were built with.
     built_with: Option<Arc<Identity>>,
     last_specs: Vec<RegisteredAPIService>,
@@ -104,17 +105,20 @@ impl RouteController {
         &mut self,
         name: &str,
         spec: &RemoteBackendSpec,
+        settings: &ConnectionSettings,
         identity: &Option<Arc<Identity>>,
     ) -> Result<Arc<ServiceConnections>, RemoteSetupError> {
-        if let Some(shared) = self.connections.get(spec) {
+        let key = (spec.clone(), *settings);
+        if let Some(shared) = self.connections.get(&key) {
             return Ok(shared.clone());
         }
         let shared = Arc::new(RemoteBackend::service_connections(
             name,
             spec,
+            settings,
             identity.as_deref(),
         )?);
-        self.connections.insert(spec.clone(), shared.clone());
+        self.connections.insert(key, shared.clone());
         Ok(shared)
     }
 
@@ -169,9 +173,19 @@ impl RouteController {
                 }
             }
         }
+        let last_specs = std::mem::take(&mut self.last_specs);
+        let previous: HashMap<&str, &TrafficPolicy> = last_specs
+            .iter()
+            .map(|s| (s.name.as_str(), &s.traffic))
+            .collect();
         for api in &set.apiservices {
             let registered = match RegisteredAPIService::try_from(api) {
-                Ok(r) => r,
+                Ok(r) => {
+                    if previous.get(r.name.as_str()).copied() != Some(&r.traffic) {
+                        log_traffic(&r);
+                    }
+                    r
+                }
                 Err(e) => {
                     let name = api.metadata.name.clone().unwrap_or_default();
                     if !self.invalid.contains(&name) {
@@ -192,11 +206,16 @@ impl RouteController {
                 Backend::Remote(spec) => match self
                     .backends
                     .get(&registered.name)
-                    .filter(|b| b.same_spec(spec))
+                    .filter(|b| b.same_spec(spec, &registered.traffic.connections))
                     .cloned()
                 {
                     Some(b) => Target::Remote(b),
-                    None => match self.service_connections(&registered.name, spec, &identity) {
+                    None => match self.service_connections(
+                        &registered.name,
+                        spec,
+                        &registered.traffic.connections,
+                        &identity,
+                    ) {
                         Ok(shared) => {
                             let b = RemoteBackend::with_connections(
                                 &registered,
@@ -222,7 +241,10 @@ impl RouteController {
             };
             if let (Target::Remote(b), Backend::Remote(spec)) = (&target, &registered.backend) {
                 backends.insert(registered.name.clone(), b.clone());
-                connections.insert(spec.clone(), b.connections().clone());
+                connections.insert(
+                    (spec.clone(), registered.traffic.connections),
+                    b.connections().clone(),
+                );
             }
             let available = match &target {
                 Target::Local => Availability::Available,
@@ -264,9 +286,34 @@ impl RouteController {
             tracing::info!(apiservices = table_len, "APIService routes installed");
             self.routing.synced.pass();
         }
-        if specs != self.last_specs {
+        if specs != last_specs {
             tracing::debug!(apiservices = table_len, "APIService set changed");
-            self.last_specs = specs;
         }
+        self.last_specs = specs;
+    }
+}
+
+/// One line when an APIService's traffic annotations take effect (or are ignored), so an
+/// operator sees that `console` is now long-running, or why it is not.
+fn log_traffic(api: &RegisteredAPIService) {
+    let traffic = &api.traffic;
+    if !traffic.ignored.is_empty() {
+        tracing::warn!(
+            apiservice = %api.name,
+            ignored = ?traffic.ignored,
+            "APIService annotations ignored; fix them to take effect"
+        );
+    }
+    if !traffic.long_running.is_empty() || traffic.connections != Default::default() {
+        let c = &traffic.connections;
+        tracing::info!(
+            apiservice = %api.name,
+            long_running_subresources = ?traffic.long_running.subresources,
+            long_running_verbs = ?traffic.long_running.verbs,
+            max_connections_per_endpoint = ?c.max_connections_per_endpoint,
+            http2_ping_interval = ?c.ping_interval,
+            http2_ping_timeout = ?c.ping_timeout,
+            "APIService traffic settings"
+        );
     }
 }

@@ -326,7 +326,7 @@ mod tests {
     /// request_info then limits over `inner`, as in the real stack.
     fn stack<S>(limits: &gateway_config::Limits, inner: S) -> RequestInfoService<LimitsService<S>> {
         let limits = LimitsService::layer(limits, None, Arc::new(Metrics::new())).layer(inner);
-        RequestInfoService::layer().layer(limits)
+        RequestInfoService::layer(None).layer(limits)
     }
 
     #[tokio::test]

@@ -218,7 +218,7 @@ mod tests {
 
     /// request_info then the timeout over `inner`, as in the real stack.
     fn stack<S>(inner: S) -> RequestInfoService<TimeoutService<S>> {
-        RequestInfoService::layer().layer(TimeoutService::layer(LIMIT).layer(inner))
+        RequestInfoService::layer(None).layer(TimeoutService::layer(LIMIT).layer(inner))
     }
 
     const LIMIT: Duration = Duration::from_secs(60);

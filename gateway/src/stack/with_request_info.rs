@@ -1,7 +1,16 @@
 //! Parses the request's Kubernetes attributes once and puts them into its extensions for the
 //! layers below (limits, timeout, authorization, router).
+//!
+//! Whether a request is long-running is kube's decision (verb and subresource), widened by what
+//! the APIService serving the group-version declares (`aggregation-gateway.io/long-running-*`
+//! annotations, see `apiservice::traffic`): an aggregated server's own streaming subresources
+//! (a VM console) are exempt from the timeout and the in-flight limits, as `exec` is. It is
+//! decided here, before those layers, from the route table of this moment.
 
+use std::sync::Arc;
 use std::task::{Context, Poll};
+
+use apiservice::route_table::Lookup;
 
 use tower::layer::layer_fn;
 use tower::{Layer, Service};
@@ -9,16 +18,38 @@ use tower::{Layer, Service};
 use crate::body::{BoxError, Request, Response};
 use crate::error::GatewayError;
 use crate::request::BoxFuture;
-use crate::request_info::parse;
+use crate::request_info::{parse, RequestInfo};
+use crate::routing::Routing;
 
 #[derive(Clone)]
 pub struct RequestInfoService<S> {
     inner: S,
+    /// Where APIServices' long-running declarations are read; `None`: kube's list only.
+    routing: Option<Arc<Routing>>,
 }
 
 impl<S> RequestInfoService<S> {
-    pub fn layer() -> impl Layer<S, Service = Self> + Clone {
-        layer_fn(|inner| Self { inner })
+    pub fn layer(routing: Option<Arc<Routing>>) -> impl Layer<S, Service = Self> + Clone {
+        layer_fn(move |inner| Self {
+            inner,
+            routing: routing.clone(),
+        })
+    }
+}
+
+/// Whether the APIService serving `info`'s group-version declares the request long-running.
+fn declared_long_running(routing: &Routing, info: &RequestInfo) -> bool {
+    if !info.is_resource_request || info.api_group.is_empty() {
+        return false;
+    }
+    let table = routing.load();
+    match table.lookup(&info.path) {
+        Lookup::GroupVersion(route) => route
+            .api_service
+            .traffic
+            .long_running
+            .matches(&info.verb, &info.subresource),
+        _ => false,
     }
 }
 
@@ -44,7 +75,12 @@ where
             req.uri().query().unwrap_or(""),
         );
         match info {
-            Ok(info) => {
+            Ok(mut info) => {
+                if !info.long_running {
+                    if let Some(routing) = &self.routing {
+                        info.long_running = declared_long_running(routing, &info);
+                    }
+                }
                 req.extensions_mut().insert(info);
                 Box::pin(self.inner.call(req))
             }
@@ -72,7 +108,10 @@ mod tests {
             resp.extensions_mut().insert(info);
             Ok::<_, BoxError>(resp)
         });
-        let resp = RequestInfoService::layer().layer(inner).oneshot(req).await;
+        let resp = RequestInfoService::layer(None)
+            .layer(inner)
+            .oneshot(req)
+            .await;
         resp.ok()?
             .extensions()
             .get::<Option<crate::request_info::RequestInfo>>()

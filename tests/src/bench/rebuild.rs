@@ -19,6 +19,7 @@ use super::{median, Settings};
 fn registered(i: usize, backends: usize) -> RegisteredAPIService {
     let group = format!("g{i}.bench.example.com");
     RegisteredAPIService {
+        traffic: Default::default(),
         name: format!("v1.{group}"),
         group,
         version: "v1".into(),

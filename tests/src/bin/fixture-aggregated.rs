@@ -48,6 +48,14 @@ struct Args {
     /// a backend still warming up.
     #[arg(long, default_value_t = 0)]
     discovery_delay_ms: u64,
+    /// Close each HTTP/2 connection gracefully (GOAWAY) after it has taken this many requests,
+    /// as kube-apiserver's --goaway-chance does at random.
+    #[arg(long)]
+    goaway_after_requests: Option<u64>,
+    /// Subresources answered with a stream of JSON lines on every resource
+    /// (`?events=N&interval_ms=M`), like a VM's console (comma list).
+    #[arg(long, value_delimiter = ',')]
+    streaming_subresources: Vec<String>,
 }
 
 #[tokio::main]
@@ -85,6 +93,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     config.http2_max_concurrent_streams = args.http2_max_streams_per_connection;
     config.discovery_delay = std::time::Duration::from_millis(args.discovery_delay_ms);
     config.goaway_anonymous_http2 = args.goaway_anonymous_http2;
+    config.goaway_after_requests = args.goaway_after_requests;
+    config.streaming_subresources = args.streaming_subresources;
     let tls = TlsFiles {
         cert: args.tls_cert_file,
         key: args.tls_private_key_file,

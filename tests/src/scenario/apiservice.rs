@@ -16,6 +16,7 @@ pub struct ApiService {
     pub ca_bundle: String,
     /// `insecureSkipTLSVerify: true`, and no `caBundle` (validation allows only one of them).
     pub insecure_skip_tls_verify: bool,
+    pub annotations: Vec<(String, String)>,
 }
 
 impl ApiService {
@@ -47,6 +48,12 @@ impl ApiService {
         self
     }
 
+    /// An annotation on the APIService (e.g. `aggregation-gateway.io/long-running-subresources`).
+    pub fn annotation(mut self, name: &str, value: &str) -> ApiService {
+        self.annotations.push((name.to_owned(), value.to_owned()));
+        self
+    }
+
     pub fn group_priority_minimum(mut self, priority: u32) -> ApiService {
         self.group_priority_minimum = priority;
         self
@@ -65,8 +72,18 @@ impl ApiService {
             let ca = base64::engine::general_purpose::STANDARD.encode(&self.ca_bundle);
             format!("caBundle: {ca}")
         };
+        let annotations = if self.annotations.is_empty() {
+            String::new()
+        } else {
+            let lines: String = self
+                .annotations
+                .iter()
+                .map(|(k, v)| format!("    {k}: {}\n", serde_json::Value::from(v.as_str())))
+                .collect();
+            format!("  annotations:\n{lines}")
+        };
         format!(
-            "apiVersion: apiregistration.k8s.io/v1\nkind: APIService\nmetadata:\n  name: {name}\nspec:\n  \
+            "apiVersion: apiregistration.k8s.io/v1\nkind: APIService\nmetadata:\n  name: {name}\n{annotations}spec:\n  \
              group: {group}\n  version: {version}\n  groupPriorityMinimum: {gpm}\n  versionPriority: {vp}\n  \
              {trust}\n  service:\n    namespace: {namespace}\n    name: {service}\n    port: {port}\n",
             name = self.name(),

@@ -121,8 +121,9 @@ impl Pki {
     }
 
     /// Writes a gateway config whose static `services:` map puts each Service
-    /// `(namespace, name, backend)` at its backend's address, followed by `extra_yaml`. Without
-    /// services it is `extra_yaml` alone.
+    /// `(namespace, name, backend)` at its backend's address (a Service named more than once
+    /// gets all of them, as its endpoints), followed by `extra_yaml`. Without services it is
+    /// `extra_yaml` alone.
     pub fn gateway_config(
         &self,
         services: &[(&str, &str, &FixtureAggregated)],
@@ -132,10 +133,20 @@ impl Pki {
         if !services.is_empty() {
             yaml.push_str("services:\n");
         }
-        for (namespace, name, backend) in services {
+        let mut listed: Vec<(&str, &str)> = Vec::new();
+        for (namespace, name, _) in services {
+            if listed.contains(&(*namespace, *name)) {
+                continue;
+            }
+            listed.push((namespace, name));
+            let urls: Vec<String> = services
+                .iter()
+                .filter(|(ns, n, _)| ns == namespace && n == name)
+                .map(|(_, _, backend)| format!("\"https://{}\"", backend.addr))
+                .collect();
             yaml.push_str(&format!(
-                "- namespace: {namespace}\n  name: {name}\n  port: 443\n  urls: [\"https://{}\"]\n",
-                backend.addr
+                "- namespace: {namespace}\n  name: {name}\n  port: 443\n  urls: [{}]\n",
+                urls.join(", ")
             ));
         }
         yaml.push_str(extra_yaml);
@@ -265,6 +276,7 @@ impl Pki {
             version_priority: 15,
             ca_bundle: self.backend_ca.cert_pem().to_owned(),
             insecure_skip_tls_verify: false,
+            annotations: Vec::new(),
         }
     }
 }

@@ -17,6 +17,9 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 
 use super::{lock, Connector, H2Connection, PoolError, Shared, SETTINGS_WAIT};
+
+/// How long dialing (TCP and TLS) may take.
+const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 use crate::body::Body;
 
 /// An HTTP/2 connection of the pool, with the streams it carries.
@@ -61,10 +64,15 @@ pub(super) async fn connect(
         .path_and_query("/")
         .build()
         .map_err(|e| PoolError::Connect(e.into()))?;
-    let io = connector
-        .clone()
-        .oneshot(uri)
+    // The TCP connect has its own 5 s limit; this one bounds the TLS handshake too, which a
+    // frozen process (accepting in the kernel, answering nothing) would otherwise hold forever.
+    let io = tokio::time::timeout(DIAL_TIMEOUT, connector.clone().oneshot(uri))
         .await
+        .map_err(|_| {
+            PoolError::Connect(
+                format!("no TLS connection within {}s", DIAL_TIMEOUT.as_secs()).into(),
+            )
+        })?
         .map_err(PoolError::Connect)?;
     if !io.connected().is_negotiated_h2() {
         return Ok(Connected::Http1);
@@ -74,8 +82,8 @@ pub(super) async fn connect(
         // Until the server's SETTINGS arrive no stream may open: 0 here marks "not yet known"
         // (h2 replaces it with the announced limit, or unlimited when none is announced).
         .initial_max_send_streams(0)
-        .keep_alive_interval(Duration::from_secs(10))
-        .keep_alive_timeout(Duration::from_secs(5))
+        .keep_alive_interval(shared.settings.ping_interval)
+        .keep_alive_timeout(shared.settings.ping_timeout)
         .keep_alive_while_idle(true)
         .adaptive_window(true)
         .handshake(io)

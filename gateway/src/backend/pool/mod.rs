@@ -39,9 +39,10 @@ use tokio::time::Instant;
 mod connect;
 
 use self::connect::{connect, Connected, H2Conn};
+use super::balance::{Balancer, ProbeFn};
 use super::failures::{FailureSignal, Watched, WatchedStream};
 use super::probe::Probe;
-use super::resend::{refused_unprocessed, resendable, MAX_ATTEMPTS};
+use super::retry::refused_unprocessed;
 use crate::body::{self, Body, BoxError, Request};
 
 /// Dials with TLS over TCP connections that report their failures (see `failures`).
@@ -65,6 +66,11 @@ pub struct PoolSettings {
     pub max_connections: usize,
     /// How long a request waits for a free stream when every connection is full.
     pub stream_wait: Duration,
+    /// How often an HTTP/2 connection is pinged, and how long a ping may go unanswered before
+    /// the connection counts as dead: a backend that vanished without closing its connections
+    /// shows up in seconds instead of the ~45 s kube-aggregator users run into.
+    pub ping_interval: Duration,
+    pub ping_timeout: Duration,
 }
 
 impl Default for PoolSettings {
@@ -72,6 +78,23 @@ impl Default for PoolSettings {
         Self {
             max_connections: 64,
             stream_wait: Duration::from_secs(10),
+            ping_interval: Duration::from_secs(10),
+            ping_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl PoolSettings {
+    /// The defaults, with what an APIService's annotations set instead.
+    pub fn with(settings: &apiservice::traffic::ConnectionSettings) -> Self {
+        let default = Self::default();
+        Self {
+            max_connections: settings
+                .max_connections_per_endpoint
+                .map_or(default.max_connections, usize::from),
+            ping_interval: settings.ping_interval.unwrap_or(default.ping_interval),
+            ping_timeout: settings.ping_timeout.unwrap_or(default.ping_timeout),
+            ..default
         }
     }
 }
@@ -127,9 +150,11 @@ pub struct ServiceConnections {
     shared: Arc<Shared>,
     /// The availability probe's own connections to the same Service: a pool full of streams
     /// never starves it (see `probe`).
-    probe: Probe,
+    probe: Arc<Probe>,
     /// Where this Service's connections report their failures (see `failures`).
     failures: Arc<FailureSignal>,
+    /// Which endpoint each request goes to (see `balance`).
+    balancer: Arc<Balancer>,
 }
 
 struct Shared {
@@ -166,6 +191,8 @@ impl ServiceConnections {
         failures: Arc<FailureSignal>,
         settings: PoolSettings,
     ) -> Self {
+        let probe = Arc::new(probe);
+        let balancer = Balancer::new(endpoint_probe(probe.clone(), failures.clone()));
         let shared = Arc::new(Shared {
             endpoints: Mutex::new(HashMap::new()),
             changed: Notify::new(),
@@ -181,6 +208,7 @@ impl ServiceConnections {
             shared,
             probe,
             failures,
+            balancer,
         }
     }
 
@@ -201,41 +229,34 @@ impl ServiceConnections {
 
     /// Sends `req` (an absolute `https://` URI) on a free HTTP/2 stream to its endpoint, or over
     /// HTTP/1.1 when the endpoint does not speak HTTP/2. The stream counts as busy until the
-    /// response body is finished or dropped.
-    ///
-    /// A safe request with no body that the backend refused unprocessed (a stream above the
-    /// last one its GOAWAY accepted, or reset with REFUSED_STREAM) is sent again on another
-    /// connection, as Go's transport does for kube-aggregator: a Go server closing a busy
-    /// connection gracefully otherwise turns every request in flight on it into a 503.
+    /// response body is finished or dropped. One attempt: whether to send again is the caller's
+    /// decision (see `retry`); a connection whose server refused the stream with a GOAWAY takes
+    /// no new streams.
     pub async fn send(&self, mut req: Request) -> Result<http::Response<Body>, PoolError> {
         let endpoint = req
             .uri()
             .authority()
             .cloned()
             .ok_or_else(|| PoolError::Connect("the request names no backend address".into()))?;
-        for attempt in 1..=MAX_ATTEMPTS {
-            let Some(stream) = self.stream(&endpoint).await? else {
-                return self.send_http1(req).await;
-            };
-            // Sending consumes the request: keep what a resend needs while one may follow.
-            let again = (attempt < MAX_ATTEMPTS).then(|| resendable(&req)).flatten();
-            *req.version_mut() = Version::HTTP_2;
-            let mut send = stream.send.clone();
-            match send.send_request(req).await {
-                Ok(resp) => return Ok(resp.map(|b| body::with_guard(b, stream))),
-                Err(e) if refused_unprocessed(&e) => {
-                    // No new streams go to a connection that is going away.
+        let Some(stream) = self.stream(&endpoint).await? else {
+            return self.send_http1(req).await;
+        };
+        *req.version_mut() = Version::HTTP_2;
+        let mut send = stream.send.clone();
+        match send.send_request(req).await {
+            Ok(resp) => Ok(resp.map(|b| body::with_guard(b, stream))),
+            Err(e) => {
+                if refused_unprocessed(&e) {
                     stream.retire();
-                    let Some(copy) = again else {
-                        return Err(PoolError::Http2(e));
-                    };
-                    tracing::debug!(error = %e, attempt, "backend refused the stream unprocessed; sending again");
-                    req = copy;
                 }
-                Err(e) => return Err(PoolError::Http2(e)),
+                Err(PoolError::Http2(e))
             }
         }
-        unreachable!("the last attempt keeps no copy, so it returns")
+    }
+
+    /// The balancer over this Service's endpoints.
+    pub fn balancer(&self) -> &Arc<Balancer> {
+        &self.balancer
     }
 
     /// Sends `req` over HTTP/1.1 whatever the endpoint speaks: for anonymous callers, whom a
@@ -348,6 +369,28 @@ impl ServiceConnections {
     async fn connect(&self, endpoint: &Authority) -> Result<Connected, PoolError> {
         connect(&self.connector, &self.shared, endpoint).await
     }
+}
+
+/// The check an ejected endpoint must pass to be re-admitted: the availability probe's request
+/// (`GET /apis/<group>/<version>` of an APIService on these connections) on that endpoint alone.
+fn endpoint_probe(probe: Arc<Probe>, failures: Arc<FailureSignal>) -> ProbeFn {
+    Arc::new(move |authority: Authority| {
+        let probe = probe.clone();
+        let path = failures
+            .first_api_service()
+            .and_then(|name| apiservice::model::GroupVersion::from_api_service_name(&name))
+            .map_or_else(|| "/apis".to_owned(), |gv| gv.path());
+        Box::pin(async move {
+            probe
+                .check(
+                    || Ok(authority.clone()),
+                    &path,
+                    &super::remote::DISCOVERY_USER,
+                )
+                .await
+                .is_ok()
+        })
+    })
 }
 
 /// Adds a connection beside busy ones, without a request waiting for it.

@@ -162,6 +162,7 @@ fn pool(roots: rustls::RootCertStore, max_connections: usize) -> ServiceConnecti
         PoolSettings {
             max_connections,
             stream_wait: Duration::from_millis(300),
+            ..PoolSettings::default()
         },
     )
 }
@@ -232,24 +233,25 @@ async fn no_free_stream_within_the_wait_is_an_error_not_a_hang() {
 }
 
 #[tokio::test]
-async fn a_refused_stream_is_sent_again_on_another_connection() {
+async fn a_refused_stream_retires_its_connection() {
     let (addr, accepted, answered, roots) = refusing_server().await;
     let pool = Arc::new(pool(roots, 4));
-    // A long request keeps the first connection open beside the refusals.
+    // A long request keeps the first connection open beside the refusal.
     let _hanging = hold_a_stream(&pool, addr).await;
-    let resp = tokio::time::timeout(Duration::from_secs(5), pool.send(get(addr, "/")))
+    let sent = tokio::time::timeout(Duration::from_secs(5), pool.send(get(addr, "/")))
         .await
-        .expect("answered")
-        .expect("a refused GET is sent again, not failed");
-    assert_eq!(resp.status(), http::StatusCode::OK);
+        .expect("answered");
+    let Err(err) = sent else {
+        panic!("the backend refused the stream, yet it was answered");
+    };
     assert_eq!(
-        accepted.load(Ordering::SeqCst),
-        2,
-        "sent again on a new connection"
+        crate::backend::retry::Failure::of(&err),
+        crate::backend::retry::Failure::Refused,
+        "{err}"
     );
-    // The refusing connection takes no more streams.
+    // The refusing connection takes no more streams: the next request opens another.
     let resp = pool.send(get(addr, "/")).await.unwrap();
     assert_eq!(resp.status(), http::StatusCode::OK);
-    assert_eq!(answered.load(Ordering::SeqCst), 2);
-    assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    assert_eq!(answered.load(Ordering::SeqCst), 1);
+    assert_eq!(accepted.load(Ordering::SeqCst), 2, "a new connection");
 }

@@ -31,6 +31,7 @@ fn wardle_service() -> ServiceRef {
 
 fn wardle_apiservice(version: &str) -> Arc<RegisteredAPIService> {
     Arc::new(RegisteredAPIService {
+        traffic: Default::default(),
         name: format!("{version}.wardle.example.com"),
         group: "wardle.example.com".into(),
         version: version.into(),

@@ -1,0 +1,265 @@
+//! When a request that failed on its way to a backend is sent again, and what it is sent from.
+//!
+//! kube-aggregator's users lose requests the backend never saw (kubernetes#141318, #135285):
+//! Go's transport hides some of it, not all. Here a failure is sorted by what the backend can
+//! have done with the request ([`Failure`]):
+//! * **Unprocessed**: it never reached the backend, or the backend says it did not act on it: no
+//!   connection could be made, the stream was above the last one a GOAWAY accepted (RFC 9113
+//!   §6.8), it was reset with REFUSED_STREAM (§8.7), or hyper cancelled it before writing it.
+//!   Any method is sent again, on another connection (and another endpoint when there is one).
+//!   A server restarting its connections one after another may refuse one stream on each, so
+//!   this happens up to [`MAX_ATTEMPTS`] times.
+//! * **After sending**: the connection failed before the response headers (reset, closed, a
+//!   ping unanswered). The backend may have acted, so only a request it can act on twice
+//!   without harm is sent again, once: safe methods (GET, HEAD, OPTIONS, TRACE), as Go's
+//!   transport does. PUT and DELETE are idempotent in HTTP's sense, but a DELETE sent twice
+//!   answers 404 to a delete that worked, so they are not.
+//! * **Not the backend's doing**: the caller's own body failed, or the pool had no free stream.
+//!
+//! Sending again needs the request again, and hyper consumes it: [`Replay`] keeps its head and,
+//! for a body of at most [`REPLAY_BODY_LIMIT`] bytes with a declared length, the body itself,
+//! read before the first attempt. Longer or streamed bodies are sent once.
+
+use std::error::Error;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Uri, Version};
+use http_body_util::BodyExt;
+
+use super::pool::PoolError;
+use crate::body::{self, Request};
+
+/// Sends of one request at most.
+pub const MAX_ATTEMPTS: usize = 5;
+
+/// The largest body kept to be sent again: kube objects are mostly a few KiB; a larger body is
+/// not held in memory for a retry that rarely comes.
+pub const REPLAY_BODY_LIMIT: u64 = 64 * 1024;
+
+/// What a failed attempt says about the backend and the request; see the module docs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// The backend never acted on the request, and was not at fault (it refused politely).
+    Refused,
+    /// The request never reached the backend because the endpoint could not be reached.
+    Unreachable,
+    /// The connection failed after the request was written, before the response headers.
+    AfterSending,
+    /// Not the endpoint's doing: the caller's body failed, or the pool was full.
+    NotTheBackend,
+}
+
+impl Failure {
+    pub fn of(e: &PoolError) -> Self {
+        match e {
+            PoolError::Exhausted { .. } => Self::NotTheBackend,
+            PoolError::Connect(_) | PoolError::NoConnection { .. } => Self::Unreachable,
+            PoolError::Http1(e) if e.is_connect() => Self::Unreachable,
+            _ if caused_by_request_body(e) => Self::NotTheBackend,
+            PoolError::Http1(e) if refused_unprocessed(e) => Self::Refused,
+            PoolError::Http2(e) if refused_unprocessed(e) => Self::Refused,
+            PoolError::Http1(_) | PoolError::Http2(_) => Self::AfterSending,
+        }
+    }
+
+    /// Whether the endpoint it happened on counts it against its health (see `balance`).
+    pub fn is_endpoint_failure(self) -> bool {
+        matches!(self, Self::Unreachable | Self::AfterSending)
+    }
+
+    /// Whether a request with `method` may be sent again after this failure.
+    pub fn may_send_again(self, method: &Method) -> bool {
+        match self {
+            Self::Refused | Self::Unreachable => true,
+            Self::AfterSending => is_replayable_after_sending(method),
+            Self::NotTheBackend => false,
+        }
+    }
+}
+
+/// Safe methods: a backend that acted on one has changed nothing.
+fn is_replayable_after_sending(method: &Method) -> bool {
+    method.is_safe()
+}
+
+/// What a request is sent again from: its head, and its body when it was kept.
+pub struct Replay {
+    method: Method,
+    uri: Uri,
+    version: Version,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Replay {
+    /// `req` ready to send, and a copy to send again, unless its body is too long to keep (or
+    /// of unknown length). A body kept is read here, before the first attempt.
+    pub async fn keep(req: Request) -> Result<(Request, Option<Replay>), crate::body::BoxError> {
+        let declared = req
+            .headers()
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        let empty = http_body::Body::is_end_stream(req.body());
+        if !empty && declared.is_none_or(|n| n > REPLAY_BODY_LIMIT) {
+            return Ok((req, None));
+        }
+        let (parts, body) = req.into_parts();
+        let bytes = if empty {
+            Bytes::new()
+        } else {
+            body.collect().await?.to_bytes()
+        };
+        let replay = Replay {
+            method: parts.method.clone(),
+            uri: parts.uri.clone(),
+            version: parts.version,
+            headers: parts.headers.clone(),
+            body: bytes.clone(),
+        };
+        let body = if bytes.is_empty() {
+            body::empty()
+        } else {
+            body::full(bytes)
+        };
+        Ok((Request::from_parts(parts, body), Some(replay)))
+    }
+
+    /// Another copy of the request.
+    pub fn request(&self) -> Request {
+        let body = if self.body.is_empty() {
+            body::empty()
+        } else {
+            body::full(self.body.clone())
+        };
+        let mut req = Request::new(body);
+        *req.method_mut() = self.method.clone();
+        *req.uri_mut() = self.uri.clone();
+        *req.version_mut() = self.version;
+        *req.headers_mut() = self.headers.clone();
+        req
+    }
+}
+
+/// A copy of `req` to send again if it is refused, for a safe request with no body (the core's
+/// path, which sends to one address and keeps no body).
+pub fn resendable(req: &Request) -> Option<Request> {
+    if !req.method().is_safe() || !http_body::Body::is_end_stream(req.body()) {
+        return None;
+    }
+    let mut copy = Request::new(body::empty());
+    *copy.method_mut() = req.method().clone();
+    *copy.uri_mut() = req.uri().clone();
+    *copy.version_mut() = req.version();
+    *copy.headers_mut() = req.headers().clone();
+    Some(copy)
+}
+
+/// Whether `e` (or an error it wraps) says the server never processed the request: hyper
+/// cancelled it before sending (its connection closed first), the stream was above the last
+/// one the server's graceful GOAWAY (NO_ERROR) accepted, or the server reset it with
+/// REFUSED_STREAM. A GOAWAY with an error code is also sent to the streams below its last
+/// stream id, which the server may have processed, so it does not count.
+pub fn refused_unprocessed(e: &(dyn Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(err) = next {
+        if err
+            .downcast_ref::<hyper::Error>()
+            .is_some_and(hyper::Error::is_canceled)
+        {
+            return true;
+        }
+        if let Some(h2) = err.downcast_ref::<h2::Error>() {
+            return (h2.is_go_away()
+                && h2.is_remote()
+                && h2.reason() == Some(h2::Reason::NO_ERROR))
+                || (h2.is_reset() && h2.reason() == Some(h2::Reason::REFUSED_STREAM));
+        }
+        next = err.source();
+    }
+    false
+}
+
+/// Whether a transport error came from the request body the caller sent (it failed, or was
+/// aborted), rather than from the backend's side of the connection.
+pub fn caused_by_request_body(e: &PoolError) -> bool {
+    if let PoolError::Http2(h) = e {
+        return h.is_user() || h.is_body_write_aborted();
+    }
+    let mut source = Error::source(e);
+    while let Some(err) = source {
+        if let Some(h) = err.downcast_ref::<hyper::Error>() {
+            return h.is_user() || h.is_body_write_aborted();
+        }
+        source = err.source();
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_safe_requests_without_a_body_are_resendable() {
+        let mut get = http::Request::get("https://127.0.0.1:1/apis/x")
+            .body(body::empty())
+            .unwrap();
+        get.headers_mut()
+            .insert("x-remote-user", http::HeaderValue::from_static("alice"));
+        let copy = resendable(&get).expect("a GET without a body");
+        assert_eq!(copy.uri(), get.uri());
+        assert_eq!(copy.headers()["x-remote-user"], "alice");
+        let post = http::Request::post("https://127.0.0.1:1/apis/x")
+            .body(body::empty())
+            .unwrap();
+        assert!(resendable(&post).is_none(), "a POST may have been acted on");
+    }
+
+    #[tokio::test]
+    async fn a_small_body_is_kept_and_a_long_or_streamed_one_is_not() {
+        let post = |body: &'static str, length: Option<usize>| {
+            let mut b = http::Request::post("https://127.0.0.1:1/apis/x");
+            if let Some(n) = length {
+                b = b.header("content-length", n);
+            }
+            b.body(body::full(body)).unwrap()
+        };
+        let (req, replay) = Replay::keep(post("{\"a\":1}", Some(7))).await.unwrap();
+        let replay = replay.expect("a 7-byte body is kept");
+        let first = req.into_body().collect().await.unwrap().to_bytes();
+        let again = replay.request();
+        assert_eq!(again.method(), Method::POST);
+        let second = again.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(
+            (&first[..], &second[..]),
+            (&b"{\"a\":1}"[..], &b"{\"a\":1}"[..])
+        );
+        let (_, replay) = Replay::keep(post("{}", None)).await.unwrap();
+        assert!(
+            replay.is_none(),
+            "a body of unknown length is streamed once"
+        );
+        let long = (REPLAY_BODY_LIMIT + 1) as usize;
+        let (_, replay) = Replay::keep(post("{}", Some(long))).await.unwrap();
+        assert!(replay.is_none(), "a body over the limit is streamed once");
+    }
+
+    #[test]
+    fn only_refusals_and_unreachable_endpoints_resend_any_method() {
+        let refused = Failure::Refused;
+        let unreachable = Failure::of(&PoolError::Connect("refused".into()));
+        assert_eq!(unreachable, Failure::Unreachable);
+        for f in [refused, unreachable] {
+            assert!(f.may_send_again(&Method::POST));
+            assert!(f.may_send_again(&Method::DELETE));
+        }
+        let after = Failure::AfterSending;
+        assert!(after.may_send_again(&Method::GET));
+        assert!(!after.may_send_again(&Method::POST));
+        assert!(!after.may_send_again(&Method::DELETE));
+        assert!(!Failure::NotTheBackend.may_send_again(&Method::GET));
+        assert!(!refused.is_endpoint_failure());
+        assert!(after.is_endpoint_failure() && unreachable.is_endpoint_failure());
+    }
+}
