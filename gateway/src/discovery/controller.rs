@@ -136,6 +136,9 @@ struct State {
     established: Arc<BTreeSet<String>>,
     /// Early re-fetches while one of `established` is not in the core's documents yet.
     listing: ListingRetry,
+    /// Whether an established CRD may be missing from the published documents (see
+    /// `DiscoveryCache::listing_pending`).
+    listing_pending: bool,
 }
 
 impl DiscoveryController {
@@ -193,6 +196,9 @@ impl DiscoveryController {
                 Ok(()) = signals.changed() => {
                     let established = signals.borrow_and_update().established.clone();
                     if established != state.established {
+                        // Until the next fetch of the core's documents says otherwise, a new
+                        // group-version may be missing from them.
+                        state.listing_pending |= !established.is_subset(&state.established);
                         state.established = established;
                         state.listing.reset();
                     }
@@ -226,6 +232,9 @@ impl DiscoveryController {
                 },
             }
             publish(&self.cache, &self.metrics, &mut state);
+            self.cache.listing_pending.send_if_modified(|p| {
+                std::mem::replace(p, state.listing_pending) != state.listing_pending
+            });
             // After publishing: a ready replica serves what it fetched.
             if let Some(svc) = fetched {
                 readiness.fetched(&svc);
@@ -246,7 +255,9 @@ fn after_core_fetch(state: &mut State, watchers: &mut CoreWatchers, queue: &Queu
     let Some(core) = &state.core else { return };
     watchers.start_served(&core.discovery);
     let missing = unlisted(&state.established, &core.discovery);
-    if let Some(delay) = state.listing.next(&missing) {
+    let retry = state.listing.next(&missing);
+    state.listing_pending = retry.is_some();
+    if let Some(delay) = retry {
         tracing::debug!(group_versions = ?missing, ?delay,
             "an established CustomResourceDefinition is not in the core's discovery yet");
         queue.add_after(Key::Core, delay);

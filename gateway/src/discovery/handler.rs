@@ -137,6 +137,18 @@ fn openapi_not_found(key: &str) -> Response {
     )
 }
 
+async fn act(action: Action) -> Option<Response> {
+    match action {
+        Action::FallThrough => None,
+        Action::Respond(resp) => Some(resp),
+        Action::PassThrough {
+            backend,
+            path_and_query,
+            headers,
+        } => Some(pass_through(backend, path_and_query, headers).await),
+    }
+}
+
 /// What to do with a request, decided synchronously so the returned future holds no reference
 /// to the request (its body is not `Sync`).
 enum Action {
@@ -149,22 +161,37 @@ enum Action {
     },
 }
 
+/// How long `/apis` or `/apis/<group>` waits for the core's discovery to list a
+/// CustomResourceDefinition the core has already established (see `core_watch`): `kubectl wait
+/// --for=condition=Established` and then `kubectl apply` of a custom resource would otherwise
+/// find the group missing for the few milliseconds between the two.
+const LISTING_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
+
 impl DiscoveryCache {
     /// Answers the request if it is a discovery or OpenAPI v3 request the gateway owns; `None`
     /// sends it on to the router's normal lookup.
-    pub fn handle(&self, req: &Request) -> impl Future<Output = Option<Response>> + Send + 'static {
-        let action = self.decide(req);
-        async move {
-            match action {
-                Action::FallThrough => None,
-                Action::Respond(resp) => Some(resp),
-                Action::PassThrough {
-                    backend,
-                    path_and_query,
-                    headers,
-                } => Some(pass_through(backend, path_and_query, headers).await),
-            }
+    pub fn handle(
+        self: &Arc<Self>,
+        req: &Request,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Option<Response>> + Send + 'static>> {
+        let lists_groups = req.method() == Method::GET
+            && matches!(
+                classify(req.uri().path()),
+                Some(DiscoveryPath::Apis | DiscoveryPath::Group(_))
+            );
+        if lists_groups && *self.listing_pending.borrow() {
+            let mut head = http::Request::new(crate::body::empty());
+            *head.uri_mut() = req.uri().clone();
+            *head.headers_mut() = req.headers().clone();
+            let this = self.clone();
+            return Box::pin(async move {
+                let mut pending = this.listing_pending.subscribe();
+                let _ = tokio::time::timeout(LISTING_WAIT, pending.wait_for(|p| !*p)).await;
+                let action = this.decide(&head);
+                act(action).await
+            });
         }
+        Box::pin(act(self.decide(req)))
     }
 
     fn decide(&self, req: &Request) -> Action {
@@ -300,11 +327,35 @@ mod tests {
         assert!(!not_modified(&h, "\"AB\""));
     }
 
-    fn cache() -> DiscoveryCache {
+    fn cache() -> Arc<DiscoveryCache> {
         let cache = DiscoveryCache::new(Routing::new());
         let merged = merge(&CoreDiscovery::default(), &[]).unwrap();
         cache.store_merged(merged);
-        cache
+        Arc::new(cache)
+    }
+
+    /// While an established CRD is not listed yet, `/apis` waits for the next published
+    /// documents (briefly), and answers from them.
+    #[tokio::test]
+    async fn apis_waits_while_an_established_group_is_unlisted() {
+        let cache = cache();
+        cache.listing_pending.send_replace(true);
+        let answer = tokio::spawn({
+            let cache = cache.clone();
+            async move { cache.handle(&get("/apis", &[])).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!answer.is_finished(), "/apis did not wait");
+        cache.listing_pending.send_replace(false);
+        let resp = tokio::time::timeout(std::time::Duration::from_millis(150), answer)
+            .await
+            .expect("answered once the listing arrived")
+            .unwrap();
+        assert!(resp.is_some());
+        // Nothing pending: no wait at all.
+        let started = std::time::Instant::now();
+        assert!(cache.handle(&get("/apis", &[])).await.is_some());
+        assert!(started.elapsed() < std::time::Duration::from_millis(50));
     }
 
     fn get(path: &str, headers: &[(header::HeaderName, &str)]) -> Request {
@@ -414,7 +465,7 @@ mod tests {
 
     #[tokio::test]
     async fn nothing_is_served_before_the_first_merge() {
-        let cache = DiscoveryCache::new(Routing::new());
+        let cache = Arc::new(DiscoveryCache::new(Routing::new()));
         assert!(cache
             .handle(&get("/apis", &[(header::ACCEPT, AGG)]))
             .await
@@ -432,7 +483,7 @@ mod tests {
 
     #[tokio::test]
     async fn openapi_root_and_documents() {
-        let cache = DiscoveryCache::new(Routing::new());
+        let cache = Arc::new(DiscoveryCache::new(Routing::new()));
         let core: OpenApiRoot = serde_json::from_str(
             r#"{"paths":{"api/v1":{"serverRelativeURL":"/openapi/v3/api/v1?hash=A"}}}"#,
         )

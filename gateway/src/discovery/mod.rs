@@ -81,6 +81,9 @@ pub struct DiscoveryCache {
     /// Woken by [`DiscoveryCache::revalidate_core`]; the controller revalidates the core's
     /// documents at once. A `Notify` keeps one wake-up when nobody waits, so none is lost.
     pub(crate) core_written: Notify,
+    /// True while a CustomResourceDefinition the core has established is not in the core's
+    /// discovery yet (see `core_watch`): `/apis` and `/apis/<group>` wait briefly for it.
+    pub(crate) listing_pending: tokio::sync::watch::Sender<bool>,
 }
 
 impl DiscoveryCache {
@@ -91,6 +94,7 @@ impl DiscoveryCache {
             known_resources: ArcSwap::from_pointee(KnownResources::default()),
             routing,
             core_written: Notify::new(),
+            listing_pending: tokio::sync::watch::channel(false).0,
         }
     }
 
