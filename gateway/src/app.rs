@@ -40,6 +40,7 @@ use crate::stack::{
     limits::LimitsService,
     rescue::Rescue,
     timeout::TimeoutService,
+    trace::{RequestTracer, Trace},
     with_request_info::RequestInfoService,
 };
 
@@ -61,6 +62,8 @@ pub enum StartError {
     ProxyIdentity(tls::TlsError),
     #[error("watching certificate files: {0}")]
     Watch(#[from] notify::Error),
+    #[error(transparent)]
+    Tracing(#[from] crate::otel::TracingSetupError),
     #[error("audit log {path}: {source}")]
     Audit {
         path: String,
@@ -228,9 +231,27 @@ pub async fn run(config: Config) -> Result<(), StartError> {
             .instrument(tracing::info_span!("core_readiness")),
     );
 
+    let tracer_provider = match &config.tracing {
+        Some(tracing) => {
+            let provider = crate::otel::provider(tracing)?;
+            tracing::info!(
+                file = %tracing.file.display(),
+                endpoint = %tracing.endpoint,
+                sampling_rate_per_million = tracing.sampling_rate_per_million,
+                "tracing requests: OTLP/gRPC export"
+            );
+            Some(provider)
+        }
+        None => None,
+    };
     let stack = ServiceBuilder::new()
         .layer(AccessLog::layer(metrics.clone(), discovery.clone()))
         .layer(Audit::layer(audit))
+        .layer(Trace::layer(
+            tracer_provider
+                .as_ref()
+                .map(|p| Arc::new(RequestTracer::new(p))),
+        ))
         .layer(Rescue::layer())
         .layer(RequestInfoService::layer())
         .layer(Authn::layer(authenticator))
@@ -296,6 +317,9 @@ pub async fn run(config: Config) -> Result<(), StartError> {
     match tokio::time::timeout(config.shutdown_timeout, graceful.shutdown()).await {
         Ok(()) => tracing::info!("all connections closed; exiting"),
         Err(_) => tracing::warn!("shutdown timeout reached with requests still in flight; exiting"),
+    }
+    if let Some(provider) = tracer_provider {
+        crate::otel::shutdown(provider).await;
     }
     Ok(())
 }
