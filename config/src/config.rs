@@ -25,6 +25,8 @@ pub struct Config {
     pub shutdown_timeout: Duration,
     pub logging: LoggingConfig,
     pub audit: AuditConfig,
+    /// `--tracing-config-file`; `None`: requests are not traced.
+    pub tracing: Option<crate::tracing_config::TracingConfig>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

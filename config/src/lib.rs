@@ -8,6 +8,7 @@ mod file;
 pub mod options;
 mod selector;
 pub mod tls;
+pub mod tracing_config;
 pub mod validate;
 
 pub use config::{
@@ -18,4 +19,5 @@ pub use config::{
 pub use duration::GoDuration;
 pub use file::load;
 pub use options::{Cli, Options, StaticService};
+pub use tracing_config::TracingConfig;
 pub use validate::ConfigError;

@@ -234,6 +234,12 @@ options! {
         /// Audit level: None or Metadata [default: Metadata].
         #[arg(long, value_name = "LEVEL")]
         pub audit_policy_level: Option<String>,
+        /// kube-apiserver's tracing file: a TracingConfiguration (apiserver.config.k8s.io/v1) with
+        /// the OTLP/gRPC collector `endpoint` [default: localhost:4317] and
+        /// `samplingRatePerMillion` [default: 0]. One span per request is exported and W3C
+        /// `traceparent` is passed on to backends and the core. Unset: no tracing.
+        #[arg(long, value_name = "FILE")]
+        pub tracing_config_file: Option<PathBuf>,
     }
 }
 

@@ -6,7 +6,7 @@ mod serving;
 mod watch;
 
 pub use serving::{check_private_dir, ensure_serving_cert, ServingIdentity};
-pub use watch::{describe, watch_files, DEFAULT_RESYNC};
+pub use watch::{describe, not_after_unix, watch_files, DEFAULT_RESYNC};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

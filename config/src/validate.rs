@@ -527,6 +527,11 @@ impl Options {
             _ => AuditLevel::Metadata,
         };
 
+        let tracing = match &self.tracing_config_file {
+            Some(path) => Some(crate::tracing_config::load(path)?),
+            None => None,
+        };
+
         Ok(Config {
             listen,
             serving,
@@ -544,6 +549,7 @@ impl Options {
                 path: self.audit_log_path.filter(|p| !p.is_empty()),
                 level: audit_level,
             },
+            tracing,
         })
     }
 }

@@ -40,6 +40,7 @@ use crate::stack::{
     limits::LimitsService,
     rescue::Rescue,
     timeout::TimeoutService,
+    trace::{RequestTracer, Trace},
     with_request_info::RequestInfoService,
 };
 
@@ -61,6 +62,8 @@ pub enum StartError {
     ProxyIdentity(tls::TlsError),
     #[error("watching certificate files: {0}")]
     Watch(#[from] notify::Error),
+    #[error(transparent)]
+    Tracing(#[from] crate::otel::TracingSetupError),
     #[error("audit log {path}: {source}")]
     Audit {
         path: String,
@@ -71,6 +74,18 @@ pub enum StartError {
 
 pub async fn run(config: Config) -> Result<(), StartError> {
     tls::install_crypto_provider();
+    let metrics = Arc::new(Metrics::new());
+    for (kind, limit) in [
+        ("readOnly", config.limits.max_readonly_inflight),
+        ("mutating", config.limits.max_mutating_inflight),
+    ] {
+        if limit > 0 {
+            metrics
+                .inflight_limit
+                .with_label_values(&[kind])
+                .set(limit.into());
+        }
+    }
 
     let (serving, generated) = tls::ensure_serving_cert(&config.serving)?;
     let mut client_ca_files = Vec::new();
@@ -84,16 +99,19 @@ pub async fn run(config: Config) -> Result<(), StartError> {
     };
     let (first_tls, chain) = tls_settings.build()?;
     let (serial, not_after) = describe_leaf(&chain);
+    record_expiry(&metrics, SERVING, &chain);
     let server_tls = Arc::new(ArcSwap::new(first_tls));
     let _tls_watch = {
         let server_tls = server_tls.clone();
         let settings = tls_settings.clone();
+        let metrics = metrics.clone();
         tls::watch_files(
             &settings.files(),
             config.serving.cert_reload_interval,
             move || match settings.build() {
                 Ok((cfg, chain)) => {
                     server_tls.store(cfg);
+                    record_expiry(&metrics, SERVING, &chain);
                     let (serial, not_after) = describe_leaf(&chain);
                     tracing::info!(%serial, %not_after, "serving TLS material reloaded");
                 }
@@ -118,7 +136,7 @@ pub async fn run(config: Config) -> Result<(), StartError> {
 
     // The core gets the proxy client certificate too: certificate users reach it as X-Remote-*.
     // One reloading source feeds the core and every remote backend.
-    let (proxy_identity, _proxy_identity_reload) = proxy_identity(&config)?;
+    let (proxy_identity, _proxy_identity_reload) = proxy_identity(&config, metrics.clone())?;
     let first_identity = proxy_identity.borrow().clone();
     let core = Arc::new(
         CoreBackend::new(&config.core, first_identity.as_deref(), drain_rx.clone()).await?,
@@ -153,7 +171,6 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         );
     }
 
-    let metrics = Arc::new(Metrics::new());
     start_apiservices(
         &config,
         proxy_identity,
@@ -214,9 +231,27 @@ pub async fn run(config: Config) -> Result<(), StartError> {
             .instrument(tracing::info_span!("core_readiness")),
     );
 
+    let tracer_provider = match &config.tracing {
+        Some(tracing) => {
+            let provider = crate::otel::provider(tracing)?;
+            tracing::info!(
+                file = %tracing.file.display(),
+                endpoint = %tracing.endpoint,
+                sampling_rate_per_million = tracing.sampling_rate_per_million,
+                "tracing requests: OTLP/gRPC export"
+            );
+            Some(provider)
+        }
+        None => None,
+    };
     let stack = ServiceBuilder::new()
         .layer(AccessLog::layer(metrics.clone(), discovery.clone()))
         .layer(Audit::layer(audit))
+        .layer(Trace::layer(
+            tracer_provider
+                .as_ref()
+                .map(|p| Arc::new(RequestTracer::new(p))),
+        ))
         .layer(Rescue::layer())
         .layer(RequestInfoService::layer(Some(gateway.routing.clone())))
         .layer(Authn::layer(authenticator))
@@ -283,6 +318,9 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         Ok(()) => tracing::info!("all connections closed; exiting"),
         Err(_) => tracing::warn!("shutdown timeout reached with requests still in flight; exiting"),
     }
+    if let Some(provider) = tracer_provider {
+        crate::otel::shutdown(provider).await;
+    }
     Ok(())
 }
 
@@ -295,7 +333,10 @@ pub struct ProxyIdentityReload {
 
 /// Loads the proxy client certificate and reloads it whenever its files change. A pair that does
 /// not load (a half-written rotation, a key that does not match) keeps the previous identity.
-fn proxy_identity(config: &Config) -> Result<(ProxyIdentity, ProxyIdentityReload), StartError> {
+fn proxy_identity(
+    config: &Config,
+    metrics: Arc<Metrics>,
+) -> Result<(ProxyIdentity, ProxyIdentityReload), StartError> {
     let Some(pair) = config.proxy_client.clone() else {
         let (tx, rx) = watch::channel(None);
         return Ok((
@@ -307,6 +348,7 @@ fn proxy_identity(config: &Config) -> Result<(ProxyIdentity, ProxyIdentityReload
         ));
     };
     let first = Identity::load(&pair).map_err(StartError::ProxyIdentity)?;
+    record_expiry(&metrics, PROXY_CLIENT, &first.certs);
     let (tx, rx) = watch::channel(Some(Arc::new(first)));
     let tx = Arc::new(tx);
     let sender = tx.clone();
@@ -315,6 +357,7 @@ fn proxy_identity(config: &Config) -> Result<(ProxyIdentity, ProxyIdentityReload
         match Identity::load(&pair) {
             Ok(identity) => {
                 let (serial, not_after) = describe_leaf(&identity.certs);
+                record_expiry(&metrics, PROXY_CLIENT, &identity.certs);
                 sender.send_replace(Some(Arc::new(identity)));
                 tracing::info!(cert_file = %pair.cert_file.display(), %serial, %not_after, "proxy client certificate reloaded");
             }
@@ -330,6 +373,25 @@ fn proxy_identity(config: &Config) -> Result<(ProxyIdentity, ProxyIdentityReload
             _watcher: Some(watcher),
         },
     ))
+}
+
+/// The `certificate` label of the expiry metric for the serving certificate and for the proxy
+/// client certificate.
+const SERVING: &str = "serving";
+const PROXY_CLIENT: &str = "proxy-client";
+
+/// Publishes the expiry of the leaf of `chain`, the certificate now presented as `which`.
+fn record_expiry(
+    metrics: &Metrics,
+    which: &str,
+    chain: &[rustls::pki_types::CertificateDer<'static>],
+) {
+    if let Some(not_after) = chain.first().and_then(tls::not_after_unix) {
+        metrics
+            .certificate_expiration
+            .with_label_values(&[which])
+            .set(not_after);
+    }
 }
 
 /// Serial number and expiry of a chain's leaf, for the log.

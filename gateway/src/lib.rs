@@ -18,6 +18,7 @@ pub mod listener;
 pub mod logging;
 pub mod memory;
 pub mod metrics;
+pub mod otel;
 pub mod proxy;
 pub mod request;
 pub mod request_info;

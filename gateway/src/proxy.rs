@@ -117,6 +117,8 @@ pub fn prepare_request(req: &mut Request, upstream: &Upstream, client: Option<So
     if let Some(host) = original_host {
         headers.insert("x-forwarded-host", host);
     }
+    // The gateway's span becomes the backend's parent (only when the request is traced).
+    crate::stack::trace::propagate(req);
 }
 
 /// Cleans a backend response for the client: hop-by-hop headers go, except on a 101 where the

@@ -4,16 +4,18 @@
 //! folder rewritten in place).
 //!
 //! What the gateway serves is read off the TLS handshake itself: [`served_leaf`] connects with a
-//! client that records the certificate it is shown.
+//! client that records the certificate it is shown. The expiry of the certificates in use is on
+//! `/metrics` for alerting.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use e2e::certs::{install_crypto, CertifiedPair, TestCa};
+use e2e::certs::{install_crypto, CertSpec, CertifiedPair, TestCa};
 use e2e::harness::{self, Gateway, GatewayOptions, Process};
+use rcgen::ExtendedKeyUsagePurpose;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, SignatureScheme};
@@ -323,4 +325,106 @@ async fn an_in_place_write_inside_a_linked_folder_is_picked_up() {
         "in-place write in a linked folder",
     )
     .await;
+}
+
+// ---- expiry as metrics --------------------------------------------------------------------------
+
+/// `aggregation_gateway_certificate_expiration_timestamp_seconds{certificate="<which>"}` in
+/// `/metrics`, if present.
+fn expiry_metric(metrics: &str, which: &str) -> Option<i64> {
+    let series = format!(
+        "aggregation_gateway_certificate_expiration_timestamp_seconds{{certificate=\"{which}\"}} "
+    );
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|v| v as i64)
+}
+
+/// Unix seconds, as a certificate's notAfter holds them (no fraction).
+fn unix_seconds(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH).unwrap().as_secs() as i64
+}
+
+/// The serving certificate and the proxy client certificate's expiry dates are on `/metrics`
+/// (what the chart's certificate-expiry alert reads), and follow a rotation of either.
+#[tokio::test]
+async fn certificate_expiry_is_published_as_metrics_and_follows_rotation() {
+    let ca = TestCa::new("serving-ca");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let now = SystemTime::now();
+    let day = Duration::from_secs(24 * 3600);
+    let serving = |until| ca.issue_server_valid(&["localhost", "127.0.0.1"], now - day, until);
+    let proxy_client = |until| {
+        ca.issue(&CertSpec {
+            common_name: Some("aggregation-gateway".into()),
+            usages: vec![ExtendedKeyUsagePurpose::ClientAuth],
+            validity: Some((now - day, until)),
+            ..CertSpec::default()
+        })
+        .unwrap()
+    };
+    let write = |pair: &CertifiedPair, stem: &str| {
+        std::fs::write(dir.join(format!("{stem}.crt")), &pair.cert_pem).unwrap();
+        std::fs::write(dir.join(format!("{stem}.key")), &pair.key_pem).unwrap();
+    };
+    let (serving_until, proxy_until) = (now + 30 * day, now + 90 * day);
+    write(&serving(serving_until), "tls");
+    write(&proxy_client(proxy_until), "proxy");
+    let arg = |name: &str| dir.join(name).to_str().unwrap().to_owned();
+    let gateway = Gateway::start(GatewayOptions::new("http://127.0.0.1:1").args([
+        "--apiservice-source".to_owned(),
+        "none".to_owned(),
+        "--tls-cert-file".to_owned(),
+        arg("tls.crt"),
+        "--tls-private-key-file".to_owned(),
+        arg("tls.key"),
+        "--proxy-client-cert-file".to_owned(),
+        arg("proxy.crt"),
+        "--proxy-client-key-file".to_owned(),
+        arg("proxy.key"),
+        "--cert-reload-interval".to_owned(),
+        "1s".to_owned(),
+        // No core answers here to authorize the scrape.
+        "--authorize-metrics=false".to_owned(),
+    ]))
+    .await
+    .unwrap();
+    let client = harness::http1_client(ca.cert_pem(), None).unwrap();
+    let metrics = || async {
+        let (status, _, body) = harness::get(&client, &format!("{}/metrics", gateway.url()))
+            .await
+            .unwrap();
+        assert_eq!(status, http::StatusCode::OK);
+        String::from_utf8_lossy(&body).into_owned()
+    };
+    let text = metrics().await;
+    assert_eq!(
+        expiry_metric(&text, "serving"),
+        Some(unix_seconds(serving_until)),
+        "{text}"
+    );
+    assert_eq!(
+        expiry_metric(&text, "proxy-client"),
+        Some(unix_seconds(proxy_until)),
+        "{text}"
+    );
+
+    let (serving_until, proxy_until) = (now + 60 * day, now + 120 * day);
+    write(&serving(serving_until), "tls");
+    write(&proxy_client(proxy_until), "proxy");
+    let rotated = harness::wait_until(Duration::from_secs(10), || async {
+        let text = metrics().await;
+        expiry_metric(&text, "serving") == Some(unix_seconds(serving_until))
+            && expiry_metric(&text, "proxy-client") == Some(unix_seconds(proxy_until))
+    })
+    .await;
+    assert!(
+        rotated,
+        "the metrics never showed the rotated certificates:\n{}\n{}",
+        metrics().await,
+        gateway.process.logs()
+    );
 }

@@ -79,6 +79,14 @@ pub fn watch_files(
 
 /// What identifies a certificate in a log line: its serial number (hex, as `openssl x509
 /// -serial` prints it) and when it expires (as `openssl x509 -enddate` prints it).
+/// The certificate's notAfter as Unix seconds, for the expiry metrics; `None` if it does not
+/// parse.
+pub fn not_after_unix(cert: &CertificateDer<'_>) -> Option<i64> {
+    x509_parser::parse_x509_certificate(cert)
+        .ok()
+        .map(|(_, c)| c.validity().not_after.timestamp())
+}
+
 pub fn describe(cert: &CertificateDer<'_>) -> (String, String) {
     match x509_parser::parse_x509_certificate(cert) {
         Ok((_, c)) => (

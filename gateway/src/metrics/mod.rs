@@ -70,6 +70,12 @@ pub struct Metrics {
     pub audit_event_total: IntCounter,
     /// Audit events dropped (queue full or write error), as kube's `plugin="log"` errors.
     pub audit_error_total: IntCounter,
+    /// certificate: `serving` | `proxy-client`: the notAfter of the leaf in use, as Unix
+    /// seconds, set at start and on every reload (for the certificate expiry alert).
+    pub certificate_expiration: IntGaugeVec,
+    /// request_kind: readOnly | mutating: the in-flight limit the `inflight` gauge counts up to
+    /// (absent when unlimited), for the saturation alert.
+    pub inflight_limit: IntGaugeVec,
 }
 
 /// One finished request, as the access log saw it.
@@ -138,6 +144,8 @@ impl Metrics {
             discovery_aggregation_total: counter(&registry, "aggregator_discovery_aggregation_count_total", "Counter of number of times discovery was aggregated", &[]),
             audit_event_total: counter(&registry, "apiserver_audit_event_total", "Counter of audit events generated and sent to the audit backend", &[]).with_label_values(&[] as &[&str]),
             audit_error_total: counter(&registry, "apiserver_audit_error_total", "Counter of audit events that failed to be audited properly. Plugin identifies the plugin affected by the error", &["plugin"]).with_label_values(&["log"]),
+            certificate_expiration: gauge(&registry, "aggregation_gateway_certificate_expiration_timestamp_seconds", "Expiry (notAfter, Unix seconds) of the certificate the gateway presents, by certificate: serving (to clients) or proxy-client (to backends and the core); updated on reload", &["certificate"]),
+            inflight_limit: gauge(&registry, "aggregation_gateway_max_inflight_requests", "The in-flight limit of apiserver_current_inflight_requests by request_kind (--max-requests-inflight, --max-mutating-requests-inflight); absent when unlimited", &["request_kind"]),
             registry,
         }
     }

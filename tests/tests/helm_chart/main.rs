@@ -9,7 +9,9 @@
 //! - [`pod`] and [`rbac`]: the gateway container, ports, probes, mounts, security context and RBAC
 //!   rules are the ones the gateway needs, and nothing more.
 //! - [`certificates`], [`apiservices`], [`monitoring_and_ingress`]: the optional objects appear
-//!   exactly when their values turn them on, and agree with what the gateway mounts and serves.
+//!   exactly when their values turn them on, and agree with what the gateway mounts and serves;
+//!   [`alerts_and_dashboard`]: the PrometheusRule passes `promtool` and its unit tests, and the
+//!   rules and the Grafana dashboard query only series the gateway exports.
 //! - [`config`]: the config rendered into the ConfigMap is accepted by the gateway's own parser and
 //!   validation, and by the real binary's `--check-config`.
 //! - [`schema`]: values.schema.json rejects typos and wrong types with a message naming the field;
@@ -20,6 +22,7 @@
 //!
 //! Needs `helm` on PATH: run `../shared/tools/install-helm` (CI does it in `.ci/run`).
 
+mod alerts_and_dashboard;
 mod apiservices;
 mod certificates;
 mod config;

@@ -69,6 +69,40 @@ pub struct IssuerRef {
     pub group: String,
 }
 
+/// prometheus-operator's `PrometheusRule`, only the fields the chart may render (alerting rules).
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PrometheusRule {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: ObjectMeta,
+    pub spec: PrometheusRuleSpec,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrometheusRuleSpec {
+    pub groups: Vec<RuleGroup>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleGroup {
+    pub name: String,
+    pub rules: Vec<AlertingRule>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AlertingRule {
+    pub alert: String,
+    pub expr: String,
+    #[serde(default, rename = "for", skip_serializing_if = "Option::is_none")]
+    pub for_: Option<String>,
+    pub labels: std::collections::BTreeMap<String, String>,
+    pub annotations: std::collections::BTreeMap<String, String>,
+}
+
 /// prometheus-operator's `ServiceMonitor`, only the fields the chart may render.
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -225,6 +259,9 @@ pub fn round_trip_by_kind(doc: &Value) -> Result<(), String> {
         }
         "ServiceMonitor" if doc["apiVersion"] == "monitoring.coreos.com/v1" => {
             round_trip::<ServiceMonitor>(doc)
+        }
+        "PrometheusRule" if doc["apiVersion"] == "monitoring.coreos.com/v1" => {
+            round_trip::<PrometheusRule>(doc)
         }
         other => Err(format!(
             "kind {other:?} ({}) is not known to this test; add its type",

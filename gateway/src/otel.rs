@@ -1,0 +1,115 @@
+//! OpenTelemetry export for `--tracing-config-file`, set up the way kube-apiserver sets up its own
+//! (component-base/tracing `NewProvider`): OTLP over gRPC to the configured collector without TLS,
+//! spans batched before export, and a parent-based sampler that samples
+//! `samplingRatePerMillion` of the requests no sampled caller vouches for (none at 0). The spans
+//! themselves are made by the `trace` layer (`crate::stack::trace`).
+//!
+//! Why gRPC and not OTLP/HTTP: kube's `endpoint` is a gRPC target (`host:port`, default
+//! `localhost:4317`), so the same file pointed at the same collector must work for both. The
+//! exporter is the opentelemetry-otlp crate's tonic client (its `channel` part only: no server, no
+//! TLS), which costs a few seconds of a cold build on top of the hyper/h2/tower stack the gateway
+//! already compiles.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use gateway_config::TracingConfig;
+use opentelemetry_otlp::WithExportConfig;
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider, SpanData, SpanExporter};
+use opentelemetry_sdk::Resource;
+
+/// The `service.name` of the gateway's spans.
+pub const SERVICE_NAME: &str = "aggregation-gateway";
+
+/// How long one export (with the exporter's few retries) may take before its batch is dropped:
+/// the queue is bounded, and tracing must not hold memory while the collector is away.
+const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+#[error("tracing exporter for {endpoint}: {source}")]
+pub struct TracingSetupError {
+    endpoint: String,
+    #[source]
+    source: opentelemetry_otlp::ExporterBuildError,
+}
+
+/// The tracer provider of a tracing configuration. Must be called within the Tokio runtime: the
+/// gRPC channel's connection task runs on it. Nothing is dialled until the first export.
+pub fn provider(config: &TracingConfig) -> Result<SdkTracerProvider, TracingSetupError> {
+    let endpoint = format!("http://{}", config.endpoint);
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_tonic()
+        .with_endpoint(endpoint.clone())
+        .with_timeout(EXPORT_TIMEOUT)
+        .build()
+        .map_err(|source| TracingSetupError {
+            endpoint: config.endpoint.clone(),
+            source,
+        })?;
+    // kube: ParentBased(TraceIDRatioBased(rate / 1e6)), or ParentBased(NeverSample) at 0.
+    let root = match config.sampling_rate_per_million {
+        0 => Sampler::AlwaysOff,
+        1_000_000 => Sampler::AlwaysOn,
+        rate => Sampler::TraceIdRatioBased(f64::from(rate) / 1_000_000.0),
+    };
+    Ok(SdkTracerProvider::builder()
+        .with_sampler(Sampler::ParentBased(Box::new(root)))
+        .with_batch_exporter(LoggedExporter {
+            inner: exporter,
+            endpoint: config.endpoint.clone(),
+            failing: AtomicBool::new(false),
+        })
+        .with_resource(Resource::builder().with_service_name(SERVICE_NAME).build())
+        .build())
+}
+
+/// Flushes the spans still queued and stops the export thread; at shutdown, off the runtime's
+/// worker threads since it blocks until the last export returned.
+pub async fn shutdown(provider: SdkTracerProvider) {
+    let done = tokio::task::spawn_blocking(move || provider.shutdown()).await;
+    if let Ok(Err(e)) = done {
+        tracing::warn!(error = %e, "tracing: the last spans could not be exported");
+    }
+}
+
+/// The exporter with its state changes logged: one line when exports start failing (a
+/// collector that is down fails every few seconds), one when they work again.
+#[derive(Debug)]
+struct LoggedExporter<E> {
+    inner: E,
+    endpoint: String,
+    failing: AtomicBool,
+}
+
+impl<E: SpanExporter> SpanExporter for LoggedExporter<E> {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        let spans = batch.len();
+        let result = self.inner.export(batch).await;
+        match &result {
+            Err(e) if !self.failing.swap(true, Ordering::Relaxed) => tracing::warn!(
+                endpoint = %self.endpoint,
+                error = %e,
+                spans,
+                "tracing: cannot export spans to the collector; dropping them until it answers"
+            ),
+            Ok(()) if self.failing.swap(false, Ordering::Relaxed) => {
+                tracing::info!(endpoint = %self.endpoint, "tracing: exporting spans again")
+            }
+            _ => {}
+        }
+        result
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource)
+    }
+}
