@@ -97,6 +97,11 @@ impl Balancer {
         avoid: Option<&Authority>,
     ) -> Result<Picked, String> {
         let mut endpoints = lock(&self.endpoints);
+        // Pods come and go: forget endpoints the Service no longer has (an ejected one is kept
+        // until its probes end, so its ejection count survives a brief absence).
+        if endpoints.len() > 2 * candidates.len() + 16 {
+            endpoints.retain(|e, h| candidates.contains(e) || lock(&h.state).ejected);
+        }
         let mut health = |e: &Endpoint| -> Result<Arc<EndpointHealth>, String> {
             if let Some(h) = endpoints.get(e) {
                 return Ok(h.clone());
@@ -320,6 +325,18 @@ mod tests {
             b.pick(&two, Some(&avoid)).unwrap().health.authority,
             "127.0.0.1:2",
             "a retry goes elsewhere when it can"
+        );
+    }
+
+    #[tokio::test]
+    async fn endpoints_that_left_the_service_are_forgotten() {
+        let b = Balancer::new(probe_passing(Arc::new(AtomicBool::new(true))));
+        for port in 1..=1000u16 {
+            let _ = b.pick(&[Endpoint::new("10.0.0.1", port)], None).unwrap();
+        }
+        assert!(
+            lock(&b.endpoints).len() <= 2 + 16 + 1,
+            "pod churn grows the map"
         );
     }
 
