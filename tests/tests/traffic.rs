@@ -130,6 +130,17 @@ async fn a_declared_subresource_streams_past_the_request_timeout() {
         ),
         Err(e) => eprintln!("vnc cut at the request timeout: {e}"),
     }
+    // The same through kubectl, as a user would stream it.
+    let kubectl = s.kubectl(&alice);
+    let raw = |sub: &str| format!("{FLUNDERS}/vm-0/{sub}?events=30&interval_ms=100");
+    let console = kubectl.run(&["get", "--raw", &raw("console")]).await;
+    assert!(console.success(), "{console}");
+    assert_eq!(console.stdout.lines().count(), 30, "{console}");
+    let vnc = kubectl.run(&["get", "--raw", &raw("vnc")]).await;
+    assert!(
+        !vnc.success() || vnc.stdout.lines().count() < 30,
+        "kubectl streamed an undeclared subresource past the timeout: {vnc}"
+    );
     assert!(
         s.gateway
             .process
