@@ -369,11 +369,20 @@ impl AvailabilityController {
             let write = match kube {
                 // Asked right before writing: the probe may have outlasted the leadership.
                 Some((_, Some(leader))) if !leader.is_leader() => Write::NotLeader,
-                Some((client, _))
+                Some((client, leader))
                     if written.as_ref() != Some(&availability)
                         || (may_reconcile && disagrees(stored.as_ref(), &api, &availability)) =>
                 {
-                    write_condition(&client, &api, &availability).await
+                    let write = write_condition(&client, &api, &availability);
+                    // A write (read, then patch) still going when the leadership lapses is
+                    // dropped: at most a request already sent lands after that, well within the
+                    // lease duration the others wait beyond the renew deadline.
+                    match leader.and_then(|l| l.valid_until()) {
+                        Some(until) => tokio::time::timeout_at(until, write)
+                            .await
+                            .unwrap_or(Write::NotLeader),
+                        None => write.await,
+                    }
                 }
                 _ => Write::NotNeeded,
             };
