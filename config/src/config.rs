@@ -23,6 +23,8 @@ pub struct Config {
     pub limits: Limits,
     pub shutdown_delay: Duration,
     pub shutdown_timeout: Duration,
+    /// `None`: every replica writes APIService status (one replica, or no kube source).
+    pub leader_election: Option<LeaderElection>,
     pub logging: LoggingConfig,
     pub audit: AuditConfig,
     /// `--tracing-config-file`; `None`: requests are not traced.
@@ -121,6 +123,20 @@ pub struct ApiServiceConfig {
     pub availability_interval: Duration,
     pub discovery_refresh_interval: Duration,
     pub static_services: Vec<StaticService>,
+    /// `--readyz-aggregated-apiservice-reachable`: /readyz fails while a remote APIService's
+    /// probe fails from this replica.
+    pub readyz_reachable: bool,
+}
+
+/// The Lease that elects the one replica writing APIService status, with client-go's timing
+/// (`--leader-elect-*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaderElection {
+    pub lease_duration: Duration,
+    pub renew_deadline: Duration,
+    pub retry_period: Duration,
+    pub name: String,
+    pub namespace: String,
 }
 
 #[derive(Debug, Clone)]

@@ -5,6 +5,7 @@
 pub mod config;
 pub mod duration;
 mod file;
+mod leader_election;
 pub mod options;
 mod selector;
 pub mod tls;
@@ -13,8 +14,8 @@ pub mod validate;
 
 pub use config::{
     ApiServiceConfig, ApiServiceSource, AuditConfig, AuditLevel, AuthnConfig, AuthzConfig,
-    CertKeyPair, Config, CoreConfig, CoreEndpoint, CoreIdentity, Limits, LogFormat, LoggingConfig,
-    ServingConfig, TrustConfig,
+    CertKeyPair, Config, CoreConfig, CoreEndpoint, CoreIdentity, LeaderElection, Limits, LogFormat,
+    LoggingConfig, ServingConfig, TrustConfig,
 };
 pub use duration::GoDuration;
 pub use file::load;

@@ -221,6 +221,37 @@ options! {
         #[arg(long, value_name = "DURATION")]
         pub shutdown_timeout: Option<GoDuration>,
 
+        // ---- several replicas ----
+        /// Elect one replica, with a coordination.k8s.io/v1 Lease on the core, to write APIService
+        /// status; the others still probe and route on their own results [default: true with
+        /// --apiservice-source=kube, which is the only source that writes status].
+        #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+        pub leader_elect: Option<bool>,
+        /// How long a replica waits, after it last saw the leader renew the Lease, before it
+        /// takes the lead [default: 15s].
+        #[arg(long, value_name = "DURATION")]
+        pub leader_elect_lease_duration: Option<GoDuration>,
+        /// How long the leader keeps trying to renew before it stops writing status; shorter than
+        /// the lease duration, so it stops before another replica may take over [default: 10s].
+        #[arg(long, value_name = "DURATION")]
+        pub leader_elect_renew_deadline: Option<GoDuration>,
+        /// How often the Lease is renewed, and tried by the other replicas [default: 2s].
+        #[arg(long, value_name = "DURATION")]
+        pub leader_elect_retry_period: Option<GoDuration>,
+        /// Name of the Lease [default: aggregation-gateway].
+        #[arg(long, value_name = "NAME")]
+        pub leader_elect_resource_name: Option<String>,
+        /// Namespace of the Lease on the core [default: kube-system].
+        #[arg(long, value_name = "NAMESPACE")]
+        pub leader_elect_resource_namespace: Option<String>,
+        /// Add the readiness check aggregated-apiservice-reachable: /readyz fails while this
+        /// replica's discovery probe cannot reach a remote APIService it routes to, so a load
+        /// balancer sends callers to replicas that can. A backend down for every replica makes
+        /// every replica unready, core traffic included: opt in only where that is wanted
+        /// [default: false].
+        #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+        pub readyz_aggregated_apiservice_reachable: Option<bool>,
+
         // ---- observability ----
         /// Log format: text or json [default: text].
         #[arg(long, value_name = "FORMAT")]

@@ -463,7 +463,19 @@ impl Options {
             availability_interval: secs(self.apiservice_availability_interval, 30),
             discovery_refresh_interval: secs(self.discovery_refresh_interval, 60),
             static_services,
+            readyz_reachable: self.readyz_aggregated_apiservice_reachable.unwrap_or(false),
         };
+        let leader_election = crate::leader_election::leader_election(
+            crate::leader_election::LeaderElectOptions {
+                leader_elect: self.leader_elect,
+                lease_duration: self.leader_elect_lease_duration,
+                renew_deadline: self.leader_elect_renew_deadline,
+                retry_period: self.leader_elect_retry_period,
+                name: self.leader_elect_resource_name,
+                namespace: self.leader_elect_resource_namespace,
+            },
+            &apiservices.source,
+        )?;
         if apiservices.availability_interval.is_zero() {
             return Err(ConfigError::new(
                 "apiservice-availability-interval",
@@ -544,6 +556,7 @@ impl Options {
             limits,
             shutdown_delay: secs(self.shutdown_delay_duration, 0),
             shutdown_timeout: secs(self.shutdown_timeout, 60),
+            leader_election,
             logging: LoggingConfig { format, level },
             audit: AuditConfig {
                 path: self.audit_log_path.filter(|p| !p.is_empty()),
@@ -888,5 +901,10 @@ mod example_tests {
         assert_eq!(from_file.core.endpoint, defaults.core.endpoint);
         assert_eq!(from_file.apiservices.source, defaults.apiservices.source);
         assert_eq!(from_file.shutdown_timeout, defaults.shutdown_timeout);
+        assert_eq!(from_file.leader_election, defaults.leader_election);
+        assert_eq!(
+            from_file.apiservices.readyz_reachable,
+            defaults.apiservices.readyz_reachable
+        );
     }
 }

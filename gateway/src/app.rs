@@ -22,6 +22,7 @@ use crate::backend::core::{CoreBackend, CoreSetupError};
 use crate::backend::kube_client;
 use crate::discovery::{DiscoveryCache, DiscoveryController};
 use crate::health::{self, Check, Health};
+use crate::leader_election::LeaderElector;
 use crate::listener::{self, ListenerSettings};
 use crate::metrics::Metrics;
 use crate::router::{Gateway, Router};
@@ -171,6 +172,34 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         );
     }
 
+    // Asked for by validation only with the kube source, the one that writes status.
+    let (leader_stop, leader_stop_rx) = watch::channel(false);
+    let elector = config.leader_election.clone().map(|settings| {
+        let gauge = metrics
+            .leader_election_master_status
+            .with_label_values(&[settings.name.as_str()]);
+        LeaderElector::new(kube_client::client(core.clone()), settings, gauge)
+    });
+    let (elector, leadership) = match elector {
+        Some((elector, leadership)) => (Some(elector), Some(leadership)),
+        None => (None, None),
+    };
+    let elector = elector.map(|elector| {
+        tokio::spawn(
+            elector
+                .run(leader_stop_rx)
+                .instrument(tracing::info_span!("leader_election")),
+        )
+    });
+    let reachable = config.apiservices.readyz_reachable.then(|| {
+        let check = Check::healthy();
+        health.register(
+            "aggregated-apiservice-reachable",
+            health::READY_ONLY,
+            check.clone(),
+        );
+        check
+    });
     start_apiservices(
         &config,
         proxy_identity,
@@ -178,6 +207,10 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         routing.clone(),
         metrics.clone(),
         drain_rx.clone(),
+        ApiServiceExtras {
+            leadership,
+            reachable,
+        },
     )?;
     let authorizer = (config.authz.webhook || config.authz.authorize_metrics).then(|| {
         Arc::new(Authorizer::new(
@@ -301,6 +334,9 @@ pub async fn run(config: Config) -> Result<(), StartError> {
 
     shutdown_signal().await;
     shutdown_check.fail("the gateway is shutting down");
+    // Status writes stop and the Lease is released now, not after the drain: another replica
+    // takes over within a retry period.
+    let _ = leader_stop.send(true);
     tracing::info!(delay = ?config.shutdown_delay, "shutdown requested: /readyz now fails; still serving during the delay");
     tokio::time::sleep(config.shutdown_delay).await;
 
@@ -317,6 +353,10 @@ pub async fn run(config: Config) -> Result<(), StartError> {
     match tokio::time::timeout(config.shutdown_timeout, graceful.shutdown()).await {
         Ok(()) => tracing::info!("all connections closed; exiting"),
         Err(_) => tracing::warn!("shutdown timeout reached with requests still in flight; exiting"),
+    }
+    if let (Some(elector), Some(settings)) = (elector, &config.leader_election) {
+        // Released long ago unless the core was slow; bounded like the release itself.
+        let _ = tokio::time::timeout(settings.renew_deadline, elector).await;
     }
     if let Some(provider) = tracer_provider {
         crate::otel::shutdown(provider).await;
@@ -402,6 +442,14 @@ fn describe_leaf(chain: &[rustls::pki_types::CertificateDer<'static>]) -> (Strin
         .unwrap_or_else(|| ("none".into(), "none".into()))
 }
 
+/// What the availability controller gets besides the APIService settings.
+struct ApiServiceExtras {
+    /// With leader election: status is written only while this replica leads.
+    leadership: Option<crate::leader_election::Leadership>,
+    /// The readiness check `aggregated-apiservice-reachable`, when asked for.
+    reachable: Option<Arc<Check>>,
+}
+
 /// Starts the APIService source, Service resolution, and the route and availability
 /// controllers. Their only output is the routing snapshot (and, with the kube source, status
 /// writes to the core).
@@ -412,6 +460,7 @@ fn start_apiservices(
     routing: Arc<Routing>,
     metrics: Arc<Metrics>,
     drain: watch::Receiver<bool>,
+    extras: ApiServiceExtras,
 ) -> Result<(), StartError> {
     let api = &config.apiservices;
     let kube = kube_client::client(core);
@@ -460,7 +509,9 @@ fn start_apiservices(
             kube: kube_source.then(|| StatusWrites {
                 client: kube,
                 stored: set_rx.clone(),
+                leader: extras.leadership,
             }),
+            reachable: extras.reachable,
         },
         metrics.clone(),
     );

@@ -14,6 +14,7 @@ pub mod error;
 pub mod fuzzing;
 pub mod health;
 pub mod identity;
+pub mod leader_election;
 pub mod listener;
 pub mod logging;
 pub mod memory;

@@ -30,17 +30,19 @@ const KUBECTL_1_29: &str =
 
 /// The order of the session's groups: `apiregistration.k8s.io` first; the core's other groups
 /// as the core fixture publishes them (apps, discovery.k8s.io, authentication.k8s.io,
-/// authorization.k8s.io: not kube-apiserver 1.33's order, which has discovery.k8s.io last);
+/// authorization.k8s.io, coordination.k8s.io: not kube-apiserver 1.33's order, which has
+/// discovery.k8s.io last);
 /// legacy.example.com's APIService (17700) ranks above what a core group without an APIService
 /// counts as (1000, a CRD's), so it comes before them; wardle.example.com (1000) ties and comes
 /// after them.
-const GROUPS: [&str; 7] = [
+const GROUPS: [&str; 8] = [
     "apiregistration.k8s.io",
     LEGACY,
     "apps",
     "discovery.k8s.io",
     "authentication.k8s.io",
     "authorization.k8s.io",
+    "coordination.k8s.io",
     WARDLE,
 ];
 
@@ -375,6 +377,7 @@ async fn kubectl_lists_every_group_version_and_revalidates_its_cache() {
             "apps/v1",
             "authentication.k8s.io/v1",
             "authorization.k8s.io/v1",
+            "coordination.k8s.io/v1",
             "discovery.k8s.io/v1",
             "legacy.example.com/v1",
             "v1",

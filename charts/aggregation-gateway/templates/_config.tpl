@@ -80,6 +80,17 @@ tests run `aggregation-gateway --check-config` on what this renders. extraConfig
 {{- else if and (eq $v.apiServices.source "kube") $v.apiServices.labelSelector }}
 {{- $_ := set $c "apiserviceLabelSelector" $v.apiServices.labelSelector }}
 {{- end }}
+{{- $_ := set $c "readyzAggregatedApiserviceReachable" $v.probes.readiness.aggregatedApiserviceReachable }}
+{{- if eq $v.apiServices.source "kube" }}
+{{- $_ := set $c "leaderElect" $v.leaderElection.enabled }}
+{{- if $v.leaderElection.enabled }}
+{{- $_ := set $c "leaderElectLeaseDuration" $v.leaderElection.leaseDuration }}
+{{- $_ := set $c "leaderElectRenewDeadline" $v.leaderElection.renewDeadline }}
+{{- $_ := set $c "leaderElectRetryPeriod" $v.leaderElection.retryPeriod }}
+{{- $_ := set $c "leaderElectResourceName" (include "aggregation-gateway.leaseName" .) }}
+{{- $_ := set $c "leaderElectResourceNamespace" (include "aggregation-gateway.leaseNamespace" .) }}
+{{- end }}
+{{- end }}
 {{- with $v.serviceResolution.staticServices }}
 {{- $services := list }}
 {{- range . }}

@@ -91,9 +91,8 @@ there are none); see core-manifests.yaml. Also validates crd.create and rbac.cor
   "kind" "ClusterRole"
   "metadata" (dict "name" (include "aggregation-gateway.fullname" $root) "labels" (include "aggregation-gateway.coreLabels" $root | fromYaml))
   "rules" (printf "rules:\n%s" . | fromYaml).rules) }}
-{{- with $root.Values.rbac.coreSubjects }}
 {{- $subjects := list }}
-{{- range . }}
+{{- range $root.Values.rbac.coreSubjects }}
 {{- $s := deepCopy . }}
 {{- if and (has .kind (list "User" "Group")) (not .apiGroup) }}{{ $_ := set $s "apiGroup" "rbac.authorization.k8s.io" }}{{ end }}
 {{- if and (eq .kind "ServiceAccount") (not .namespace) }}
@@ -101,12 +100,26 @@ there are none); see core-manifests.yaml. Also validates crd.create and rbac.cor
 {{- end }}
 {{- $subjects = append $subjects $s }}
 {{- end }}
+{{- if $subjects }}
 {{- $rbac = append $rbac (dict
   "apiVersion" "rbac.authorization.k8s.io/v1"
   "kind" "ClusterRoleBinding"
   "metadata" (dict "name" (include "aggregation-gateway.fullname" $root) "labels" (include "aggregation-gateway.coreLabels" $root | fromYaml))
   "roleRef" (dict "apiGroup" "rbac.authorization.k8s.io" "kind" "ClusterRole" "name" (include "aggregation-gateway.fullname" $root))
   "subjects" $subjects) }}
+{{- end }}
+{{- /* The leader-election Lease's Role, in the Lease's namespace on the core. */}}
+{{- if include "aggregation-gateway.leaderElection" $root }}
+{{- $role := include "aggregation-gateway.leaderElectionRole" (dict "root" $root "labels" "aggregation-gateway.coreLabels") | fromYaml }}
+{{- $rbac = append $rbac $role }}
+{{- if $subjects }}
+{{- $rbac = append $rbac (dict
+  "apiVersion" "rbac.authorization.k8s.io/v1"
+  "kind" "RoleBinding"
+  "metadata" (dict "name" $role.metadata.name "namespace" $role.metadata.namespace "labels" (include "aggregation-gateway.coreLabels" $root | fromYaml))
+  "roleRef" (dict "apiGroup" "rbac.authorization.k8s.io" "kind" "Role" "name" $role.metadata.name)
+  "subjects" $subjects) }}
+{{- end }}
 {{- end }}
 {{- $docs := list }}
 {{- range $rbac }}{{ $docs = append $docs (toYaml .) }}{{ end }}

@@ -145,6 +145,35 @@ is on, as a YAML list ("" when there are none).
 {{- if $rules }}{{ toYaml $rules }}{{ end }}
 {{- end }}
 
+{{/* "true" when the replicas elect the one that writes APIService status (kube source only). */}}
+{{- define "aggregation-gateway.leaderElection" -}}
+{{- if and (eq .Values.apiServices.source "kube") .Values.leaderElection.enabled }}true{{ end }}
+{{- end }}
+
+{{- define "aggregation-gateway.leaseName" -}}
+{{- default (include "aggregation-gateway.fullname" .) .Values.leaderElection.name }}
+{{- end }}
+
+{{- define "aggregation-gateway.leaseNamespace" -}}
+{{- default .Release.Namespace .Values.leaderElection.namespace }}
+{{- end }}
+
+{{/*
+The Role for the leader-election Lease, as a list of YAML objects: read and renew that one Lease
+by name, and create it (create cannot be limited by name). Context: dict "root" $ "labels" include-name.
+*/}}
+{{- define "aggregation-gateway.leaderElectionRole" -}}
+{{- $root := .root }}
+{{- $name := printf "%s-leader-election" (include "aggregation-gateway.fullname" $root) }}
+{{- toYaml (dict
+  "apiVersion" "rbac.authorization.k8s.io/v1"
+  "kind" "Role"
+  "metadata" (dict "name" $name "namespace" (include "aggregation-gateway.leaseNamespace" $root) "labels" (include .labels $root | fromYaml))
+  "rules" (list
+    (dict "apiGroups" (list "coordination.k8s.io") "resources" (list "leases") "resourceNames" (list (include "aggregation-gateway.leaseName" $root)) "verbs" (list "get" "update"))
+    (dict "apiGroups" (list "coordination.k8s.io") "resources" (list "leases") "verbs" (list "create")))) }}
+{{- end }}
+
 {{/*
 A Go duration (1h2m3s, 10s, 500ms) in whole seconds, rounded up. Used to size
 terminationGracePeriodSeconds and the core's preStop sleep from the gateway's shutdown settings.

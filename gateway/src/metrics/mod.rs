@@ -66,6 +66,8 @@ pub struct Metrics {
     pub invalid_apiservice_manifest: IntGaugeVec,
     /// Rebuilds of the merged aggregated discovery document.
     pub discovery_aggregation_total: IntCounterVec,
+    /// name: 1 while this replica holds the leader-election Lease of that name, else 0.
+    pub leader_election_master_status: IntGaugeVec,
     /// Audit events handed to the audit log writer.
     pub audit_event_total: IntCounter,
     /// Audit events dropped (queue full or write error), as kube's `plugin="log"` errors.
@@ -142,6 +144,7 @@ impl Metrics {
             invalid_apiservice: gauge(&registry, "aggregation_gateway_invalid_apiservice", "APIServices whose definition was refused by validation (1): not routed, or (file source) routed by their last good definition", &["name"]),
             invalid_apiservice_manifest: gauge(&registry, "aggregation_gateway_invalid_apiservice_manifest", "APIService manifest files the file source could not read or parse (1); the APIServices they last held stay in force", &["file"]),
             discovery_aggregation_total: counter(&registry, "aggregator_discovery_aggregation_count_total", "Counter of number of times discovery was aggregated", &[]),
+            leader_election_master_status: gauge(&registry, "leader_election_master_status", "1 while this replica holds the leader-election Lease named by name (it writes APIService status), 0 while it is a backup", &["name"]),
             audit_event_total: counter(&registry, "apiserver_audit_event_total", "Counter of audit events generated and sent to the audit backend", &[]).with_label_values(&[] as &[&str]),
             audit_error_total: counter(&registry, "apiserver_audit_error_total", "Counter of audit events that failed to be audited properly. Plugin identifies the plugin affected by the error", &["plugin"]).with_label_values(&["log"]),
             certificate_expiration: gauge(&registry, "aggregation_gateway_certificate_expiration_timestamp_seconds", "Expiry (notAfter, Unix seconds) of the certificate the gateway presents, by certificate: serving (to clients) or proxy-client (to backends and the core); updated on reload", &["certificate"]),

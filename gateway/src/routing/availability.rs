@@ -22,8 +22,18 @@
 //!   two controllers that disagree (kube-apiserver's own beside us) trade one write per
 //!   interval instead of racing; when they agree nothing is written.
 //!
+//! * With several replicas, only the leader of the Lease (`leader_election`) writes: the others
+//!   check, publish and route exactly as before, and forget what they last wrote, so that when
+//!   one of them takes the lead every key is checked at once and its condition written where the
+//!   stored one disagrees. Leadership is checked again right before each write, since a probe
+//!   may outlast it.
+//! * With `--readyz-aggregated-apiservice-reachable`, the readiness check
+//!   `aggregated-apiservice-reachable` fails while a remote APIService's discovery probe fails
+//!   from this replica. Reasons that every replica shares (no Service, no endpoints, a bad
+//!   caBundle) do not count: taking this replica out of a load balancer would not help callers.
+//!
 //! Logs: one line per change of an APIService's state (available, unavailable, back), with the
-//! reason; never one per check.
+//! reason; never one per check. One line per change of the reachability check.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -39,6 +49,8 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::{AvailabilityMap, RouteTarget, Routes, Routing, Target};
+use crate::health::Check;
+use crate::leader_election::Leadership;
 use crate::metrics::Metrics;
 use crate::workqueue::{Backoff, Next, Queue, WorkQueue};
 
@@ -76,6 +88,8 @@ pub struct AvailabilitySettings {
     pub resolver: Arc<dyn ServiceResolver>,
     /// Present with the kube source: conditions are written back through the status subresource.
     pub kube: Option<StatusWrites>,
+    /// The readiness check `aggregated-apiservice-reachable`, when asked for.
+    pub reachable: Option<Arc<Check>>,
 }
 
 /// Where the `Available` condition is written, and where it is read back from.
@@ -83,6 +97,8 @@ pub struct StatusWrites {
     pub client: kube::Client,
     /// The kube source's APIService sets: what the core stores, as the watch sees it.
     pub stored: SetReceiver,
+    /// With leader election: write only while this replica leads. `None`: always write.
+    pub leader: Option<Leadership>,
 }
 
 /// Checks APIServices one key at a time; see the module docs.
@@ -94,6 +110,8 @@ pub struct AvailabilityController {
     queue: WorkQueue<String, Checked>,
     /// The `Available` condition of each APIService as the kube source last saw it.
     stored: HashMap<String, Option<APIServiceCondition>>,
+    /// The APIServices this replica cannot reach, as the reachability check last said.
+    unreachable: Vec<String>,
 }
 
 /// The outcome of [`ServiceResolver::check_endpoints`]; `None` for routes without one.
@@ -127,13 +145,15 @@ pub struct Checked {
 enum Write {
     /// No kube source, or the condition on the core already says this.
     NotNeeded,
+    /// Another replica leads: it writes.
+    NotLeader,
     Written,
     Failed(String),
 }
 
 impl Write {
     fn attempted(&self) -> bool {
-        !matches!(self, Write::NotNeeded)
+        !matches!(self, Write::NotNeeded | Write::NotLeader)
     }
 }
 
@@ -152,6 +172,7 @@ impl AvailabilityController {
             metrics,
             queue: WorkQueue::new(move |_| backoff),
             stored: HashMap::new(),
+            unreachable: Vec::new(),
         }
     }
 
@@ -165,6 +186,12 @@ impl AvailabilityController {
         wait_for_resolver(self.settings.resolver.as_ref(), &mut changes).await;
         let mut routes = self.routing.subscribe();
         let mut stored = self.settings.kube.as_ref().map(|k| k.stored.clone());
+        let mut leading = self
+            .settings
+            .kube
+            .as_ref()
+            .and_then(|k| k.leader.as_ref())
+            .map(Leadership::subscribe);
         if let Some(set) = stored
             .as_mut()
             .and_then(|rx| rx.borrow_and_update().clone())
@@ -178,6 +205,13 @@ impl AvailabilityController {
         loop {
             tokio::select! {
                 Some(set) = next_set(&mut stored) => self.take_stored(&set),
+                Some(true) = next_leading(&mut leading) => {
+                    // This replica just took the lead: check everything now and write what the
+                    // core does not already say, instead of waiting for each key's resync.
+                    for name in known.keys() {
+                        self.queue.queue().add(name.clone());
+                    }
+                }
                 changed = routes.changed() => {
                     if changed.is_err() {
                         return;
@@ -302,7 +336,11 @@ impl AvailabilityController {
         let api = k.api_service.clone();
         let target = k.target.clone();
         let written = k.written.clone();
-        let kube = self.settings.kube.as_ref().map(|k| k.client.clone());
+        let kube = self
+            .settings
+            .kube
+            .as_ref()
+            .map(|k| (k.client.clone(), k.leader.clone()));
         let stored = self.stored.get(&api.name).cloned().flatten();
         let may_reconcile = k
             .wrote_at
@@ -329,11 +367,22 @@ impl AvailabilityController {
                 }
             };
             let write = match kube {
-                Some(client)
+                // Asked right before writing: the probe may have outlasted the leadership.
+                Some((_, Some(leader))) if !leader.is_leader() => Write::NotLeader,
+                Some((client, leader))
                     if written.as_ref() != Some(&availability)
                         || (may_reconcile && disagrees(stored.as_ref(), &api, &availability)) =>
                 {
-                    write_condition(&client, &api, &availability).await
+                    let write = write_condition(&client, &api, &availability);
+                    // A write (read, then patch) still going when the leadership lapses is
+                    // dropped: at most a request already sent lands after that, well within the
+                    // lease duration the others wait beyond the renew deadline.
+                    match leader.and_then(|l| l.valid_until()) {
+                        Some(until) => tokio::time::timeout_at(until, write)
+                            .await
+                            .unwrap_or(Write::NotLeader),
+                        None => write.await,
+                    }
                 }
                 _ => Write::NotNeeded,
             };
@@ -353,6 +402,12 @@ impl AvailabilityController {
         }
         let ok = match checked.write {
             Write::NotNeeded => true,
+            // What this replica once wrote says nothing about the core now: forget it, so the
+            // next check as leader compares with what is stored.
+            Write::NotLeader => {
+                k.written = None;
+                true
+            }
             Write::Written => {
                 k.written = Some(checked.availability.clone());
                 if k.write_error.take().is_some() {
@@ -374,7 +429,8 @@ impl AvailabilityController {
     }
 
     /// Publishes the current results when they differ from the last ones sent.
-    fn publish(&self, known: &HashMap<String, Known>) {
+    fn publish(&mut self, known: &HashMap<String, Known>) {
+        self.update_reachable(known);
         let next: HashMap<String, Availability> = known
             .iter()
             .filter_map(|(name, k)| Some((name.clone(), k.current.clone()?)))
@@ -386,6 +442,46 @@ impl AvailabilityController {
             *current = Arc::new(next);
             true
         });
+    }
+
+    /// The reachability readiness check: fails while a remote APIService's probe fails from
+    /// here. One log line per change of the set.
+    fn update_reachable(&mut self, known: &HashMap<String, Known>) {
+        let Some(check) = &self.settings.reachable else {
+            return;
+        };
+        let mut unreachable: Vec<String> = known
+            .iter()
+            .filter(|(_, k)| matches!(k.target, Target::Remote(_)))
+            .filter(|(_, k)| {
+                matches!(
+                    &k.current,
+                    Some(Availability::Unavailable {
+                        reason: UnavailableReason::FailedDiscoveryCheck,
+                        ..
+                    })
+                )
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        unreachable.sort();
+        if unreachable == self.unreachable {
+            return;
+        }
+        if unreachable.is_empty() {
+            check.pass();
+            tracing::info!(
+                "readiness: every remote APIService is reachable from this replica again"
+            );
+        } else {
+            let reason = format!(
+                "this replica cannot reach {} (discovery probe failed)",
+                unreachable.join(", ")
+            );
+            check.fail(&reason);
+            tracing::warn!(apiservices = %unreachable.join(","), "readiness: /readyz fails: this replica cannot reach a remote APIService it routes to");
+        }
+        self.unreachable = unreachable;
     }
 
     /// kube-aggregator's metrics: the gauge per APIService, and a counter per transition to
@@ -462,6 +558,18 @@ async fn next_set(stored: &mut Option<SetReceiver>) -> Option<Arc<ApiServiceSet>
         return None;
     }
     rx.borrow_and_update().clone()
+}
+
+/// The next change of leadership (never, without an election).
+async fn next_leading(leading: &mut Option<watch::Receiver<bool>>) -> Option<bool> {
+    let Some(rx) = leading else {
+        return std::future::pending().await;
+    };
+    if rx.changed().await.is_err() {
+        *leading = None;
+        return None;
+    }
+    Some(*rx.borrow_and_update())
 }
 
 /// Whether the stored condition says something else than `availability` would: another status

@@ -166,6 +166,7 @@ fn start(resolver: Arc<FakeResolver>, set: ApiServiceSet) -> Fixture {
                 unavailable_recheck: Duration::from_secs(3600),
                 resolver,
                 kube: None,
+                reachable: None,
             },
             metrics.clone(),
         )

@@ -188,6 +188,18 @@ impl Pki {
         config: &Path,
         extra: &[&str],
     ) -> Gateway {
+        self.spawn_gateway_at(core, config, extra, 0).await
+    }
+
+    /// [`Pki::spawn_gateway`] on `port` (0: any free one), e.g. a replica restarted where a load
+    /// balancer expects it.
+    pub async fn spawn_gateway_at(
+        &self,
+        core: &FixtureCore,
+        config: &Path,
+        extra: &[&str],
+        port: u16,
+    ) -> Gateway {
         let (cert, key) = &self.proxy_client;
         let mut args = vec![
             "--config".to_owned(),
@@ -200,7 +212,7 @@ impl Pki {
             path_arg(&self.users_ca_file),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
-        Gateway::start(GatewayOptions::new(core.url()).args(args))
+        Gateway::start(GatewayOptions::new(core.url()).args(args).secure_port(port))
             .await
             .expect("gateway starts")
     }

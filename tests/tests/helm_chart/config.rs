@@ -184,3 +184,33 @@ fn rendered_config_passes_the_gateway_binarys_check_config() {
     );
     assert!(stderr.contains("securPort"), "{stderr}");
 }
+
+/// The per-replica reachability readiness check is off unless asked for, and the election is
+/// told to the gateway only with the kube source (the one that writes status).
+#[test]
+fn readiness_and_leader_election_settings_reach_the_gateway() {
+    let config = Rendered::of(None).config();
+    assert_eq!(config["readyzAggregatedApiserviceReachable"], false);
+    assert_eq!(config["leaderElect"], true);
+    let config = Rendered::with(
+        None,
+        &[
+            "probes.readiness.aggregatedApiserviceReachable=true",
+            "leaderElection.leaseDuration=30s",
+            "leaderElection.renewDeadline=20s",
+            "leaderElection.retryPeriod=4s",
+        ],
+    )
+    .config();
+    assert_eq!(config["readyzAggregatedApiserviceReachable"], true);
+    assert_eq!(
+        (
+            config["leaderElectLeaseDuration"].as_str(),
+            config["leaderElectRenewDeadline"].as_str(),
+            config["leaderElectRetryPeriod"].as_str()
+        ),
+        (Some("30s"), Some("20s"), Some("4s"))
+    );
+    let config = Rendered::of(Some("file-apiservices")).config();
+    assert!(config.get("leaderElect").is_none(), "{config}");
+}

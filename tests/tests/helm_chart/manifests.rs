@@ -6,7 +6,9 @@ use std::process::Command;
 
 use serde_json::json;
 
-use e2e::helm::{chart_dir, example_file, helm, label, Rendered, EXAMPLES, NAMESPACE, RELEASE};
+use e2e::helm::{
+    chart_dir, example_file, helm, label, Rendered, EXAMPLES, FULLNAME, NAMESPACE, RELEASE,
+};
 
 use crate::typed::round_trip_by_kind;
 use e2e::table::check_each;
@@ -130,8 +132,9 @@ fn the_round_trip_catches_a_misspelled_field() {
         "{err}"
     );
 }
-/// Everything in `<fullname>-core` is a valid object of its kind, cluster-scoped, and not labelled
-/// as managed by Helm (Helm never sees the core).
+/// Everything in `<fullname>-core` is a valid object of its kind, cluster-scoped (but for the
+/// leader-election Lease's Role and RoleBinding, in the Lease's namespace), and not labelled as
+/// managed by Helm (Helm never sees the core).
 #[test]
 fn manifests_for_the_core_round_trip_and_do_not_claim_helm_manages_them() {
     check_each(
@@ -155,7 +158,16 @@ fn manifests_for_the_core_round_trip_and_do_not_claim_helm_manages_them() {
                 for doc in docs {
                     let ctx = format!("{} {key} {}", label(example), doc["kind"]);
                     round_trip_by_kind(doc).unwrap_or_else(|e| panic!("{ctx}:\n  {e}"));
-                    assert!(doc["metadata"]["namespace"].is_null(), "{ctx}");
+                    if matches!(doc["kind"].as_str(), Some("Role" | "RoleBinding")) {
+                        assert_eq!(
+                            doc["metadata"]["name"],
+                            format!("{FULLNAME}-leader-election"),
+                            "{ctx}"
+                        );
+                        assert_eq!(doc["metadata"]["namespace"], NAMESPACE, "{ctx}");
+                    } else {
+                        assert!(doc["metadata"]["namespace"].is_null(), "{ctx}");
+                    }
                     let labels = doc["metadata"]["labels"].as_object().unwrap();
                     assert_eq!(labels["app.kubernetes.io/instance"], RELEASE, "{ctx}");
                     assert!(

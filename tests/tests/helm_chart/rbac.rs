@@ -222,18 +222,18 @@ fn rbac_grants_exactly_the_verbs_the_gateway_uses_where_its_identity_is_authoriz
             Some(token_in_use),
             "{ctx}"
         );
-        // The only namespaced RBAC: the authentication ConfigMap's Role in kube-system, exactly
-        // when the ServiceAccount is the gateway's identity (as the ClusterRole).
+        // The only namespaced RBAC: the authentication ConfigMap's Role in kube-system, and with
+        // the kube source the leader-election Lease's, exactly when the ServiceAccount is the
+        // gateway's identity (as the ClusterRole).
         let authentication = format!("{FULLNAME}-authentication");
         let rbac_created = !sets.contains(&"rbac.create=false");
+        let kube_source = r.config()["apiserviceSource"] == "kube";
+        let roles = usize::from(token_in_use && rbac_created)
+            + usize::from(token_in_use && rbac_created && kube_source);
         assert_eq!(
             (r.all("Role").len(), r.all("RoleBinding").len()),
-            if token_in_use && rbac_created {
-                (1, 1)
-            } else {
-                (0, 0)
-            },
-            "{ctx}: the authentication Role and RoleBinding"
+            (roles, roles),
+            "{ctx}: the authentication and leader-election Roles and RoleBindings"
         );
         if token_in_use && rbac_created {
             let role: Role = r.get("Role", &authentication);
@@ -390,10 +390,120 @@ fn rbac_for_the_core_binds_the_configured_subjects() {
         "{err}"
     );
 
-    // Without subjects only the role is rendered; binding it is left to the user.
+    // Without subjects only the roles are rendered; binding them is left to the user.
     let manifests = Rendered::of(Some("external-core")).core_manifests();
     let kinds: Vec<&Value> = manifests["rbac.yaml"].iter().map(|d| &d["kind"]).collect();
-    assert_eq!(kinds, [&json!("ClusterRole")]);
+    assert_eq!(kinds, [&json!("ClusterRole"), &json!("Role")]);
+}
+
+/// The replicas elect the status writer with one Lease: the gateway may read and renew that
+/// Lease by name and create it (create cannot name it), in the Lease's namespace, where its
+/// identity is authorized; and the config names the same Lease.
+#[test]
+fn leader_election_grants_exactly_its_lease_where_the_gateway_is_authorized() {
+    let lease_rules = |name: &str| {
+        vec![
+            PolicyRule {
+                resource_names: Some(vec![name.to_owned()]),
+                ..rule("coordination.k8s.io", "leases", &["get", "update"])
+            },
+            rule("coordination.k8s.io", "leases", &["create"]),
+        ]
+    };
+    let role_name = format!("{FULLNAME}-leader-election");
+
+    // The cluster's own API server with the ServiceAccount: a Role in the release namespace.
+    let r = Rendered::of(None);
+    let role: Role = r.get("Role", &role_name);
+    assert_eq!(role.metadata.namespace.as_deref(), Some(NAMESPACE));
+    assert_eq!(role.rules.unwrap(), lease_rules(FULLNAME));
+    let binding: RoleBinding = r.get("RoleBinding", &role_name);
+    assert_eq!(binding.metadata.namespace.as_deref(), Some(NAMESPACE));
+    assert_eq!(
+        (
+            binding.role_ref.kind.as_str(),
+            binding.role_ref.name.as_str()
+        ),
+        ("Role", role_name.as_str())
+    );
+    let subject = &binding.subjects.unwrap()[0];
+    assert_eq!(
+        (subject.name.as_str(), subject.namespace.as_deref()),
+        (FULLNAME, Some(NAMESPACE))
+    );
+    let config = r.config();
+    assert_eq!(config["leaderElect"], true);
+    assert_eq!(config["leaderElectResourceName"], FULLNAME);
+    assert_eq!(config["leaderElectResourceNamespace"], NAMESPACE);
+    assert_eq!(
+        (
+            &config["leaderElectLeaseDuration"],
+            &config["leaderElectRenewDeadline"],
+            &config["leaderElectRetryPeriod"]
+        ),
+        (&json!("15s"), &json!("10s"), &json!("2s"))
+    );
+
+    // Named elsewhere: the Role goes where the Lease is.
+    let r = Rendered::with(
+        None,
+        &[
+            "leaderElection.namespace=gateways",
+            "leaderElection.name=edge-lease",
+        ],
+    );
+    let role: Role = r.get("Role", &role_name);
+    assert_eq!(role.metadata.namespace.as_deref(), Some("gateways"));
+    assert_eq!(role.rules.unwrap(), lease_rules("edge-lease"));
+    assert_eq!(r.config()["leaderElectResourceNamespace"], "gateways");
+    assert_eq!(r.config()["leaderElectResourceName"], "edge-lease");
+
+    // Off, or a source that writes no status: no election, no Role.
+    for (example, sets, leader_elect) in [
+        (None, &["leaderElection.enabled=false"][..], json!(false)),
+        (None, &["apiServices.source=none"][..], Value::Null),
+        (Some("file-apiservices"), &[][..], Value::Null),
+    ] {
+        let r = Rendered::with(example, sets);
+        let ctx = format!("{} {sets:?}", label(example));
+        let roles: Vec<&Value> = r
+            .all("Role")
+            .into_iter()
+            .filter(|role| role["metadata"]["name"] == role_name.as_str())
+            .collect();
+        assert!(roles.is_empty(), "{ctx}");
+        assert_eq!(r.config()["leaderElect"], leader_elect, "{ctx}");
+    }
+
+    // A core that authorizes another identity: the Role (and a binding to coreSubjects) is in
+    // rbac.yaml of <fullname>-core, in the Lease's namespace there.
+    let manifests = Rendered::of(Some("sidecar-core")).core_manifests();
+    let docs = &manifests["rbac.yaml"];
+    let role: Role = serde_json::from_value(
+        docs.iter()
+            .find(|d| d["kind"] == "Role")
+            .expect("the leader-election Role for the core")
+            .clone(),
+    )
+    .unwrap();
+    assert_eq!(role.metadata.namespace.as_deref(), Some(NAMESPACE));
+    assert_eq!(role.rules.unwrap(), lease_rules(FULLNAME));
+    let binding: RoleBinding = serde_json::from_value(
+        docs.iter()
+            .find(|d| d["kind"] == "RoleBinding")
+            .expect("its binding to rbac.coreSubjects")
+            .clone(),
+    )
+    .unwrap();
+    assert_eq!(binding.role_ref.name, role_name);
+    assert_eq!(binding.subjects.unwrap()[0].name, "edge-gateway");
+    assert!(
+        Rendered::of(Some("sidecar-core"))
+            .all("Role")
+            .iter()
+            .all(|role| role["metadata"]["name"] != role_name.as_str()),
+        "nothing in the host cluster for a core that does not trust its tokens"
+    );
 }
 
 #[test]
@@ -435,14 +545,20 @@ fn the_service_account_token_is_mounted_only_when_the_gateway_uses_it() {
 /// Turned off in the gateway's config, the authentication ConfigMap gets no Role either.
 #[test]
 fn no_authentication_role_when_the_gateway_does_not_manage_the_configmap() {
+    let authentication = format!("{FULLNAME}-authentication");
+    let named = |r: &Rendered, kind: &str| {
+        r.all(kind)
+            .iter()
+            .any(|o| o["metadata"]["name"] == authentication.as_str())
+    };
     let on = Rendered::of(None);
-    assert!(on.has("Role") && on.has("RoleBinding"));
+    assert!(named(&on, "Role") && named(&on, "RoleBinding"));
     let off = Rendered::with(
         None,
         &["extraConfig.manageExtensionApiserverAuthentication=false"],
     );
     assert!(
-        !off.has("Role") && !off.has("RoleBinding"),
+        !named(&off, "Role") && !named(&off, "RoleBinding"),
         "{}",
         off.names()
     );

@@ -24,6 +24,7 @@ mod crds;
 mod discovery;
 mod file_source;
 mod flunders;
+mod leader_election;
 mod protobuf;
 mod session;
 mod status;
@@ -122,6 +123,8 @@ async fn session_against_the_real_control_plane() {
                 "a 403 for flunders reads as kube-apiserver's" => flunders::forbidden_like_kube,
                 "kubectl get apiservices shows the status written" => status::get_apiservices,
                 "the gateway and kube-apiserver do not fight over status" => status::no_status_fight,
+                "two replicas elect one Lease holder, and hand over when it is killed" =>
+                    leader_election::one_holder_and_a_handover,
                 "sample-apiserver trusts a gateway kube-apiserver never heard of" =>
                     trust::sample_apiserver_trusts_a_gateway_kube_never_heard_of,
                 "a CRD and its resource in one kubectl apply, repeatedly" => crds::crd_and_resource_in_one_apply,

@@ -1,0 +1,471 @@
+//! Leader election on a `coordination.k8s.io/v1` Lease on the core, so that of several replicas
+//! only one writes APIService status (kube-apiserver's HA deployments fight over that condition,
+//! kubernetes#111890). Every replica still probes and routes on its own results; only the write
+//! back is the leader's.
+//!
+//! The protocol is client-go's `leaderelection` with a `LeaseLock`, so it interoperates with what
+//! operators know (`kubectl get lease`, `holderIdentity`, `leaseTransitions`):
+//!
+//! * A candidate reads the Lease every retry period. It takes the Lease when nobody holds it, or
+//!   when the holder's record has not changed for the record's `leaseDurationSeconds`, measured
+//!   on the candidate's own clock from when it *saw* the record change (never from the
+//!   `renewTime` another machine's clock wrote). Taking and renewing are updates carrying the
+//!   `resourceVersion` read, so of two candidates racing, one gets a conflict.
+//! * The leader renews every retry period. It may write status only while its last successful
+//!   renewal started less than the renew deadline ago, and it gives up the moment that is no
+//!   longer so. The renew deadline is shorter than the lease duration (validated), so the
+//!   leader has stopped writing before any other replica may consider the Lease expired: never
+//!   two writers at once, given clocks that run at about the same rate.
+//! * On shutdown the leader stops writing first, then releases the Lease (clears the holder), so
+//!   another replica takes over within a retry period instead of a lease duration.
+//!
+//! Why not a crate: `kube-leader-election` needs kube 4 (we are on kube 5), and
+//! `kube-lease-manager` 0.13 keeps reporting leadership while its renewals fail (its watch loop
+//! only logs and backs off), has no renew deadline, takes the Lease with server-side apply
+//! conflicts and judges expiry by the holder's wall clock. The protocol itself is a page of code
+//! on kube's `Api<Lease>`.
+//!
+//! Logs: one line per change of leadership (this replica leads, stops leading, or sees another
+//! leader); metric `leader_election_master_status{name}` as kube's components export it.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use gateway_config::LeaderElection;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ObjectMeta, PostParams};
+use kube::Api;
+use prometheus::IntGauge;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// Who writes the Lease, as `managedFields` shows it.
+const FIELD_MANAGER: &str = "aggregation-gateway";
+
+/// Whether this replica may write status now. Cheap to clone; read by the availability
+/// controller before every status write.
+#[derive(Clone)]
+pub struct Leadership {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    /// Until when this replica may write: the start of its last successful renewal plus the
+    /// renew deadline. `None` while it is not the leader.
+    valid_until: Mutex<Option<Instant>>,
+    /// Flips when this replica starts or stops leading.
+    leading: watch::Sender<bool>,
+}
+
+impl Leadership {
+    fn new() -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                valid_until: Mutex::new(None),
+                leading: watch::channel(false).0,
+            }),
+        }
+    }
+
+    /// True while this replica holds the Lease and its last renewal is recent enough.
+    pub fn is_leader(&self) -> bool {
+        self.valid_until()
+            .is_some_and(|until| Instant::now() < until)
+    }
+
+    /// Until when this replica may write, if it leads.
+    pub fn valid_until(&self) -> Option<Instant> {
+        *self
+            .shared
+            .valid_until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `true` when this replica starts leading, `false` when it stops.
+    pub fn subscribe(&self) -> watch::Receiver<bool> {
+        self.shared.leading.subscribe()
+    }
+
+    fn set(&self, until: Option<Instant>) {
+        *self
+            .shared
+            .valid_until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = until;
+        self.shared.leading.send_if_modified(|leading| {
+            let changed = *leading != until.is_some();
+            *leading = until.is_some();
+            changed
+        });
+    }
+}
+
+/// Runs the election for one replica; see the module docs.
+pub struct LeaderElector {
+    api: Api<Lease>,
+    settings: LeaderElection,
+    identity: String,
+    leadership: Leadership,
+    /// `leader_election_master_status{name=<lease name>}`.
+    master_status: IntGauge,
+    /// The Lease record last read and when it was first seen in that state.
+    observed: Option<(LeaseSpec, Instant)>,
+    /// The last status of a failed attempt, logged once per change.
+    last_error: Option<String>,
+}
+
+impl LeaderElector {
+    /// An elector for `settings`' Lease, identified as `<hostname>_<uuid>` like kube's
+    /// components (the hostname is the Pod's name in a cluster).
+    pub fn new(
+        client: kube::Client,
+        settings: LeaderElection,
+        master_status: IntGauge,
+    ) -> (Self, Leadership) {
+        let identity = format!("{}_{}", hostname(), uuid::Uuid::new_v4());
+        let leadership = Leadership::new();
+        master_status.set(0);
+        let elector = Self {
+            api: Api::namespaced(client, &settings.namespace),
+            settings,
+            identity,
+            leadership: leadership.clone(),
+            master_status,
+            observed: None,
+            last_error: None,
+        };
+        (elector, leadership)
+    }
+
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// Campaigns, leads, and campaigns again after losing the Lease, until `stop` turns true;
+    /// then stops writing and releases the Lease if it holds it.
+    pub async fn run(mut self, mut stop: watch::Receiver<bool>) {
+        tracing::info!(
+            lease = %self.lease_name(),
+            identity = %self.identity,
+            "leader election: campaigning for the Lease that decides which replica writes APIService status"
+        );
+        loop {
+            // Candidate: try every retry period (jittered, as client-go does, so that replicas
+            // started together do not keep colliding).
+            let renewed_at = loop {
+                if *stop.borrow() {
+                    return;
+                }
+                let started = Instant::now();
+                if self.attempt(self.settings.renew_deadline).await {
+                    break started;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(jittered(self.settings.retry_period)) => {}
+                    _ = stop.changed() => return,
+                }
+            };
+            self.lead(renewed_at);
+            // Leader: renew every retry period; give up once the last successful renewal
+            // started a renew deadline ago.
+            let mut renewed_at = renewed_at;
+            let reason = loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(self.settings.retry_period) => {}
+                    _ = stop.changed() => {
+                        self.step_down("shutting down");
+                        self.release().await;
+                        return;
+                    }
+                }
+                let deadline = renewed_at + self.settings.renew_deadline;
+                let started = Instant::now();
+                let left = deadline.saturating_duration_since(started);
+                if self.attempt(left).await {
+                    renewed_at = started;
+                    self.leadership
+                        .set(Some(started + self.settings.renew_deadline));
+                    continue;
+                }
+                if self.held_by_another() {
+                    break "another replica holds the Lease".to_owned();
+                }
+                if Instant::now() >= deadline {
+                    break format!(
+                        "could not renew the Lease within the renew deadline ({:?}): {}",
+                        self.settings.renew_deadline,
+                        self.last_error.as_deref().unwrap_or("timed out")
+                    );
+                }
+            };
+            self.step_down(&reason);
+        }
+    }
+
+    fn lease_name(&self) -> String {
+        format!("{}/{}", self.settings.namespace, self.settings.name)
+    }
+
+    fn lead(&mut self, renewed_at: Instant) {
+        self.leadership
+            .set(Some(renewed_at + self.settings.renew_deadline));
+        self.master_status.set(1);
+        tracing::info!(
+            lease = %self.lease_name(),
+            identity = %self.identity,
+            "leader election: this replica leads and writes APIService status"
+        );
+    }
+
+    fn step_down(&mut self, reason: &str) {
+        self.leadership.set(None);
+        self.master_status.set(0);
+        tracing::warn!(
+            lease = %self.lease_name(),
+            identity = %self.identity,
+            reason,
+            "leader election: this replica stopped leading and no longer writes APIService status"
+        );
+    }
+
+    fn held_by_another(&self) -> bool {
+        self.observed
+            .as_ref()
+            .is_some_and(|(spec, _)| holder(spec).is_some_and(|h| h != self.identity))
+    }
+
+    /// One try to take or renew the Lease within `limit`; `true` when this replica holds it now.
+    async fn attempt(&mut self, limit: Duration) -> bool {
+        let outcome = match tokio::time::timeout(limit, self.try_acquire_or_renew()).await {
+            Ok(Ok(held)) => Ok(held),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("no answer from the core within {limit:?}")),
+        };
+        match outcome {
+            Ok(held) => {
+                if self.last_error.take().is_some() {
+                    tracing::info!(lease = %self.lease_name(), "leader election: the Lease can be read and written again");
+                }
+                held
+            }
+            Err(e) => {
+                if self.last_error.as_ref() != Some(&e) {
+                    tracing::warn!(lease = %self.lease_name(), error = %e, "leader election: cannot read or write the Lease");
+                    self.last_error = Some(e);
+                }
+                false
+            }
+        }
+    }
+
+    /// client-go's `tryAcquireOrRenew`: create the Lease if there is none, take it if it is free
+    /// or expired, renew it if it is ours; `false` when another replica holds it or won a race.
+    async fn try_acquire_or_renew(&mut self) -> Result<bool, kube::Error> {
+        let now = MicroTime(Timestamp::now());
+        let params = PostParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PostParams::default()
+        };
+        let Some(mut lease) = self.api.get_opt(&self.settings.name).await? else {
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(self.settings.name.clone()),
+                    namespace: Some(self.settings.namespace.clone()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(LeaseSpec {
+                    holder_identity: Some(self.identity.clone()),
+                    lease_duration_seconds: Some(self.lease_seconds()),
+                    acquire_time: Some(now.clone()),
+                    renew_time: Some(now),
+                    lease_transitions: Some(0),
+                    ..LeaseSpec::default()
+                }),
+            };
+            return match self.api.create(&params, &lease).await {
+                Ok(created) => {
+                    self.observe(created.spec.unwrap_or_default());
+                    Ok(true)
+                }
+                Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
+                Err(e) => Err(e),
+            };
+        };
+        let record = lease.spec.clone().unwrap_or_default();
+        let seen_at = self.observe(record.clone());
+        let ours = holder(&record) == Some(self.identity.as_str());
+        if !ours && holder(&record).is_some() {
+            let duration = record
+                .lease_duration_seconds
+                .filter(|s| *s > 0)
+                .map_or(self.settings.lease_duration, |s| {
+                    Duration::from_secs(s as u64)
+                });
+            if Instant::now() < seen_at + duration {
+                return Ok(false);
+            }
+        }
+        let mut next = record.clone();
+        next.holder_identity = Some(self.identity.clone());
+        next.lease_duration_seconds = Some(self.lease_seconds());
+        next.renew_time = Some(now.clone());
+        if !ours {
+            next.acquire_time = Some(now);
+            next.lease_transitions = Some(record.lease_transitions.unwrap_or(0) + 1);
+        }
+        lease.spec = Some(next);
+        // `lease` still carries the resourceVersion read: a concurrent change is a conflict.
+        match self.api.replace(&self.settings.name, &params, &lease).await {
+            Ok(updated) => {
+                self.observe(updated.spec.unwrap_or_default());
+                Ok(true)
+            }
+            Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Records the Lease as read; returns when it was first seen in this state. Logs a new
+    /// holder once.
+    fn observe(&mut self, record: LeaseSpec) -> Instant {
+        if let Some((seen, at)) = &self.observed {
+            if *seen == record {
+                return *at;
+            }
+        }
+        let before = self
+            .observed
+            .as_ref()
+            .and_then(|(spec, _)| holder(spec).map(str::to_owned));
+        if let Some(new) = holder(&record) {
+            if before.as_deref() != Some(new) && new != self.identity {
+                tracing::info!(lease = %self.lease_name(), leader = %new, "leader election: another replica leads");
+            }
+        }
+        let now = Instant::now();
+        self.observed = Some((record, now));
+        now
+    }
+
+    /// Clears the holder so that another replica takes over at its next try. Only after
+    /// [`Self::step_down`]: nothing is written from here on.
+    async fn release(&mut self) {
+        let outcome = tokio::time::timeout(self.settings.renew_deadline, async {
+            let Some(mut lease) = self.api.get_opt(&self.settings.name).await? else {
+                return Ok(false);
+            };
+            let Some(spec) = lease.spec.as_mut() else {
+                return Ok(false);
+            };
+            if spec.holder_identity.as_deref() != Some(self.identity.as_str()) {
+                return Ok(false);
+            }
+            let now = MicroTime(Timestamp::now());
+            spec.holder_identity = None;
+            spec.lease_duration_seconds = Some(1);
+            spec.acquire_time = Some(now.clone());
+            spec.renew_time = Some(now);
+            let params = PostParams {
+                field_manager: Some(FIELD_MANAGER.to_owned()),
+                ..PostParams::default()
+            };
+            self.api
+                .replace(&self.settings.name, &params, &lease)
+                .await
+                .map(|_| true)
+        })
+        .await;
+        match outcome {
+            Ok(Ok(true)) => {
+                tracing::info!(lease = %self.lease_name(), "leader election: released the Lease")
+            }
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(lease = %self.lease_name(), error = %e, "leader election: could not release the Lease; another replica takes over once it expires")
+            }
+            Err(_) => {
+                tracing::warn!(lease = %self.lease_name(), "leader election: releasing the Lease timed out; another replica takes over once it expires")
+            }
+        }
+    }
+
+    /// The lease duration in the Lease's whole seconds, rounded up.
+    fn lease_seconds(&self) -> i32 {
+        let d = self.settings.lease_duration;
+        let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+        i32::try_from(secs).unwrap_or(i32::MAX)
+    }
+}
+
+/// The holder a Lease names; an empty name is nobody (client-go writes "" on release).
+fn holder(spec: &LeaseSpec) -> Option<&str> {
+    spec.holder_identity.as_deref().filter(|h| !h.is_empty())
+}
+
+/// client-go's `wait.Jitter(period, 1.2)`: a wait between one and 2.2 periods.
+fn jittered(period: Duration) -> Duration {
+    let fraction = f64::from(uuid::Uuid::new_v4().as_bytes()[0]) / 255.0;
+    period + period.mul_f64(1.2 * fraction)
+}
+
+/// The machine's host name (a Pod's name), or `unknown`.
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length, and gethostname writes at most that much.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "unknown".to_owned();
+    }
+    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+    match std::str::from_utf8(&buf[..end]) {
+        Ok(name) if !name.is_empty() => name.to_owned(),
+        _ => "unknown".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn leadership_ends_at_its_deadline_without_a_renewal() {
+        let leadership = Leadership::new();
+        let mut changes = leadership.subscribe();
+        assert!(!leadership.is_leader());
+        leadership.set(Some(Instant::now() + Duration::from_secs(2)));
+        assert!(leadership.is_leader());
+        assert!(changes.has_changed().unwrap());
+        assert!(*changes.borrow_and_update());
+        tokio::time::advance(Duration::from_millis(1999)).await;
+        assert!(leadership.is_leader());
+        // No renewal came: the write permission lapses on its own, whatever the elector does.
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(!leadership.is_leader());
+        leadership.set(None);
+        assert!(!*changes.borrow_and_update());
+    }
+
+    #[test]
+    fn jitter_stays_within_client_gos_bounds() {
+        for _ in 0..100 {
+            let d = jittered(Duration::from_secs(1));
+            assert!(
+                d >= Duration::from_secs(1) && d <= Duration::from_millis(2200),
+                "{d:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_empty_holder_is_nobody() {
+        let mut spec = LeaseSpec::default();
+        assert_eq!(holder(&spec), None);
+        spec.holder_identity = Some(String::new());
+        assert_eq!(holder(&spec), None);
+        spec.holder_identity = Some("a_1".into());
+        assert_eq!(holder(&spec), Some("a_1"));
+    }
+}

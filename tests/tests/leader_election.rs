@@ -1,0 +1,239 @@
+//! Several replicas, one core: only the replica holding the Lease writes APIService status, and
+//! another takes over within seconds when it goes away, killed or shut down.
+//!
+//! The two replicas are made to disagree, as replicas on different nodes do when a network path
+//! breaks: `a` reaches the wardle backend, `b` is given an address where nothing listens. The
+//! stored `Available` condition then shows who writes. Two writers would flip it back and forth
+//! every availability interval (each reconciles what it sees against what the other wrote); one
+//! writer keeps it still, and a new leader turns it to its own view.
+
+use std::time::{Duration, Instant};
+
+use e2e::harness::{self, FixtureCore, Gateway};
+use e2e::scenario::{self, available_condition, core_client, json_or_null, Scenario, WARDLE_GROUP};
+use http::StatusCode;
+use serde_json::Value;
+
+const NAME: &str = "v1alpha1.wardle.example.com";
+const LEASE: &str =
+    "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/aggregation-gateway";
+/// Short timings so that a handover takes seconds, not the default 15 s.
+const LEASE_DURATION: Duration = Duration::from_secs(3);
+const ELECTION: [&str; 5] = [
+    "--leader-elect-lease-duration=3s",
+    "--leader-elect-renew-deadline=2s",
+    "--leader-elect-retry-period=250ms",
+    // The Lease is released at SIGTERM, before this delay.
+    "--shutdown-delay-duration=1s",
+    "--shutdown-timeout=2s",
+];
+/// The scenario's own gateway checks every second; the other replicas are told the same, so that
+/// two writers would each reconcile the other's condition every second.
+const EVERY_SECOND: &str = "--apiservice-availability-interval=1s";
+
+fn replica_args() -> Vec<&'static str> {
+    ELECTION.iter().copied().chain([EVERY_SECOND]).collect()
+}
+
+/// The `identity` field of this replica's JSON log line whose message starts with `message`.
+fn logged_identity(gateway: &Gateway, message: &str) -> Option<String> {
+    gateway.process.lines().iter().find_map(|line| {
+        let v: Value = serde_json::from_str(&line.text).ok()?;
+        let fields = v.get("fields").unwrap_or(&v);
+        fields["message"]
+            .as_str()?
+            .starts_with(message)
+            .then(|| fields["identity"].as_str().map(str::to_owned))?
+    })
+}
+
+/// The identity a replica campaigns under (logged once at start).
+async fn identity(gateway: &Gateway) -> String {
+    let found = harness::wait_until(Duration::from_secs(10), || async {
+        logged_identity(gateway, "leader election: campaigning").is_some()
+    })
+    .await;
+    assert!(found, "no campaign line:\n{}", gateway.process.logs());
+    logged_identity(gateway, "leader election: campaigning").unwrap()
+}
+
+/// The Lease as the core stores it.
+async fn lease(core: &FixtureCore) -> Value {
+    let (status, _, body) = harness::get(&core_client(), &format!("{}{LEASE}", core.url()))
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    json_or_null(&body)
+}
+
+async fn holder(core: &FixtureCore) -> String {
+    lease(core).await["spec"]["holderIdentity"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// `leader_election_master_status{name="aggregation-gateway"}` on this replica's /metrics.
+async fn master_status(s: &Scenario, gateway: &Gateway) -> Option<String> {
+    let admin = s.user("admin", &["system:masters"]);
+    let (status, _, body) = scenario::get_raw(gateway, &admin, "/metrics", &[]).await;
+    assert_eq!(status, StatusCode::OK);
+    String::from_utf8_lossy(&body).lines().find_map(|l| {
+        l.strip_prefix("leader_election_master_status{name=\"aggregation-gateway\"} ")
+            .map(str::to_owned)
+    })
+}
+
+/// Samples the stored condition every 100 ms for `window`: every distinct value seen.
+async fn conditions_during(core: &FixtureCore, window: Duration) -> Vec<Option<(String, String)>> {
+    let mut seen = Vec::new();
+    let end = Instant::now() + window;
+    while Instant::now() < end {
+        let c = available_condition(core, NAME).await;
+        if !seen.contains(&c) {
+            seen.push(c);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    seen
+}
+
+/// Waits for the stored condition to read `status`; how long it took.
+async fn until_condition(core: &FixtureCore, status: &str, limit: Duration) -> Option<Duration> {
+    let start = Instant::now();
+    harness::wait_until(limit, || async {
+        available_condition(core, NAME)
+            .await
+            .is_some_and(|(s, _)| s == status)
+    })
+    .await
+    .then(|| start.elapsed())
+}
+
+#[tokio::test]
+async fn one_replica_writes_status_and_another_takes_over_when_it_goes_away() {
+    // Replica a: the scenario's gateway, whose static Service map reaches the backend.
+    let mut s = Scenario::wardle().gateway_args(&ELECTION).start().await;
+    let a_id = identity(&s.gateway).await;
+    let leads = harness::wait_until(Duration::from_secs(10), || async {
+        holder(&s.core).await == a_id
+    })
+    .await;
+    assert!(leads, "a never took the Lease:\n{}", s.logs());
+
+    // Replica b: the same core, the backend's Service at a closed port.
+    let dead = s.pki.gateway_config(
+        &[],
+        "services:\n- namespace: wardle\n  name: api\n  port: 443\n  urls: [\"https://127.0.0.1:1\"]\n",
+    );
+    let mut b = s.pki.start_gateway(&s.core, &dead, &replica_args()).await;
+    let b_id = identity(&b).await;
+    assert_ne!(a_id, b_id);
+
+    s.kubectl(&s.user("alice", &[]))
+        .apply_yaml(&s.pki.apiservice(WARDLE_GROUP, "v1alpha1", "wardle").yaml())
+        .await;
+    assert!(
+        until_condition(&s.core, "True", Duration::from_secs(10))
+            .await
+            .is_some(),
+        "the leader never wrote Available=True\n{}",
+        s.logs()
+    );
+    // b routes on its own view all the same: it answers 503 for the group a serves.
+    let alice = s.user("alice", &[]);
+    let b_view = harness::wait_until(Duration::from_secs(5), || async {
+        scenario::get_raw(&b, &alice, "/apis/wardle.example.com/v1alpha1", &[])
+            .await
+            .0
+            == StatusCode::SERVICE_UNAVAILABLE
+    })
+    .await;
+    assert!(
+        b_view,
+        "b does not see the backend as unavailable\n{}",
+        b.process.logs()
+    );
+
+    // Exactly one writer: over four availability intervals the stored condition never moves,
+    // though b finds the backend unreachable at every check.
+    let seen = conditions_during(&s.core, Duration::from_secs(4)).await;
+    assert_eq!(
+        seen,
+        [Some(("True".to_owned(), "Passed".to_owned()))],
+        "the stored condition changed while a led: two writers\n--- b ---\n{}",
+        b.process.logs()
+    );
+    assert_eq!(holder(&s.core).await, a_id);
+    assert_eq!(master_status(&s, &s.gateway).await.as_deref(), Some("1"));
+    assert_eq!(master_status(&s, &b).await.as_deref(), Some("0"));
+
+    // The leader is killed (no release): b takes over once the Lease expires, and writes.
+    let transitions = lease(&s.core).await["spec"]["leaseTransitions"].as_i64();
+    s.gateway.process.signal("KILL").unwrap();
+    let took = until_condition(&s.core, "False", LEASE_DURATION + Duration::from_secs(4))
+        .await
+        .unwrap_or_else(|| panic!("b never wrote its view\n--- b ---\n{}", b.process.logs()));
+    eprintln!(
+        "handover: leader killed -> new leader's status written {} ms (lease duration {} ms)",
+        took.as_millis(),
+        LEASE_DURATION.as_millis()
+    );
+    assert_eq!(holder(&s.core).await, b_id);
+    assert_eq!(
+        lease(&s.core).await["spec"]["leaseTransitions"].as_i64(),
+        transitions.map(|t| t + 1)
+    );
+    assert_eq!(
+        available_condition(&s.core, NAME).await,
+        Some(("False".to_owned(), "FailedDiscoveryCheck".to_owned()))
+    );
+    s.gateway.process.kill();
+
+    // A replica that reaches the backend again; b, the leader, shuts down gracefully: it
+    // releases the Lease, so the handover takes a retry period, not a lease duration.
+    let c = s
+        .pki
+        .start_gateway(&s.core, &scenario_config(&s), &replica_args())
+        .await;
+    let c_id = identity(&c).await;
+    let seen = conditions_during(&s.core, Duration::from_secs(2)).await;
+    assert_eq!(
+        seen,
+        [Some((
+            "False".to_owned(),
+            "FailedDiscoveryCheck".to_owned()
+        ))],
+        "c wrote while b led"
+    );
+    b.process.signal("TERM").unwrap();
+    let took = until_condition(&s.core, "True", LEASE_DURATION + Duration::from_secs(4))
+        .await
+        .unwrap_or_else(|| panic!("c never wrote its view\n--- c ---\n{}", c.process.logs()));
+    eprintln!(
+        "handover: leader sent SIGTERM -> new leader's status written {} ms",
+        took.as_millis()
+    );
+    assert!(
+        took < LEASE_DURATION,
+        "after SIGTERM the handover took {} ms, as long as an expired Lease: b did not release it\n--- b ---\n{}",
+        took.as_millis(),
+        b.process.logs()
+    );
+    assert_eq!(holder(&s.core).await, c_id);
+    assert!(
+        b.process.wait_exit(Duration::from_secs(10)).await.is_some(),
+        "b did not exit"
+    );
+    let b_logs = b.process.logs();
+    assert!(
+        b_logs.contains("leader election: released the Lease"),
+        "{b_logs}"
+    );
+}
+
+/// The config of the scenario's own gateway: the static Service map that reaches the backend.
+fn scenario_config(s: &Scenario) -> std::path::PathBuf {
+    s.pki
+        .gateway_config(&[("wardle", "api", s.backend("wardle"))], "")
+}
