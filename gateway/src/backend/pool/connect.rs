@@ -12,10 +12,11 @@ use http::uri::Authority;
 use http::Uri;
 use hyper::client::conn::http2;
 use hyper_util::client::legacy::connect::Connection as _;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::time::Instant;
 use tower::ServiceExt;
 
+use super::goaway::{GoAwaySeen, GoAwayWatch};
 use super::{lock, Connector, H2Connection, PoolError, Shared, SETTINGS_WAIT};
 
 /// How long dialing (TCP and TLS) may take.
@@ -32,9 +33,11 @@ pub(super) struct H2Conn {
     connection: Arc<Mutex<Option<H2Connection>>>,
     pub(super) streams: usize,
     pub(super) idle_since: Instant,
-    /// The backend said it is closing this connection (GOAWAY): no new streams go to it, and
-    /// it is dropped once its last stream ends.
+    /// The backend refused a stream on this connection: no new streams go to it, and it is
+    /// dropped once its last stream ends.
     pub(super) retired: bool,
+    /// The backend sent GOAWAY on it: the same as `retired` (see `goaway`).
+    pub(super) goaway: Arc<GoAwaySeen>,
 }
 
 // === impl H2Conn ===
@@ -42,6 +45,11 @@ pub(super) struct H2Conn {
 impl H2Conn {
     pub(super) fn limit(&self) -> usize {
         current_max_send_streams(&self.connection)
+    }
+
+    /// Whether the backend is done with this connection: it refused a stream or sent GOAWAY.
+    pub(super) fn going_away(&self) -> bool {
+        self.retired || self.goaway.seen()
     }
 }
 
@@ -77,6 +85,8 @@ pub(super) async fn connect(
     if !io.connected().is_negotiated_h2() {
         return Ok(Connected::Http1);
     }
+    let (io, goaway) = GoAwayWatch::new(TokioIo::new(io));
+    let io = TokioIo::new(io);
     let (send, connection) = http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
         // Until the server's SETTINGS arrive no stream may open: 0 here marks "not yet known"
@@ -143,6 +153,7 @@ pub(super) async fn connect(
         streams: 0,
         idle_since: Instant::now(),
         retired: false,
+        goaway,
     }))
 }
 

@@ -37,8 +37,10 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 mod connect;
+mod goaway;
 
 use self::connect::{connect, Connected, H2Conn};
+use self::goaway::GoAwayWatch;
 use super::balance::{Balancer, ProbeFn};
 use super::failures::{FailureSignal, Watched, WatchedStream};
 use super::probe::Probe;
@@ -48,8 +50,11 @@ use crate::body::{self, Body, BoxError, Request};
 /// Dials with TLS over TCP connections that report their failures (see `failures`).
 pub type Connector = HttpsConnector<Watched>;
 pub type HttpsClient = Client<Connector, Body>;
-type H2Connection =
-    http2::Connection<MaybeHttpsStream<TokioIo<WatchedStream>>, Body, TokioExecutor>;
+type H2Connection = http2::Connection<
+    TokioIo<GoAwayWatch<TokioIo<MaybeHttpsStream<TokioIo<WatchedStream>>>>>,
+    Body,
+    TokioExecutor,
+>;
 
 /// Streams on the least busy connection before another one is opened beside it.
 pub const BUSY_STREAMS: usize = 32;
@@ -451,14 +456,14 @@ impl Endpoint {
     fn close_unused(&mut self) {
         self.connections.retain(|c| {
             !c.send.is_closed()
-                && (c.streams > 0 || (!c.retired && c.idle_since.elapsed() < IDLE_TIMEOUT))
+                && (c.streams > 0 || (!c.going_away() && c.idle_since.elapsed() < IDLE_TIMEOUT))
         });
     }
 
     fn least_busy_with_room(&mut self) -> Option<&mut H2Conn> {
         self.connections
             .iter_mut()
-            .filter(|c| !c.send.is_closed() && !c.retired && c.streams < c.limit())
+            .filter(|c| !c.send.is_closed() && !c.going_away() && c.streams < c.limit())
             .min_by_key(|c| c.streams)
     }
 
