@@ -8,7 +8,6 @@ use bytes::Bytes;
 use e2e::harness::{self, FixtureCore};
 use e2e::scenario::{
     available_condition, clear_core_requests, core_client, core_requests, json_or_null, Scenario,
-    WARDLE_GROUP,
 };
 use http::StatusCode;
 use http_body_util::Full;
@@ -33,14 +32,7 @@ async fn registered(interval: &str) -> Scenario {
         .availability_interval(interval)
         .start()
         .await;
-    s.kubectl(&s.user("alice", &[]))
-        .apply_yaml(&s.pki.apiservice(WARDLE_GROUP, "v1alpha1", "wardle").yaml())
-        .await;
-    let available = harness::wait_until(Duration::from_secs(10), || async {
-        available_condition(&s.core, NAME).await == Some(("True".into(), "Passed".into()))
-    })
-    .await;
-    assert!(available, "{NAME} never became Available\n{}", s.logs());
+    s.register_wardle_until_available().await;
     s
 }
 

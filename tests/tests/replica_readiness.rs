@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use e2e::harness::{self, Gateway};
-use e2e::scenario::{available_condition, Scenario, WARDLE_GROUP};
+use e2e::scenario::{Scenario, WARDLE_GROUP};
 use http::StatusCode;
 
 const NAME: &str = "v1alpha1.wardle.example.com";
@@ -31,14 +31,7 @@ async fn a_replica_that_cannot_reach_a_backend_fails_readyz_only_when_asked() {
         .pki
         .gateway_config(&[("wardle", "api", s.backend("wardle"))], "");
     let plain = s.pki.start_gateway(&s.core, &config, &[]).await;
-    s.kubectl(&s.user("alice", &[]))
-        .apply_yaml(&s.pki.apiservice(WARDLE_GROUP, "v1alpha1", "wardle").yaml())
-        .await;
-    let available = harness::wait_until(Duration::from_secs(10), || async {
-        available_condition(&s.core, NAME).await == Some(("True".into(), "Passed".into()))
-    })
-    .await;
-    assert!(available, "{NAME} never became Available\n{}", s.logs());
+    s.register_wardle_until_available().await;
 
     let (status, verbose) = probe(&s.gateway, "/readyz?verbose").await;
     assert_eq!(status, StatusCode::OK, "{verbose}");

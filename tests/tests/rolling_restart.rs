@@ -25,9 +25,8 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
 
 use e2e::harness::{self, FixtureCore, Gateway, Process};
-use e2e::scenario::{available_condition, Pki, Scenario, WARDLE_GROUP};
+use e2e::scenario::{Pki, Scenario};
 
-const NAME: &str = "v1alpha1.wardle.example.com";
 const TOKEN: &str = "Bearer e2e-default-token";
 const CONFIGMAPS: &str = "/api/v1/namespaces/default/configmaps";
 const FLUNDERS: &str = "/apis/wardle.example.com/v1alpha1/namespaces/default/flunders";
@@ -345,14 +344,7 @@ async fn a_rolling_restart_behind_haproxy_fails_no_request_and_ends_every_watch_
         return;
     };
     let mut s = Scenario::wardle().gateway_args(&REPLICA_ARGS).start().await;
-    s.kubectl(&s.user("alice", &[]))
-        .apply_yaml(&s.pki.apiservice(WARDLE_GROUP, "v1alpha1", "wardle").yaml())
-        .await;
-    let available = harness::wait_until(Duration::from_secs(10), || async {
-        available_condition(&s.core, NAME).await == Some(("True".into(), "Passed".into()))
-    })
-    .await;
-    assert!(available, "{NAME} never became Available\n{}", s.logs());
+    s.register_wardle_until_available().await;
     let config = s
         .pki
         .gateway_config(&[("wardle", "api", s.backend("wardle"))], "");

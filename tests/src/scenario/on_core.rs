@@ -102,3 +102,20 @@ pub async fn create_endpoint_slice(
     )
     .await
 }
+
+impl Scenario {
+    /// Registers wardle.example.com/v1alpha1 (Service `wardle/api`) on the core with `kubectl
+    /// apply`, as a user does, and waits until the gateway has written `Available=True` there.
+    pub async fn register_wardle_until_available(&self) {
+        let api = self.pki.apiservice(WARDLE_GROUP, "v1alpha1", "wardle");
+        self.kubectl(&self.user("alice", &[]))
+            .apply_yaml(&api.yaml())
+            .await;
+        let name = api.name();
+        let available = harness::wait_until(std::time::Duration::from_secs(10), || async {
+            available_condition(&self.core, &name).await == Some(("True".into(), "Passed".into()))
+        })
+        .await;
+        assert!(available, "{name} never became Available\n{}", self.logs());
+    }
+}
