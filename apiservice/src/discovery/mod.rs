@@ -10,11 +10,13 @@
 //! * [`merge`](mod@merge): core groups + APIService groups → ordered document → bytes.
 //! * [`negotiate`](mod@negotiate): which representation an `Accept` header asks for.
 //! * [`openapi`]: union of the backends' `/openapi/v3` root documents.
+//! * [`openapi_v2`]: the merged `/openapi/v2` spec (kube-openapi's filter and merge rules).
 
 pub mod legacy;
 pub mod merge;
 pub mod negotiate;
 pub mod openapi;
+pub mod openapi_v2;
 mod render;
 
 pub use legacy::{from_legacy, from_legacy_core};
