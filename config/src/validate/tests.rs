@@ -1,0 +1,344 @@
+//! `Options::validate`'s tests: one refusal per rule, and the example config file.
+
+mod unit {
+    use std::path::Path;
+    use std::time::Duration;
+
+    use super::super::*;
+
+    fn opts(yaml: &str) -> Options {
+        serde_saphyr::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn embedded_defaults_validate() {
+        let c = Options::default().validate().unwrap();
+        assert_eq!(c.listen, "127.0.0.1:8443".parse().unwrap());
+        assert_eq!(
+            c.core.endpoint,
+            Some(CoreEndpoint::Url("http://127.0.0.1:8080".into()))
+        );
+        assert_eq!(c.limits.request_timeout, Duration::from_secs(60));
+        assert!(c.authn.anonymous);
+        // kube-apiserver's: --http2-max-streams-per-connection=0 means 100.
+        assert_eq!(c.serving.http2_max_streams, 100);
+        // Bodies to remote APIServices are the backend's business unless asked.
+        assert_eq!(c.limits.max_remote_request_body_bytes, 0);
+        assert_eq!(c.limits.max_request_body_bytes, 3 * 1024 * 1024);
+    }
+
+    /// One row per `--core-url`: the endpoint it means, or a part of the refusal naming the flag.
+    #[test]
+    fn core_url_forms() {
+        for (raw, want) in [
+            (
+                "unix:///run/x.sock",
+                Ok(CoreEndpoint::Unix("/run/x.sock".into())),
+            ),
+            ("/run/x.sock", Ok(CoreEndpoint::Unix("/run/x.sock".into()))),
+            (
+                "https://10.0.0.1:6443/",
+                Ok(CoreEndpoint::Url("https://10.0.0.1:6443".into())),
+            ),
+            (
+                "ftp://x",
+                Err("must start with http://, https:// or unix://"),
+            ),
+            ("http://", Err("missing host")),
+            ("http://h/prefix", Err("must not have a path")),
+            ("unix://relative", Err("needs an absolute path")),
+            (
+                "localhost:8080",
+                Err("must start with http://, https:// or unix://"),
+            ),
+        ] {
+            match (parse_core_url(raw), want) {
+                (Ok(got), Ok(want)) => assert_eq!(got, want, "{raw}"),
+                (Err(err), Err(want)) => {
+                    assert_eq!(err.flag, "core-url", "{raw}");
+                    assert!(err.message.contains(want), "{raw}: {err}");
+                }
+                (got, want) => panic!("{raw}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    /// One row per refused setting: the whole line printed at start, naming the flag and its YAML
+    /// key (or, for the file-only `services`, where it is set).
+    #[test]
+    fn refusals_are_one_line_naming_flag_and_key() {
+        for (case, yaml, flag, want) in [
+            (
+                "a value outside its choices",
+                "apiserviceSource: files\n",
+                "apiservice-source",
+                "invalid configuration: --apiservice-source (apiserviceSource): \"files\" is not \
+                 one of kube, file, none",
+            ),
+            (
+                "a missing file is refused at start",
+                "clientCaFile: /nonexistent/ca.crt\n",
+                "client-ca-file",
+                "invalid configuration: --client-ca-file (clientCaFile): cannot read \
+                 /nonexistent/ca.crt: No such file or directory (os error 2)",
+            ),
+            (
+                "the file source needs a directory",
+                "apiserviceSource: file\n",
+                "apiservice-dir",
+                "invalid configuration: --apiservice-dir (apiserviceDir): required when \
+                 --apiservice-source=file",
+            ),
+            (
+                "static services must be https",
+                "services:\n- namespace: w\n  name: api\n  urls: [http://127.0.0.1:1]\n",
+                "services",
+                "invalid configuration: services (file only): w/api: \"http://127.0.0.1:1\" must \
+                 be an https:// URL (aggregated servers serve TLS)",
+            ),
+            (
+                "a bad label selector is refused at validation",
+                "apiserviceLabelSelector: \"owner in edge\"\n",
+                "apiservice-label-selector",
+                "invalid configuration: --apiservice-label-selector (apiserviceLabelSelector): \
+                 \"owner in edge\": owner in needs a parenthesized list: owner in (a,b); \
+                 selectors look like env=prod,tier in (a,b),!legacy",
+            ),
+            (
+                "a timeout of zero",
+                "requestTimeout: 0s\n",
+                "request-timeout",
+                "invalid configuration: --request-timeout (requestTimeout): must be greater than 0s",
+            ),
+            (
+                "headers too small for a Kubernetes request",
+                "maxHeaderBytes: 100\n",
+                "max-header-bytes",
+                "invalid configuration: --max-header-bytes (maxHeaderBytes): must be at least 8192",
+            ),
+            (
+                "allowed names without the CA that signs them",
+                "requestheaderAllowedNames: [front-proxy]\n",
+                "requestheader-allowed-names",
+                "invalid configuration: --requestheader-allowed-names \
+                 (requestheaderAllowedNames): needs --requestheader-client-ca-file: names are \
+                 only checked on certificates that CA signed",
+            ),
+        ] {
+            let err = opts(yaml).validate().unwrap_err();
+            assert_eq!(err.flag, flag, "{case}");
+            assert_eq!(err.to_string(), want, "{case}");
+        }
+    }
+
+    #[test]
+    fn a_label_selector_reaches_the_kube_source() {
+        let c = opts("apiserviceLabelSelector: \"owner in (edge),!legacy\"\n")
+            .validate()
+            .unwrap();
+        assert_eq!(
+            c.apiservices.source,
+            ApiServiceSource::Kube {
+                label_selector: Some("owner in (edge),!legacy".into())
+            }
+        );
+    }
+
+    #[test]
+    fn half_a_key_pair_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let cert = dir.path().join("tls.crt");
+        std::fs::write(&cert, "x").unwrap();
+        let err = Options {
+            tls_cert_file: Some(cert),
+            ..Default::default()
+        }
+        .validate()
+        .unwrap_err();
+        assert_eq!(err.flag, "tls-private-key-file");
+    }
+
+    /// A CA and a leaf it signed, as PEM: (ca, leaf cert, leaf key).
+    fn pki() -> (String, String, String) {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca = rcgen::CertificateParams::new(Vec::new()).unwrap();
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca.distinguished_name
+            .push(rcgen::DnType::CommonName, "test-ca");
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let issuer = rcgen::Issuer::new(ca, ca_key);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let leaf = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
+            .unwrap()
+            .signed_by(&key, &issuer)
+            .unwrap();
+        (ca_cert.pem(), leaf.pem(), key.serialize_pem())
+    }
+
+    fn write(dir: &Path, name: &str, text: &str) -> String {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    }
+
+    /// Every file flag, each given the files that make it valid, so a case can spoil one.
+    fn all_files(dir: &Path, ca: &str, cert: &str, key: &str) -> Vec<(&'static str, String)> {
+        let ca = write(dir, "ca.crt", ca);
+        let cert = write(dir, "tls.crt", cert);
+        let key = write(dir, "tls.key", key);
+        vec![
+            ("tlsCertFile", cert.clone()),
+            ("tlsPrivateKeyFile", key.clone()),
+            ("clientCaFile", ca.clone()),
+            ("requestheaderClientCaFile", ca.clone()),
+            ("proxyClientCertFile", cert.clone()),
+            ("proxyClientKeyFile", key.clone()),
+            ("coreUrl", "https://127.0.0.1:6443".to_owned()),
+            ("coreCaFile", ca),
+            ("coreClientCertFile", cert),
+            ("coreClientKeyFile", key),
+        ]
+    }
+
+    fn yaml(pairs: &[(&str, String)]) -> String {
+        pairs.iter().map(|(k, v)| format!("{k}: {v:?}\n")).collect()
+    }
+
+    #[test]
+    fn usable_pem_files_validate() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ca, cert, key) = pki();
+        let c = opts(&yaml(&all_files(dir.path(), &ca, &cert, &key)))
+            .validate()
+            .unwrap();
+        assert!(c.serving.cert.is_some() && c.proxy_client.is_some());
+        assert!(c.core.client_cert.is_some() && c.core.ca_file.is_some());
+    }
+
+    #[test]
+    fn unusable_pem_files_are_refused_naming_their_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ca, cert, key) = pki();
+        let good = all_files(dir.path(), &ca, &cert, &key);
+        let not_pem = write(dir.path(), "not-pem", "hello\n");
+        let der = write(dir.path(), "der", "0\u{1}\u{2}binary");
+        let truncated = write(
+            dir.path(),
+            "truncated",
+            &cert[..cert.find("-----END").unwrap()],
+        );
+        for (i, (key_name, _)) in good.iter().enumerate() {
+            if *key_name == "coreUrl" {
+                continue;
+            }
+            let is_key = key_name.ends_with("KeyFile");
+            // A key where a certificate belongs (and the other way round) is the common mix-up.
+            let swapped = if is_key { &good[0].1 } else { &good[1].1 };
+            for (bad, want) in [
+                (&not_pem, "is not PEM"),
+                (&der, "is not PEM"),
+                (
+                    swapped,
+                    if is_key {
+                        "no unencrypted private key"
+                    } else {
+                        "no \"BEGIN CERTIFICATE\""
+                    },
+                ),
+                (
+                    &truncated,
+                    "is truncated: a \"BEGIN CERTIFICATE\" block has no \"END CERTIFICATE\" line",
+                ),
+            ] {
+                let mut pairs = good.clone();
+                pairs[i].1 = bad.clone();
+                let err = opts(&yaml(&pairs)).validate().unwrap_err();
+                assert_eq!(err.key, *key_name, "{bad}: {err}");
+                assert!(err.message.contains(bad.as_str()), "{err}");
+                assert!(err.message.contains(want), "{key_name} {bad}: {err}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_key_that_is_not_the_certificates_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ca, cert, key) = pki();
+        let (_, _, other_key) = pki();
+        let other = write(dir.path(), "other.key", &other_key);
+        for (cert_key, key_key) in [
+            ("tlsCertFile", "tlsPrivateKeyFile"),
+            ("proxyClientCertFile", "proxyClientKeyFile"),
+            ("coreClientCertFile", "coreClientKeyFile"),
+        ] {
+            let mut pairs = all_files(dir.path(), &ca, &cert, &key);
+            pairs.iter_mut().find(|(k, _)| *k == key_key).unwrap().1 = other.clone();
+            let err = opts(&yaml(&pairs)).validate().unwrap_err();
+            assert_eq!(err.key, key_key, "{err}");
+            assert!(err.message.contains("does not belong"), "{err}");
+            assert!(err.message.contains(&cert_key_flag(cert_key)), "{err}");
+        }
+    }
+
+    fn cert_key_flag(key: &str) -> String {
+        let mut flag = String::new();
+        for c in key.chars() {
+            if c.is_ascii_uppercase() {
+                flag.push('-');
+            }
+            flag.push(c.to_ascii_lowercase());
+        }
+        format!("--{flag}")
+    }
+
+    #[test]
+    fn log_level_takes_levels_and_filters_but_not_stray_words() {
+        for ok in [
+            "info",
+            "DEBUG",
+            "warn",
+            "3",
+            "info,aggregation_gateway=debug",
+            "hyper=off,info,",
+            "aggregation_gateway=",
+            "[request]=trace",
+        ] {
+            opts(&format!("logLevel: {ok:?}\n")).validate().unwrap();
+        }
+        for bad in ["verbose", "warning", "debgu", "info,hyper=loud", " ", "6"] {
+            let err = opts(&format!("logLevel: {bad:?}\n"))
+                .validate()
+                .unwrap_err();
+            assert_eq!(err.flag, "log-level", "{bad:?}");
+            assert!(
+                err.message.contains("error, warn, info, debug, trace, off"),
+                "{err}"
+            );
+        }
+    }
+}
+
+mod example {
+    /// The example in the repository is what the README starts the gateway with; it must stay valid
+    /// and must spell out the embedded defaults.
+    #[test]
+    fn example_config_is_valid_and_matches_defaults() {
+        let text = include_str!("../../example.yaml");
+        let options: crate::Options = serde_saphyr::from_str(text).unwrap();
+        let from_file = options.validate().unwrap();
+        let defaults = crate::Options::default().validate().unwrap();
+        assert_eq!(
+            format!("{:?}", from_file.limits),
+            format!("{:?}", defaults.limits)
+        );
+        assert_eq!(from_file.listen, defaults.listen);
+        assert_eq!(from_file.core.endpoint, defaults.core.endpoint);
+        assert_eq!(from_file.apiservices.source, defaults.apiservices.source);
+        assert_eq!(from_file.shutdown_timeout, defaults.shutdown_timeout);
+        assert_eq!(from_file.leader_election, defaults.leader_election);
+        assert_eq!(
+            from_file.apiservices.readyz_reachable,
+            defaults.apiservices.readyz_reachable
+        );
+    }
+}
