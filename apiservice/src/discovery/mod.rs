@@ -15,6 +15,7 @@ pub mod legacy;
 pub mod merge;
 pub mod negotiate;
 pub mod openapi;
+pub mod openapi_v2_proto;
 mod render;
 
 pub use legacy::{from_legacy, from_legacy_core};
