@@ -11,12 +11,15 @@
 //! * [`negotiate`](mod@negotiate): which representation an `Accept` header asks for.
 //! * [`openapi`]: union of the backends' `/openapi/v3` root documents.
 //! * [`openapi_v2`]: the merged `/openapi/v2` spec (kube-openapi's filter and merge rules).
+//! * [`openapi_v2_proto`]: that spec in the protobuf form client-go asks for (gnostic's
+//!   `openapi.v2.Document`).
 
 pub mod legacy;
 pub mod merge;
 pub mod negotiate;
 pub mod openapi;
 pub mod openapi_v2;
+pub mod openapi_v2_proto;
 mod render;
 
 pub use legacy::{from_legacy, from_legacy_core};

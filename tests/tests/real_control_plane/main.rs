@@ -11,8 +11,8 @@
 //! not hide the next), and fails naming every check that failed. The order is the order of a
 //! cluster's life: the `file` source routes sample-apiserver before kube-apiserver knows of it
 //! ([`file_source`]); then the APIService is registered on kube-apiserver and the gateway watches
-//! it ([`discovery`], [`flunders`], [`status`]); then the changes users make to a cluster (CRDs,
-//! [`crds`]; protobuf clients, [`protobuf`]; the chart, [`chart`]).
+//! it ([`discovery`], [`openapi_v2_proto`], [`flunders`], [`status`]); then the changes users
+//! make to a cluster (CRDs, [`crds`]; protobuf clients, [`protobuf`]; the chart, [`chart`]).
 //!
 //! `REAL_CHECKS=<text>` runs only the checks whose name contains the text (the set-up still runs).
 //!
@@ -25,6 +25,7 @@ mod discovery;
 mod file_source;
 mod flunders;
 mod leader_election;
+mod openapi_v2_proto;
 mod protobuf;
 mod session;
 mod status;
@@ -116,6 +117,8 @@ async fn session_against_the_real_control_plane() {
                 "/apis/<group> and /apis/<group>/<version> equal kube-apiserver's" =>
                     discovery::group_documents,
                 "the /openapi/v3 root lists what kube-apiserver lists" => discovery::openapi_root,
+                "/openapi/v2 protobuf encoded from kube-apiserver's JSON equals kube-apiserver's" =>
+                    openapi_v2_proto::encode_equals_kube_apiserver,
                 "kubectl api-versions equals kube-apiserver's" => discovery::api_versions,
                 "kubectl api-resources equals kube-apiserver's" => discovery::api_resources,
                 "kubectl explain flunders.spec equals kube-apiserver's" => flunders::explain,
