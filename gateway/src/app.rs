@@ -252,6 +252,16 @@ pub async fn run(config: Config) -> Result<(), StartError> {
         .run()
         .instrument(tracing::info_span!("discovery_controller")),
     );
+    tokio::spawn(
+        crate::discovery::openapi_v2::OpenApiV2Controller::new(
+            discovery.clone(),
+            core.clone(),
+            routing.clone(),
+            metrics.clone(),
+        )
+        .run()
+        .instrument(tracing::info_span!("openapi_v2")),
+    );
     let gateway = Arc::new(Gateway {
         core,
         health,

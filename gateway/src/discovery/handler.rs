@@ -37,6 +37,8 @@ pub enum DiscoveryPath<'a> {
     Group(&'a str),
     /// `/openapi/v3`: the merged root.
     OpenApiRoot,
+    /// `/openapi/v2`: the merged Swagger spec.
+    OpenApiV2,
     /// `/openapi/v3/<key>`, `key` as in the root (`apis/<g>/<v>`, `api/v1`).
     OpenApiDocument(&'a str),
 }
@@ -49,6 +51,7 @@ pub fn classify(path: &str) -> Option<DiscoveryPath<'_>> {
         "/api" => return Some(DiscoveryPath::Api),
         "/apis" => return Some(DiscoveryPath::Apis),
         "/openapi/v3" => return Some(DiscoveryPath::OpenApiRoot),
+        "/openapi/v2" => return Some(DiscoveryPath::OpenApiV2),
         _ => {}
     }
     if let Some(group) = trimmed.strip_prefix("/apis/") {
@@ -239,6 +242,25 @@ impl DiscoveryCache {
                     _ => Action::FallThrough,
                 }
             }
+            DiscoveryPath::OpenApiV2 => match self.openapi_v2.load_full() {
+                None => Action::FallThrough,
+                Some(doc) => {
+                    let protobuf = accept.is_some_and(|a| {
+                        a.contains("application/com.github.proto-openapi.spec.v2")
+                    });
+                    Action::Respond(if protobuf {
+                        prepared(
+                            headers,
+                            super::openapi_v2::CONTENT_TYPE_PROTOBUF,
+                            &doc.protobuf,
+                            &doc.protobuf_etag,
+                            true,
+                        )
+                    } else {
+                        prepared(headers, CONTENT_TYPE_JSON, &doc.json, &doc.json_etag, true)
+                    })
+                }
+            },
             DiscoveryPath::OpenApiRoot => match self.openapi.load_full() {
                 None => Action::FallThrough,
                 Some(root) => Action::Respond(prepared(

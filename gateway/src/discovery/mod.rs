@@ -16,6 +16,7 @@
 //!   anything it does not answer falls through to the router (`None`).
 //! * [`openapi`]: the OpenAPI v3 pieces: which backend owns which `/openapi/v3/<path>`, and the
 //!   pass-through for group-version documents of remote backends.
+//! * [`openapi_v2`]: the merged `/openapi/v2` (JSON and protobuf), kept by a loop of its own.
 //!
 //! Until the first merge completed (the core was never reached) the handlers answer nothing and
 //! the core server serves its own documents: an empty `/apis` would make clients forget every
@@ -28,6 +29,7 @@ pub mod core_watch;
 pub mod fetch;
 pub mod handler;
 pub mod openapi;
+pub mod openapi_v2;
 pub mod readiness;
 
 use std::sync::Arc;
@@ -74,6 +76,8 @@ pub type OpenApiSnapshot = MergedOpenApiRoot<OpenApiOwner>;
 pub struct DiscoveryCache {
     merged: ArcSwapOption<MergedDiscovery>,
     openapi: ArcSwapOption<OpenApiSnapshot>,
+    /// The merged `/openapi/v2`, `None` until the core's spec was first fetched.
+    openapi_v2: ArcSwapOption<openapi_v2::OpenApiV2>,
     /// The names the merged documents list: the vocabulary of the request metrics' labels.
     known_resources: ArcSwap<KnownResources>,
     /// Read on `/api` only, to let a remote `v1.` APIService keep all of `/api`.
@@ -91,6 +95,7 @@ impl DiscoveryCache {
         Self {
             merged: ArcSwapOption::empty(),
             openapi: ArcSwapOption::empty(),
+            openapi_v2: ArcSwapOption::empty(),
             known_resources: ArcSwap::from_pointee(KnownResources::default()),
             routing,
             core_written: Notify::new(),
@@ -125,6 +130,10 @@ impl DiscoveryCache {
         let known = KnownResources::from_aggregated([&merged.apis.v2[..], &merged.api.v2[..]]);
         self.merged.store(Some(Arc::new(merged)));
         self.known_resources.store(Arc::new(known));
+    }
+
+    pub(crate) fn store_openapi_v2(&self, doc: openapi_v2::OpenApiV2) {
+        self.openapi_v2.store(Some(Arc::new(doc)));
     }
 
     pub(crate) fn store_openapi(&self, root: OpenApiSnapshot) {

@@ -78,6 +78,11 @@ pub struct Metrics {
     /// request_kind: readOnly | mutating: the in-flight limit the `inflight` gauge counts up to
     /// (absent when unlimited), for the saturation alert.
     pub inflight_limit: IntGaugeVec,
+    /// kube-aggregator's: merged `/openapi/v2` rebuilds, by the APIService whose spec changed
+    /// (`core` for the core's) and why (`add`, `update`, `delete`).
+    pub openapi_v2_regeneration_count: IntCounterVec,
+    /// kube-aggregator's: seconds the last rebuild took, by reason.
+    pub openapi_v2_regeneration_duration: prometheus::GaugeVec,
 }
 
 /// One finished request, as the access log saw it.
@@ -148,6 +153,12 @@ impl Metrics {
             audit_event_total: counter(&registry, "apiserver_audit_event_total", "Counter of audit events generated and sent to the audit backend", &[]).with_label_values(&[] as &[&str]),
             audit_error_total: counter(&registry, "apiserver_audit_error_total", "Counter of audit events that failed to be audited properly. Plugin identifies the plugin affected by the error", &["plugin"]).with_label_values(&["log"]),
             certificate_expiration: gauge(&registry, "aggregation_gateway_certificate_expiration_timestamp_seconds", "Expiry (notAfter, Unix seconds) of the certificate the gateway presents, by certificate: serving (to clients) or proxy-client (to backends and the core); updated on reload", &["certificate"]),
+            openapi_v2_regeneration_count: counter(&registry, "aggregator_openapi_v2_regeneration_count", "Counter of OpenAPI v2 spec regeneration count broken down by causing APIService name and reason.", &["apiservice", "reason"]),
+            openapi_v2_regeneration_duration: {
+                let g = prometheus::GaugeVec::new(Opts::new("aggregator_openapi_v2_regeneration_duration", "Gauge of OpenAPI v2 spec regeneration duration in seconds."), &["reason"]).expect("valid metric definition");
+                registry.register(Box::new(g.clone())).expect("metric registered once");
+                g
+            },
             inflight_limit: gauge(&registry, "aggregation_gateway_max_inflight_requests", "The in-flight limit of apiserver_current_inflight_requests by request_kind (--max-requests-inflight, --max-mutating-requests-inflight); absent when unlimited", &["request_kind"]),
             registry,
         }

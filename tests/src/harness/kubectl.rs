@@ -11,8 +11,10 @@ pub struct KubectlVersion {
 }
 
 impl KubectlVersion {
+    pub const V1_27: KubectlVersion = KubectlVersion { minor: 27 };
     pub const V1_29: KubectlVersion = KubectlVersion { minor: 29 };
     pub const V1_32: KubectlVersion = KubectlVersion { minor: 32 };
+    pub const V1_33: KubectlVersion = KubectlVersion { minor: 33 };
 }
 
 impl Default for KubectlVersion {

@@ -1,0 +1,135 @@
+//! `/openapi/v2` through the gateway: the core's spec merged with the remote APIServices', in
+//! JSON and in the protobuf form `kubectl explain --output=plaintext-openapiv2` reads, with
+//! ETags; and a backend that goes away leaves its types in place.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use e2e::certs::CertifiedPair;
+use e2e::harness::{self, KubectlVersion};
+use e2e::scenario::{kubectl_as, Scenario, WARDLE_GROUP};
+use http::{Request, StatusCode};
+use http_body_util::Full;
+
+const PROTOBUF: &str = "application/com.github.proto-openapi.spec.v2@v1.0+protobuf";
+const FLUNDER: &str = "com.example.fixture.wardle.example.com.v1alpha1.Flunder";
+const CONFIGMAP: &str = "com.example.fixture.core.v1.ConfigMap";
+
+async fn get(
+    s: &Scenario,
+    user: &CertifiedPair,
+    accept: &str,
+    if_none_match: Option<&str>,
+) -> (StatusCode, http::HeaderMap, Bytes) {
+    let client = harness::http2_client(&s.gateway.ca_pem().unwrap(), Some(user)).unwrap();
+    let mut req = Request::get(format!("{}/openapi/v2", s.gateway.url())).header("accept", accept);
+    if let Some(etag) = if_none_match {
+        req = req.header("if-none-match", etag);
+    }
+    harness::send(&client, req.body(Full::new(Bytes::new())).unwrap())
+        .await
+        .unwrap()
+}
+
+/// The wardle backend registered, and the merged spec listing its Flunder.
+async fn merged() -> (Scenario, CertifiedPair) {
+    let s = Scenario::wardle()
+        .apiservice(WARDLE_GROUP, "v1alpha1", "wardle")
+        .start()
+        .await;
+    let alice = s.user("alice", &["dev"]);
+    let listed = harness::wait_until(Duration::from_secs(15), || async {
+        let (status, _, body) = get(&s, &alice, "application/json", None).await;
+        status == StatusCode::OK && String::from_utf8_lossy(&body).contains(FLUNDER)
+    })
+    .await;
+    assert!(listed, "/openapi/v2 never listed {FLUNDER}\n{}", s.logs());
+    (s, alice)
+}
+
+#[tokio::test]
+async fn the_merged_spec_has_the_core_and_the_remote_types_in_json_and_protobuf() {
+    let (s, alice) = merged().await;
+    let (_, headers, body) = get(&s, &alice, "application/json", None).await;
+    let spec: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert!(
+        spec["definitions"][CONFIGMAP].is_object(),
+        "the core's types stay"
+    );
+    assert!(spec["definitions"][FLUNDER].is_object());
+    assert!(
+        spec["paths"]["/apis/wardle.example.com/v1alpha1/namespaces/{namespace}/flunders"]
+            .is_object()
+    );
+    let etag = headers["etag"].to_str().unwrap().to_owned();
+    let (status, _, _) = get(&s, &alice, "application/json", Some(&etag)).await;
+    assert_eq!(status, StatusCode::NOT_MODIFIED);
+
+    let (status, headers, proto) = get(&s, &alice, PROTOBUF, None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        headers["content-type"],
+        "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"
+    );
+    assert!(
+        proto
+            .windows(FLUNDER.len())
+            .any(|w| w == FLUNDER.as_bytes()),
+        "the protobuf names the remote type"
+    );
+    let proto_etag = headers["etag"].to_str().unwrap().to_owned();
+    assert_ne!(proto_etag, etag, "each representation has its own ETag");
+    let (status, _, _) = get(&s, &alice, PROTOBUF, Some(&proto_etag)).await;
+    assert_eq!(status, StatusCode::NOT_MODIFIED);
+
+    let metrics = e2e::scenario::metrics(&s.gateway).await;
+    assert!(
+        metrics.contains(
+            "aggregator_openapi_v2_regeneration_count{apiservice=\"core\",reason=\"add\"}"
+        ),
+        "{metrics}"
+    );
+}
+
+/// `kubectl explain --output=plaintext-openapiv2` (the protobuf spec) explains the remote kind
+/// and a core kind, with kubectl 1.27 and 1.33; after the backend is killed, the spec it gave
+/// stays.
+#[tokio::test]
+async fn kubectl_explain_reads_the_remote_types_from_the_v2_spec() {
+    let (mut s, alice) = merged().await;
+    for version in [KubectlVersion::V1_27, KubectlVersion::V1_33] {
+        let kubectl = kubectl_as(&s.gateway, version, &alice);
+        let flunders = kubectl
+            .run(&["explain", "flunders", "--output=plaintext-openapiv2"])
+            .await;
+        assert!(
+            flunders.success(),
+            "kubectl 1.{}: {flunders}",
+            version.minor
+        );
+        assert!(
+            flunders.stdout.contains("Flunder") && flunders.stdout.contains("FIELDS"),
+            "kubectl 1.{}: {flunders}",
+            version.minor
+        );
+        let configmaps = kubectl
+            .run(&["explain", "configmaps", "--output=plaintext-openapiv2"])
+            .await;
+        assert!(
+            configmaps.success() && configmaps.stdout.contains("ConfigMap"),
+            "kubectl 1.{}: {configmaps}",
+            version.minor
+        );
+    }
+    s.backend_mut("wardle").process.kill();
+    // Past the next revalidation of every spec would take a minute; a route change (the
+    // availability flip) revalidates at once.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (status, _, body) = get(&s, &alice, "application/json", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        String::from_utf8_lossy(&body).contains(FLUNDER),
+        "a backend that went away keeps its last spec\n{}",
+        s.logs()
+    );
+}
