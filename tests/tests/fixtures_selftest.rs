@@ -496,7 +496,15 @@ async fn core_discovery_negotiation_and_caching() {
         get(addr, "/openapi/v3/apis/nope/v1").await.json()["reason"],
         "NotFound"
     );
-    assert_eq!(get(addr, "/openapi/v2").await.status, StatusCode::NOT_FOUND);
+    // OpenAPI v2: the same types as one Swagger 2.0 spec, for the gateway's merged /openapi/v2.
+    let v2 = get(addr, "/openapi/v2").await.json();
+    assert_eq!(v2["swagger"], "2.0");
+    assert!(v2["definitions"]["com.example.fixture.apps.v1.Deployment"].is_object());
+    assert_eq!(
+        v2["paths"]["/apis/apps/v1/namespaces/{namespace}/deployments/{name}"]["get"]["responses"]
+            ["200"]["schema"]["$ref"],
+        "#/definitions/com.example.fixture.apps.v1.Deployment"
+    );
 
     let off = start_core(&["--no-aggregated-discovery"]).await;
     let plain = call(

@@ -2,9 +2,10 @@
 //!
 //! The merged document starts from the core's spec. Each remote APIService then adds its
 //! backend's spec, highest group priority first:
-//! - **Filtered** to the paths under `/apis/<group>/`, plus the definitions those paths reach
-//!   (kube-openapi's `FilterSpecByPaths`), so a backend cannot add or shadow anybody else's
-//!   paths.
+//! - **Filtered** to the paths under `/apis/<group>/<version>/`, plus the definitions those
+//!   paths reach (kube-openapi's `FilterSpecByPaths`), so a backend cannot add or shadow anybody
+//!   else's paths, nor the versions of its group that no APIService names (kube-apiserver's own
+//!   merge, compared in the real-control-plane suite, leaves those out too).
 //! - **Merged** the way kube-openapi's `MergeSpecsIgnorePathConflict` does:
 //!   - a path the merged document already has is kept as it is;
 //!   - an identical definition is shared;
@@ -34,6 +35,7 @@ const SCHEMA_MAP: [&str; 3] = ["properties", "patternProperties", "definitions"]
 /// it is filtered and in which order it is merged.
 pub struct RemoteSpec<'a> {
     pub group: &'a str,
+    pub version: &'a str,
     pub group_priority_minimum: i32,
     pub version_priority: i32,
     /// The APIService name, the last tie-breaker of the merge order.
@@ -41,8 +43,8 @@ pub struct RemoteSpec<'a> {
     pub spec: &'a Value,
 }
 
-/// The merged `/openapi/v2` document: `core`, then each of `remotes` filtered to its group's
-/// paths and merged (see the module docs). Remotes are merged highest group priority first, then
+/// The merged `/openapi/v2` document: `core`, then each of `remotes` filtered to its
+/// group-version's paths and merged (see the module docs). Remotes are merged highest group priority first, then
 /// version priority, then name, as kube-aggregator sorts APIServices.
 pub fn aggregate(core: &Value, remotes: &[RemoteSpec<'_>]) -> Value {
     let mut merged = core.clone();
@@ -54,7 +56,8 @@ pub fn aggregate(core: &Value, remotes: &[RemoteSpec<'_>]) -> Value {
             .then_with(|| a.name.cmp(b.name))
     });
     for remote in order {
-        let filtered = filter_by_path_prefixes(remote.spec, &[format!("/apis/{}/", remote.group)]);
+        let prefix = format!("/apis/{}/{}/", remote.group, remote.version);
+        let filtered = filter_by_path_prefixes(remote.spec, &[prefix]);
         merge_ignoring_path_conflicts(&mut merged, filtered);
     }
     merged
@@ -327,6 +330,7 @@ mod tests {
                 "/apis/wardle.example.com/v1alpha1/flunders": get_list("wardle.v1alpha1.FlunderList"),
                 "/api/v1/pods": get_list("evil.PodList"),
                 "/version/": get_list("io.k8s.apimachinery.pkg.version.Info"),
+                "/apis/wardle.example.com/v1beta1/flunders": get_list("wardle.v1beta1.FlunderList"),
             },
             "definitions": {
                 "wardle.v1alpha1.FlunderList": {"type": "object", "properties": {
@@ -339,6 +343,7 @@ mod tests {
                 "io.k8s.apimachinery.pkg.version.Info": {"type": "object"},
                 "evil.PodList": {"type": "object"},
                 "unused.Thing": {"type": "object"},
+                "wardle.v1beta1.FlunderList": {"type": "object"},
             }
         })
     }
@@ -346,6 +351,7 @@ mod tests {
     fn remote(spec: &Value) -> RemoteSpec<'_> {
         RemoteSpec {
             group: "wardle.example.com",
+            version: "v1alpha1",
             group_priority_minimum: 1000,
             version_priority: 15,
             name: "v1alpha1.wardle.example.com",
@@ -360,6 +366,11 @@ mod tests {
         let paths = names(&merged, "paths");
         assert!(paths.contains("/apis/wardle.example.com/v1alpha1/flunders"));
         assert!(!paths.contains("/version/"), "outside its group");
+        assert!(
+            !paths.contains("/apis/wardle.example.com/v1beta1/flunders"),
+            "a version of its group that no APIService names"
+        );
+        assert!(!names(&merged, "definitions").contains("wardle.v1beta1.FlunderList"));
         let defs = names(&merged, "definitions");
         assert!(
             defs.contains("wardle.v1alpha1.Flunder"),
@@ -402,8 +413,9 @@ mod tests {
     fn higher_group_priority_merges_first_and_keeps_a_shared_path() {
         let first = json!({"paths": {"/apis/g.io/v1/things": get_list("A")}, "definitions": {"A": {"description": "first"}}});
         let second = json!({"paths": {"/apis/g.io/v1/things": get_list("A"), "/apis/g.io/v2/things": get_list("A")}, "definitions": {"A": {"description": "second"}}});
-        let spec = |spec, priority, name| RemoteSpec {
+        let spec = |spec, priority, name, version| RemoteSpec {
             group: "g.io",
+            version,
             group_priority_minimum: priority,
             version_priority: 1,
             name,
@@ -411,7 +423,11 @@ mod tests {
         };
         let merged = aggregate(
             &json!({"paths": {}, "definitions": {}}),
-            &[spec(&second, 100, "v2.g.io"), spec(&first, 2000, "v1.g.io")],
+            &[
+                spec(&second, 100, "v2.g.io", "v2"),
+                spec(&second, 100, "v1.g.io-second", "v1"),
+                spec(&first, 2000, "v1.g.io", "v1"),
+            ],
         );
         assert_eq!(merged["definitions"]["A"]["description"], "first");
         assert_eq!(merged["definitions"]["A_v2"]["description"], "second");

@@ -322,6 +322,7 @@ mod tests {
             classify("/openapi/v3/api/v1/"),
             Some(OpenApiDocument("api/v1"))
         );
+        assert_eq!(classify("/openapi/v2"), Some(OpenApiV2));
         for other in [
             "/api/v1",
             "/apis/apps/v1",
@@ -329,7 +330,7 @@ mod tests {
             "/apis//",
             "/apisx",
             "/apis//v1",
-            "/openapi/v2",
+            "/openapi/v2/x",
             "/openapi/v3x",
             "/version",
             "/",

@@ -69,6 +69,7 @@ pub struct OpenApiV2Controller {
 struct Contributor {
     name: String,
     group: String,
+    version: String,
     group_priority_minimum: i32,
     version_priority: i32,
     service: ServiceRef,
@@ -177,6 +178,7 @@ fn contributors(
         contributors.push(Contributor {
             name: api.name.clone(),
             group: api.group.clone(),
+            version: api.version.clone(),
             group_priority_minimum: api.group_priority_minimum,
             version_priority: api.version_priority,
             service: service.clone(),
@@ -250,6 +252,7 @@ fn build(
         .iter()
         .map(|(c, spec)| RemoteSpec {
             group: &c.group,
+            version: &c.version,
             group_priority_minimum: c.group_priority_minimum,
             version_priority: c.version_priority,
             name: &c.name,

@@ -211,3 +211,53 @@ pub async fn api_resources(real: &Real) {
     assert!(want.contains("flunders"), "{want}");
     assert_eq!(got, want, "kubectl api-resources through the gateway");
 }
+
+/// The merged `/openapi/v2` lists the paths and definitions kube-apiserver's lists. Here the core
+/// is kube-apiserver, whose own spec already holds sample-apiserver's (it aggregates the same
+/// APIService), so the gateway's merge must add nothing and lose nothing; both are compared once
+/// kube-apiserver's aggregator has settled (it adds a spec asynchronously).
+pub async fn openapi_v2(real: &Real) {
+    let keys = |v: &Value, field: &str| -> Vec<String> {
+        v[field]
+            .as_object()
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default()
+    };
+    let flunder = |v: &Value| {
+        keys(v, "definitions")
+            .into_iter()
+            .find(|k| k.ends_with(".Flunder"))
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    let (direct, through) = loop {
+        let ((ds, direct), (gs, through)) = real.both("/openapi/v2", "application/json").await;
+        assert_eq!((ds, gs), (StatusCode::OK, StatusCode::OK));
+        let both_list = flunder(&direct).is_some() && flunder(&through).is_some();
+        let same = keys(&direct, "paths") == keys(&through, "paths")
+            && keys(&direct, "definitions") == keys(&through, "definitions");
+        if (both_list && same) || std::time::Instant::now() >= deadline {
+            break (direct, through);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    };
+    for field in ["paths", "definitions"] {
+        let (want, got) = (keys(&direct, field), keys(&through, field));
+        let missing: Vec<&String> = want.iter().filter(|k| !got.contains(k)).collect();
+        let extra: Vec<&String> = got.iter().filter(|k| !want.contains(k)).collect();
+        eprintln!(
+            "/openapi/v2 {field}: kube-apiserver {}, gateway {}, missing {}, extra {}",
+            want.len(),
+            got.len(),
+            missing.len(),
+            extra.len()
+        );
+        assert!(
+            missing.is_empty() && extra.is_empty(),
+            "/openapi/v2 {field} through the gateway: missing {missing:?}, extra {extra:?}"
+        );
+    }
+    assert!(
+        flunder(&through).is_some(),
+        "no Flunder definition in the merged /openapi/v2"
+    );
+}

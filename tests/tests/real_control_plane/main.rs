@@ -117,6 +117,7 @@ async fn session_against_the_real_control_plane() {
                 "/apis/<group> and /apis/<group>/<version> equal kube-apiserver's" =>
                     discovery::group_documents,
                 "the /openapi/v3 root lists what kube-apiserver lists" => discovery::openapi_root,
+                "the merged /openapi/v2 lists what kube-apiserver's lists" => discovery::openapi_v2,
                 "/openapi/v2 protobuf encoded from kube-apiserver's JSON equals kube-apiserver's" =>
                     openapi_v2_proto::encode_equals_kube_apiserver,
                 "kubectl api-versions equals kube-apiserver's" => discovery::api_versions,
