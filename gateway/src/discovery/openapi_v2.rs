@@ -122,9 +122,10 @@ impl OpenApiV2Controller {
             let Some(core_spec) = core.spec.clone() else {
                 continue;
             };
-            if merged_from.as_ref() != Some(&contributors) {
-                reasons.push(("".into(), "update"));
-            }
+            reasons.extend(set_changes(
+                merged_from.as_deref().unwrap_or_default(),
+                &contributors,
+            ));
             if reasons.is_empty() {
                 continue;
             }
@@ -157,6 +158,26 @@ impl OpenApiV2Controller {
             }
         }
     }
+}
+
+/// How the contributing APIServices changed since the last merge, by name (the metric's
+/// `apiservice` label, as kube-aggregator counts them): added, removed, or re-ordered.
+fn set_changes(before: &[Contributor], now: &[Contributor]) -> Vec<(String, &'static str)> {
+    let mut changes = Vec::new();
+    for c in now {
+        match before.iter().find(|b| b.name == c.name) {
+            None => changes.push((c.name.clone(), "add")),
+            Some(b) if b != c => changes.push((c.name.clone(), "update")),
+            Some(_) => {}
+        }
+    }
+    for b in before
+        .iter()
+        .filter(|b| !now.iter().any(|c| c.name == b.name))
+    {
+        changes.push((b.name.clone(), "delete"));
+    }
+    changes
 }
 
 /// The remote APIServices of `table` that contribute a spec, and one backend per Service.
