@@ -133,3 +133,85 @@ async fn kubectl_explain_reads_the_remote_types_from_the_v2_spec() {
         s.logs()
     );
 }
+
+/// A GET of `path` through the gateway as `user`, JSON.
+async fn get_path(
+    s: &Scenario,
+    user: &CertifiedPair,
+    path: &str,
+) -> (StatusCode, http::HeaderMap, Bytes) {
+    let client = harness::http2_client(&s.gateway.ca_pem().unwrap(), Some(user)).unwrap();
+    let req = Request::get(format!("{}{path}", s.gateway.url()))
+        .header("accept", "application/json")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    harness::send(&client, req).await.unwrap()
+}
+
+/// A backend that answers 404 on `/openapi/v3` but serves `/openapi/v2` (servers from before
+/// OpenAPI v3) gets its spec converted: listed in the gateway's v3 root with a hash, served with
+/// handler3's caching rules, and `kubectl explain` (which reads v3) explains its kinds.
+#[tokio::test]
+async fn a_backend_with_only_openapi_v2_gets_kubectl_explain_through_v3() {
+    let s = Scenario::builder()
+        .backend("wardle", WARDLE_GROUP, "v1alpha1", &["--openapi-v2-only"])
+        .apiservice(WARDLE_GROUP, "v1alpha1", "wardle")
+        .start()
+        .await;
+    let alice = s.user("alice", &["dev"]);
+    let key = "apis/wardle.example.com/v1alpha1";
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let url = loop {
+        let (status, _, body) = get_path(&s, &alice, "/openapi/v3").await;
+        let root: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        if let (StatusCode::OK, Some(url)) =
+            (status, root["paths"][key]["serverRelativeURL"].as_str())
+        {
+            break Some(url.to_owned());
+        }
+        if tokio::time::Instant::now() > deadline {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        url.is_some(),
+        "/openapi/v3 never listed {key}\n{}",
+        s.logs()
+    );
+    let url = url.unwrap();
+    assert!(
+        url.starts_with(&format!("/openapi/v3/{key}?hash=")),
+        "{url}"
+    );
+
+    let (status, headers, body) = get_path(&s, &alice, &url).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["cache-control"], "public, immutable");
+    let doc: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(doc["openapi"], "3.0.0");
+    assert!(
+        doc["components"]["schemas"][FLUNDER]["x-kubernetes-group-version-kind"].is_array(),
+        "{doc}"
+    );
+    assert!(
+        !String::from_utf8_lossy(&body).contains("#/definitions/"),
+        "every reference points into components"
+    );
+    let (status, headers, _) = get_path(&s, &alice, &format!("/openapi/v3/{key}?hash=STALE")).await;
+    assert_eq!(status, StatusCode::MOVED_PERMANENTLY);
+    assert_eq!(headers["location"], url.as_str());
+
+    for version in [KubectlVersion::V1_27, KubectlVersion::V1_33] {
+        let kubectl = kubectl_as(&s.gateway, version, &alice);
+        let explained = kubectl.run(&["explain", "flunders.spec"]).await;
+        assert!(
+            explained.success()
+                && explained.stdout.contains("Flunder")
+                && explained.stdout.contains("FIELDS"),
+            "kubectl 1.{}: {explained}\n{}",
+            version.minor,
+            s.logs()
+        );
+    }
+}

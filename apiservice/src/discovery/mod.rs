@@ -20,6 +20,7 @@ pub mod negotiate;
 pub mod openapi;
 pub mod openapi_v2;
 pub mod openapi_v2_proto;
+pub mod openapi_v2_to_v3;
 mod render;
 
 pub use legacy::{from_legacy, from_legacy_core};

@@ -18,9 +18,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::APIResourceList;
 use kube::core::discovery::v2::{APIGroupDiscoveryList, APIResourceDiscovery};
 
 use super::fetch::{
-    is_aggregated_content_type, FetchError, RootDocument, Source, ACCEPT_AGGREGATED,
+    is_aggregated_content_type, FetchError, RootDocument, RootFetch, Source, ACCEPT_AGGREGATED,
     DISCOVERY_TIMEOUT,
 };
+use super::openapi_converted::{fetch_converted, ConvertedSpecs, V2Fetch};
 use crate::backend::remote::RemoteBackend;
 
 /// What one fetch of a backend's discovery produced.
@@ -132,6 +133,8 @@ pub struct ServiceEntry {
     pub etag: Option<String>,
     pub doc: Option<Arc<APIGroupDiscoveryList>>,
     pub openapi: RootDocument,
+    /// The documents served for its group-versions while it has no `/openapi/v3`.
+    pub converted: ConvertedSpecs,
     /// The last discovery error, logged once per change.
     pub last_error: Option<String>,
 }
@@ -156,16 +159,42 @@ impl ServiceEntry {
         )
     }
 
-    /// The next OpenAPI v3 root fetch, revalidating a root it holds.
+    /// The next OpenAPI v3 root fetch, revalidating a root it holds; after a 404 it goes on
+    /// to the v2 spec, converted for the Service's group-versions (`openapi_converted`).
     pub fn openapi_fetch(
         &self,
-    ) -> Option<
-        impl std::future::Future<Output = Result<super::fetch::RootFetch, FetchError>> + Send + 'static,
-    > {
+    ) -> Option<impl std::future::Future<Output = Result<RemoteOpenApi, FetchError>> + Send + 'static>
+    {
         let source = Source::Remote(self.backend.clone()?);
         let etag = self.openapi.etag().map(str::to_owned);
-        Some(async move { super::fetch::fetch_root(&source, etag.as_deref()).await })
+        let group_versions: Vec<GroupVersion> = self
+            .apiservices
+            .iter()
+            .map(|(a, _)| a.group_version())
+            .collect();
+        let v2_etag = self
+            .converted
+            .covers(&group_versions)
+            .then(|| self.converted.v2_etag.clone())
+            .flatten();
+        Some(async move {
+            let root = super::fetch::fetch_root(&source, etag.as_deref()).await?;
+            let converted = match root {
+                RootFetch::Absent => {
+                    Some(fetch_converted(&source, v2_etag.as_deref(), group_versions).await?)
+                }
+                _ => None,
+            };
+            Ok(RemoteOpenApi { root, converted })
+        })
     }
+}
+
+/// One fetch of a remote Service's OpenAPI: its v3 root, and the v2 fallback after a 404.
+pub struct RemoteOpenApi {
+    pub root: RootFetch,
+    /// `Some` only when the root was absent.
+    pub converted: Option<V2Fetch>,
 }
 
 #[cfg(test)]

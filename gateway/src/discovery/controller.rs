@@ -31,11 +31,12 @@ use apiservice::model::{RegisteredAPIService, ServiceRef};
 use futures::FutureExt;
 use tracing::Instrument;
 
-use super::backends::{remote_discovery, BackendDiscovery, ServiceEntry};
+use super::backends::{remote_discovery, BackendDiscovery, RemoteOpenApi, ServiceEntry};
 use super::core::{CoreDocuments, CoreState, Refreshed};
 use super::core_watch::{unlisted, CoreWatchers, ListingRetry};
 use super::fetch::{fetch_root, FetchError, RootDocument, RootFetch, Source};
 use super::openapi::{openapi_inputs, root_key, RemoteRoot};
+use super::openapi_converted::{ConvertedSpecs, V2Fetch};
 use super::readiness::DiscoveryReadiness;
 use super::{DiscoveryCache, OpenApiOwner};
 use crate::backend::core::CoreBackend;
@@ -84,7 +85,7 @@ pub enum Outcome {
     Core(Box<CoreDocuments>, Refreshed),
     CoreOpenApi(Result<RootFetch, FetchError>),
     Discovery(Result<BackendDiscovery, FetchError>),
-    OpenApi(Result<RootFetch, FetchError>),
+    OpenApi(Result<RemoteOpenApi, FetchError>),
 }
 
 /// kube-aggregator's discovery backoff for backends (500 ms → 1 min); the core is retried
@@ -513,29 +514,49 @@ fn apply_core_openapi(state: &mut State, fetch: Result<RootFetch, FetchError>) -
     }
 }
 
-/// Takes in one OpenAPI v3 root fetch of `svc`.
+/// Takes in one OpenAPI fetch of `svc`: its v3 root, or the v2 spec converted in its place.
 fn apply_openapi(
     state: &mut State,
     svc: &ServiceRef,
-    fetch: Result<RootFetch, FetchError>,
+    fetch: Result<RemoteOpenApi, FetchError>,
 ) -> Option<bool> {
     let entry = state.services.get_mut(svc)?;
     match fetch {
-        Ok(fetch) => {
-            let absent = matches!(fetch, RootFetch::Absent);
+        Ok(RemoteOpenApi { root, converted }) => {
+            let absent = matches!(root, RootFetch::Absent);
             let had_root = entry.openapi.root().is_some();
-            if entry.openapi.apply(fetch) {
-                if absent {
-                    tracing::info!(apiservice = %backend_name(entry, svc),
-                        "backend has no /openapi/v3; it contributes no OpenAPI v3 paths");
-                }
+            if entry.openapi.apply(root) {
                 state.openapi_dirty |= had_root || !absent;
+            }
+            let next = match converted {
+                Some(V2Fetch::NotModified) => None,
+                Some(V2Fetch::Converted(specs)) => Some(specs),
+                // A v3 root, or neither v3 nor v2: nothing converted to serve.
+                Some(V2Fetch::Absent) | None => Some(ConvertedSpecs::default()),
+            };
+            if let Some(next) = next.filter(|next| *next != entry.converted) {
+                let apiservice = backend_name(entry, svc);
+                match (
+                    entry.converted.documents.is_empty(),
+                    next.documents.is_empty(),
+                ) {
+                    (true, false) => tracing::info!(%apiservice,
+                        "backend has no /openapi/v3; serving its /openapi/v2 converted to v3"),
+                    (false, true) => tracing::info!(%apiservice,
+                        "no longer serving a converted OpenAPI v3 document for the backend"),
+                    _ => tracing::debug!(%apiservice, "converted OpenAPI v3 documents updated"),
+                }
+                entry.converted = next;
+                state.openapi_dirty = true;
+            } else if absent && entry.converted.documents.is_empty() {
+                tracing::debug!(apiservice = %backend_name(entry, svc),
+                    "backend has neither /openapi/v3 nor /openapi/v2; it contributes no OpenAPI v3 paths");
             }
             Some(true)
         }
         Err(e) => {
             tracing::debug!(apiservice = %backend_name(entry, svc), error = %e,
-                "cannot fetch the backend's OpenAPI v3 root; keeping the last one");
+                "cannot fetch the backend's OpenAPI; keeping the last documents");
             Some(false)
         }
     }
@@ -585,15 +606,24 @@ fn publish(cache: &DiscoveryCache, metrics: &Metrics, state: &mut State) {
                     // A claimed path without a usable backend: not listed, never the core's.
                     _ => OpenApiOwner::Core,
                 };
-                let root = match owner {
-                    OpenApiOwner::Remote(_) => {
-                        state.services.get(svc).and_then(|e| e.openapi.root())
+                let key = root_key(&route.api_service.group_version());
+                let entry = state.services.get(svc);
+                let (owner, root) = match (owner, entry) {
+                    (OpenApiOwner::Remote(b), Some(e)) => {
+                        match (e.openapi.root(), e.converted.documents.get(&key)) {
+                            (Some(root), _) => (OpenApiOwner::Remote(b), Some(root)),
+                            // No v3 root: its v2 spec converted, if it has one.
+                            (None, Some(doc)) => {
+                                (OpenApiOwner::Converted(doc.clone()), Some(&doc.root))
+                            }
+                            (None, None) => (OpenApiOwner::Remote(b), None),
+                        }
                     }
-                    OpenApiOwner::Core => None,
+                    (owner, _) => (owner, None),
                 };
                 Some(RemoteRoot {
                     owner,
-                    key: root_key(&route.api_service.group_version()),
+                    key,
                     name: route.api_service.name.as_str(),
                     group_priority_minimum: route.api_service.group_priority_minimum,
                     version_priority: route.api_service.version_priority,

@@ -54,6 +54,8 @@ pub enum FetchError {
         #[source]
         source: serde_json::Error,
     },
+    #[error("GET {path}: converting the OpenAPI v2 spec to v3: {message}")]
+    Convert { path: String, message: String },
 }
 
 /// Whether a response `Content-Type` announces an aggregated discovery list (v2 or v2beta1).

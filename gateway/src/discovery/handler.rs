@@ -285,6 +285,9 @@ impl DiscoveryCache {
                             .map_or_else(|| req.uri().path().to_owned(), |pq| pq.to_string()),
                         headers: headers.clone(),
                     },
+                    Some(OpenApiOwner::Converted(doc)) => {
+                        Action::Respond(doc.respond(headers, req.uri().query()))
+                    }
                     None => Action::Respond(openapi_not_found(key)),
                 }
             }

@@ -16,6 +16,7 @@
 //!   anything it does not answer falls through to the router (`None`).
 //! * [`openapi`]: the OpenAPI v3 pieces: which backend owns which `/openapi/v3/<path>`, and the
 //!   pass-through for group-version documents of remote backends.
+//! * [`openapi_converted`]: OpenAPI v3 documents for remote backends that serve only v2.
 //! * [`openapi_v2`]: the merged `/openapi/v2` (JSON and protobuf), kept by a loop of its own.
 //!
 //! Until the first merge completed (the core was never reached) the handlers answer nothing and
@@ -29,6 +30,7 @@ pub mod core_watch;
 pub mod fetch;
 pub mod handler;
 pub mod openapi;
+pub mod openapi_converted;
 pub mod openapi_v2;
 pub mod readiness;
 
@@ -66,6 +68,8 @@ pub enum OpenApiOwner {
     Core,
     /// A remote APIService's backend, reached with the gateway's own credentials.
     Remote(Arc<RemoteBackend>),
+    /// The gateway itself, from a v2-only backend's spec converted to v3.
+    Converted(Arc<openapi_converted::ConvertedDocument>),
 }
 
 /// The merged `/openapi/v3` root plus the owner of each path.

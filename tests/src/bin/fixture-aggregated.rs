@@ -31,9 +31,12 @@ struct Args {
     /// No aggregated discovery: /apis is always the legacy APIGroupList.
     #[arg(long)]
     legacy_only: bool,
-    /// Answer 404 on /openapi/v3.
+    /// Answer 404 on /openapi/v3 and /openapi/v2.
     #[arg(long)]
     no_openapi: bool,
+    /// Answer 404 on /openapi/v3 but serve /openapi/v2, like servers from before OpenAPI v3.
+    #[arg(long)]
+    openapi_v2_only: bool,
     /// Answer every Nth GET /apis/<group>/<version> (the availability probe) with a 500.
     #[arg(long)]
     fail_every_nth_group_version: Option<u64>,
@@ -89,6 +92,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         !args.no_openapi,
         request_header,
     );
+    config.openapi_v3 = !args.openapi_v2_only;
     config.fail_every_nth_group_version = args.fail_every_nth_group_version;
     config.http2_max_concurrent_streams = args.http2_max_streams_per_connection;
     config.discovery_delay = std::time::Duration::from_millis(args.discovery_delay_ms);

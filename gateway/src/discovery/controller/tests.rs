@@ -143,7 +143,14 @@ fn a_backend_answering_304_changes_nothing() {
         Ok(BackendDiscovery::NotModified),
     );
     assert_eq!(ok, Some(true));
-    let ok = apply_openapi(&mut state, &wardle_service(), Ok(RootFetch::NotModified));
+    let ok = apply_openapi(
+        &mut state,
+        &wardle_service(),
+        Ok(RemoteOpenApi {
+            root: RootFetch::NotModified,
+            converted: None,
+        }),
+    );
     assert_eq!(ok, Some(true));
     assert!(!state.discovery_dirty, "a 304 must not rebuild discovery");
     assert!(!state.openapi_dirty);
@@ -151,6 +158,61 @@ fn a_backend_answering_304_changes_nothing() {
     let entry = &state.services[&wardle_service()];
     assert!(entry.doc.as_ref().is_some_and(|d| Arc::ptr_eq(d, &cached)));
     assert_eq!(entry.etag.as_deref(), Some("\"E1\""));
+}
+
+#[test]
+fn a_backend_without_openapi_v3_serves_its_v2_converted_until_it_has_a_root() {
+    let api = wardle_apiservice("v1alpha1");
+    let mut state = state_with_wardle(&api, "127.0.0.1:9".parse().unwrap());
+    let key = "apis/wardle.example.com/v1alpha1".to_owned();
+    let converted = |etag: &str| {
+        let mut root = apiservice::discovery::OpenApiRoot::default();
+        root.paths.insert(key.clone(), Default::default());
+        let doc = crate::discovery::openapi_converted::ConvertedDocument {
+            key: key.clone(),
+            json: bytes::Bytes::from_static(b"{}"),
+            etag: etag.to_owned(),
+            root,
+        };
+        ConvertedSpecs {
+            v2_etag: Some(etag.to_owned()),
+            documents: [(key.clone(), Arc::new(doc))].into(),
+        }
+    };
+    let mut fetch = |root, converted| {
+        state.openapi_dirty = false;
+        apply_openapi(
+            &mut state,
+            &wardle_service(),
+            Ok(RemoteOpenApi { root, converted }),
+        );
+        let entry = &state.services[&wardle_service()];
+        (state.openapi_dirty, entry.converted.documents.len())
+    };
+    // 404 on /openapi/v3, a v2 spec: one converted document, and a new root to publish.
+    assert_eq!(
+        fetch(
+            RootFetch::Absent,
+            Some(V2Fetch::Converted(converted("\"A\"")))
+        ),
+        (true, 1)
+    );
+    // The v2 spec revalidated with a 304: nothing to rebuild.
+    assert_eq!(
+        fetch(RootFetch::Absent, Some(V2Fetch::NotModified)),
+        (false, 1)
+    );
+    // The same document converted again (say after an APIService edit): nothing either.
+    assert_eq!(
+        fetch(
+            RootFetch::Absent,
+            Some(V2Fetch::Converted(converted("\"A\"")))
+        ),
+        (false, 1)
+    );
+    // The backend gained /openapi/v3: its own root replaces the conversion.
+    let root = RootFetch::Root(Default::default(), Some("\"R\"".into()));
+    assert_eq!(fetch(root, None), (true, 0));
 }
 
 #[test]
