@@ -82,6 +82,27 @@ async fn the_merged_spec_has_the_core_and_the_remote_types_in_json_and_protobuf(
     let (status, _, _) = get(&s, &alice, PROTOBUF, Some(&proto_etag)).await;
     assert_eq!(status, StatusCode::NOT_MODIFIED);
 
+    // Compressed when the client accepts it (Go's transport always asks), same document.
+    let client = harness::http2_client(&s.gateway.ca_pem().unwrap(), Some(&alice)).unwrap();
+    let req = Request::get(format!("{}/openapi/v2", s.gateway.url()))
+        .header("accept", PROTOBUF)
+        .header("accept-encoding", "gzip")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (status, headers, gzipped) = harness::send(&client, req).await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["content-encoding"], "gzip");
+    assert!(
+        gzipped.len() < proto.len() / 2,
+        "{} of {}",
+        gzipped.len(),
+        proto.len()
+    );
+    let mut plain = Vec::new();
+    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gzipped[..]), &mut plain)
+        .unwrap();
+    assert_eq!(plain, proto);
+
     let metrics = e2e::scenario::metrics(&s.gateway).await;
     assert!(
         metrics.contains(

@@ -32,54 +32,82 @@ const SCHEMA_LIST: [&str; 3] = ["allOf", "anyOf", "oneOf"];
 const SCHEMA_MAP: [&str; 3] = ["properties", "patternProperties", "definitions"];
 
 /// One remote APIService's spec for [`aggregate`]: its group and group priority decide where
-/// it is filtered and in which order it is merged.
-pub struct RemoteSpec<'a> {
+/// it is filtered and in which order it is merged. `S` is the spec, or what it is loaded from
+/// ([`aggregate_loading`]).
+pub struct RemoteSpec<'a, S = &'a Value> {
     pub group: &'a str,
     pub version: &'a str,
     pub group_priority_minimum: i32,
     pub version_priority: i32,
     /// The APIService name, the last tie-breaker of the merge order.
     pub name: &'a str,
-    pub spec: &'a Value,
+    pub spec: S,
 }
 
 /// The merged `/openapi/v2` document: `core`, then each of `remotes` filtered to its
-/// group-version's paths and merged (see the module docs). Remotes are merged highest group priority first, then
-/// version priority, then name, as kube-aggregator sorts APIServices.
+/// group-version's paths and merged (see the module docs). Remotes are merged highest group
+/// priority first, then version priority, then name, as kube-aggregator sorts APIServices.
 pub fn aggregate(core: &Value, remotes: &[RemoteSpec<'_>]) -> Value {
-    let mut merged = core.clone();
-    let mut order: Vec<&RemoteSpec<'_>> = remotes.iter().collect();
-    order.sort_by(|a, b| {
+    let remotes = remotes
+        .iter()
+        .map(|r| RemoteSpec { spec: r.spec, ..*r })
+        .collect();
+    aggregate_loading(core.clone(), remotes, |spec| Some((*spec).clone()))
+}
+
+/// [`aggregate`] for specs kept in another form (the bytes a backend sent): each is loaded
+/// when its turn comes and dropped once merged, so only one remote spec is parsed at a time.
+/// A spec `load` gives nothing for is left out.
+pub fn aggregate_loading<S>(
+    mut merged: Value,
+    mut remotes: Vec<RemoteSpec<'_, S>>,
+    mut load: impl FnMut(&S) -> Option<Value>,
+) -> Value {
+    remotes.sort_by(|a, b| {
         b.group_priority_minimum
             .cmp(&a.group_priority_minimum)
             .then_with(|| b.version_priority.cmp(&a.version_priority))
             .then_with(|| a.name.cmp(b.name))
     });
-    for remote in order {
+    for remote in &remotes {
+        let Some(spec) = load(&remote.spec) else {
+            continue;
+        };
         let prefix = format!("/apis/{}/{}/", remote.group, remote.version);
-        let filtered = filter_by_path_prefixes(remote.spec, &[prefix]);
+        let filtered = filter_owned(spec, &[prefix]);
         merge_ignoring_path_conflicts(&mut merged, filtered);
     }
     merged
 }
 
+impl<S: Copy> Clone for RemoteSpec<'_, S> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<S: Copy> Copy for RemoteSpec<'_, S> {}
+
 /// `spec` with only the paths starting with one of `prefixes`, and only the definitions they
 /// reach (kube-openapi's `FilterSpecByPaths`).
 pub fn filter_by_path_prefixes(spec: &Value, prefixes: &[String]) -> Value {
-    let mut filtered = spec.clone();
-    let Some(root) = filtered.as_object_mut() else {
-        return filtered;
+    filter_owned(spec.clone(), prefixes)
+}
+
+/// [`filter_by_path_prefixes`] in place.
+pub(crate) fn filter_owned(mut spec: Value, prefixes: &[String]) -> Value {
+    let Some(root) = spec.as_object_mut() else {
+        return spec;
     };
     if let Some(Value::Object(paths)) = root.get_mut("paths") {
         paths.retain(|path, _| {
             path.starts_with("x-") || prefixes.iter().any(|p| path.starts_with(p.as_str()))
         });
     }
-    let used = reachable_definitions(&filtered);
-    if let Some(Value::Object(definitions)) = filtered.get_mut("definitions") {
+    let used = reachable_definitions(&spec);
+    if let Some(Value::Object(definitions)) = spec.get_mut("definitions") {
         definitions.retain(|name, _| used.contains(name));
     }
-    filtered
+    spec
 }
 
 /// Adds `source`'s paths and definitions to `dest` (kube-openapi's
@@ -95,7 +123,7 @@ pub fn merge_ignoring_path_conflicts(dest: &mut Value, mut source: Value) {
         return;
     }
     // Only what the new paths need comes along.
-    source = filter_by_path_prefixes(&source, &new_paths);
+    source = filter_owned(source, &new_paths);
     retain_exact_paths(&mut source, &new_paths);
 
     let dest_definitions = object(dest, "definitions").cloned().unwrap_or_default();

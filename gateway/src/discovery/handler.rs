@@ -149,13 +149,63 @@ async fn act(action: Action) -> Option<Response> {
             path_and_query,
             headers,
         } => Some(pass_through(backend, path_and_query, headers).await),
+        Action::OpenApiV2 {
+            doc,
+            protobuf,
+            gzip,
+            headers,
+        } => {
+            let (content_type, encoded) = if protobuf {
+                (super::openapi_v2::CONTENT_TYPE_PROTOBUF, &doc.protobuf)
+            } else {
+                (CONTENT_TYPE_JSON, &doc.json)
+            };
+            let mut resp = prepared(&headers, content_type, &encoded.bytes, &encoded.etag, true);
+            resp.headers_mut().insert(
+                header::VARY,
+                HeaderValue::from_static("Accept, Accept-Encoding"),
+            );
+            if gzip && resp.status() == StatusCode::OK {
+                *resp.body_mut() = body::full(encoded.gzip().await);
+                resp.headers_mut()
+                    .insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+            }
+            Some(resp)
+        }
     }
+}
+
+/// Whether `Accept-Encoding` allows gzip (`gzip` or `*`, without `q=0`).
+fn accepts_gzip(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|coding| {
+            let mut parts = coding.split(';');
+            let name = parts.next().unwrap_or_default().trim();
+            let refused = parts.any(|p| {
+                p.trim()
+                    .strip_prefix("q=")
+                    .and_then(|q| q.trim().parse::<f32>().ok())
+                    .is_some_and(|q| q <= 0.0)
+            });
+            (name.eq_ignore_ascii_case("gzip") || name == "*") && !refused
+        })
 }
 
 /// What to do with a request, decided synchronously so the returned future holds no reference
 /// to the request (its body is not `Sync`).
 enum Action {
     FallThrough,
+    /// `/openapi/v2` in the negotiated form; async because the gzip form is made on demand.
+    OpenApiV2 {
+        doc: Arc<super::openapi_v2::OpenApiV2>,
+        protobuf: bool,
+        gzip: bool,
+        headers: HeaderMap,
+    },
     Respond(Response),
     PassThrough {
         backend: Arc<crate::backend::remote::RemoteBackend>,
@@ -244,22 +294,14 @@ impl DiscoveryCache {
             }
             DiscoveryPath::OpenApiV2 => match self.openapi_v2.load_full() {
                 None => Action::FallThrough,
-                Some(doc) => {
-                    let protobuf = accept.is_some_and(|a| {
+                Some(doc) => Action::OpenApiV2 {
+                    doc,
+                    protobuf: accept.is_some_and(|a| {
                         a.contains("application/com.github.proto-openapi.spec.v2")
-                    });
-                    Action::Respond(if protobuf {
-                        prepared(
-                            headers,
-                            super::openapi_v2::CONTENT_TYPE_PROTOBUF,
-                            &doc.protobuf,
-                            &doc.protobuf_etag,
-                            true,
-                        )
-                    } else {
-                        prepared(headers, CONTENT_TYPE_JSON, &doc.json, &doc.json_etag, true)
-                    })
-                }
+                    }),
+                    gzip: accepts_gzip(headers),
+                    headers: headers.clone(),
+                },
             },
             DiscoveryPath::OpenApiRoot => match self.openapi.load_full() {
                 None => Action::FallThrough,
@@ -305,6 +347,17 @@ mod tests {
     const AGG: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json";
     const AGG_129: &str =
         "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json";
+
+    #[test]
+    fn gzip_is_accepted_unless_refused() {
+        let h = |v: &str| crate::test_util::headers(&[("accept-encoding", v)]);
+        assert!(accepts_gzip(&h("gzip")));
+        assert!(accepts_gzip(&h("br, GZIP;q=0.5")));
+        assert!(accepts_gzip(&h("*")));
+        assert!(!accepts_gzip(&h("gzip;q=0")));
+        assert!(!accepts_gzip(&h("identity, br")));
+        assert!(!accepts_gzip(&crate::test_util::headers(&[])));
+    }
 
     #[test]
     fn paths_with_and_without_trailing_slash() {

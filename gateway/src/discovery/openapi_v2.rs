@@ -4,25 +4,33 @@
 //! kube-aggregator's users pay for this in CPU and memory (kubernetes#105932, #101755): it
 //! re-merges large specs often. Here one loop owns it ([`OpenApiV2Controller`]):
 //! - each spec is revalidated with its ETag every [`REFRESH`], and at once when the routes
-//!   change; a 304 costs nothing;
-//! - the merge (`apiservice::discovery::openapi_v2`) and the encodings run only when a
-//!   contributing spec or the APIService set changed, on a blocking thread, off the request path;
-//! - requests read prepared bytes ([`OpenApiV2`]) and answer `If-None-Match` with 304.
+//!   change, several backends at a time; a 304 costs nothing;
+//! - a spec is kept as the bytes the backend sent, not as a parsed tree (which takes several
+//!   times the memory): the merge (`apiservice::discovery::openapi_v2`) parses one remote spec
+//!   at a time and drops it once merged;
+//! - the merge and the encodings run only when a contributing spec or the APIService set
+//!   changed, on a blocking thread, off the request path;
+//! - requests read prepared bytes ([`OpenApiV2`]) and answer `If-None-Match` with 304. The gzip
+//!   form is made on the first request that accepts it (client-go's transport always does),
+//!   once per merged document, so a merge nobody downloads compressed costs no compression.
 //!
 //! A backend that fails keeps its last spec; one that never answered is left out. Until the
 //! core's spec has been fetched once nothing is published, and `/openapi/v2` goes to the core as
 //! before.
 
 use std::collections::HashMap;
+use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use apiservice::discovery::openapi_v2::{aggregate, RemoteSpec};
+use apiservice::discovery::openapi_v2::{aggregate_loading, RemoteSpec};
 use apiservice::discovery::{etag_for, openapi_v2_proto};
 use apiservice::model::ServiceRef;
 use bytes::Bytes;
+use futures::StreamExt;
 use http::StatusCode;
 use serde_json::Value;
+use tokio::sync::OnceCell;
 
 use super::fetch::{Source, OPENAPI_TIMEOUT};
 use super::DiscoveryCache;
@@ -38,19 +46,65 @@ pub const REFRESH: Duration = Duration::from_secs(60);
 pub const CONTENT_TYPE_PROTOBUF: &str =
     "application/com.github.proto-openapi.spec.v2.v1.0+protobuf";
 const PATH: &str = "/openapi/v2";
+/// How many backends are revalidated at once: a slow one holds back only its own slot.
+const CONCURRENT_FETCHES: usize = 8;
 
 /// The merged spec as served.
 pub struct OpenApiV2 {
-    pub json: Bytes,
-    pub json_etag: String,
-    pub protobuf: Bytes,
-    pub protobuf_etag: String,
+    pub json: Encoded,
+    pub protobuf: Encoded,
+}
+
+/// One representation of the merged spec: its bytes, ETag, and gzip form once asked for.
+pub struct Encoded {
+    pub bytes: Bytes,
+    pub etag: String,
+    gzip: OnceCell<Bytes>,
+}
+
+impl Encoded {
+    fn new(bytes: Bytes) -> Self {
+        Self {
+            etag: etag_for(&bytes),
+            bytes,
+            gzip: OnceCell::new(),
+        }
+    }
+
+    /// The gzip form, compressed on a blocking thread by the first caller; callers arriving
+    /// meanwhile wait for that one compression instead of starting their own.
+    pub async fn gzip(&self) -> Bytes {
+        self.gzip
+            .get_or_init(|| {
+                let bytes = self.bytes.clone();
+                async move {
+                    tokio::task::spawn_blocking(move || gzip(&bytes))
+                        .await
+                        .unwrap_or_default()
+                }
+            })
+            .await
+            .clone()
+    }
+}
+
+/// The fastest gzip level: the documents are large and JSON compresses well at any level;
+/// a request should not wait seconds for the last few percent.
+fn gzip(bytes: &[u8]) -> Bytes {
+    let mut encoder = flate2::write::GzEncoder::new(
+        Vec::with_capacity(bytes.len() / 8),
+        flate2::Compression::fast(),
+    );
+    // Writing into a Vec cannot fail.
+    let _ = encoder.write_all(bytes);
+    Bytes::from(encoder.finish().unwrap_or_default())
 }
 
 /// What one server last said at `/openapi/v2`.
 #[derive(Default)]
 struct SpecState {
-    spec: Option<Arc<Value>>,
+    /// The body as received (a JSON object).
+    spec: Option<Bytes>,
     etag: Option<String>,
     /// The last failure, to log changes only.
     error: Option<String>,
@@ -106,19 +160,44 @@ impl OpenApiV2Controller {
             };
             let (contributors, backends) = contributors(&table);
             let mut reasons: Vec<(String, &'static str)> = Vec::new();
-            if let Some(reason) = refresh(&Source::Core(self.core.clone()), &mut core, "core").await
-            {
-                reasons.push(("core".into(), reason));
-            }
             remotes.retain(|svc, _| backends.contains_key(svc));
+            // Every server at once (a few at a time): the core as one of them.
+            let mut fetches: Vec<(Option<ServiceRef>, Source, String, SpecState)> = vec![(
+                None,
+                Source::Core(self.core.clone()),
+                "core".into(),
+                std::mem::take(&mut core),
+            )];
             for (svc, backend) in &backends {
-                let state = remotes.entry(svc.clone()).or_default();
+                let state = remotes.remove(svc).unwrap_or_default();
                 let name = backend.name.to_string();
-                if let Some(reason) = refresh(&Source::Remote(backend.clone()), state, &name).await
-                {
+                fetches.push((
+                    Some(svc.clone()),
+                    Source::Remote(backend.clone()),
+                    name,
+                    state,
+                ));
+            }
+            let mut done = futures::stream::iter(fetches)
+                .map(|(svc, source, name, mut state)| async move {
+                    let reason = refresh(&source, &mut state, &name).await;
+                    (svc, name, state, reason)
+                })
+                .buffer_unordered(CONCURRENT_FETCHES);
+            while let Some((svc, name, state, reason)) = done.next().await {
+                if let Some(reason) = reason {
                     reasons.push((name, reason));
                 }
+                match svc {
+                    Some(svc) => {
+                        remotes.insert(svc, state);
+                    }
+                    None => core = state,
+                }
             }
+            drop(done);
+            // The order the fetches finished in is not the metric's business.
+            reasons.sort();
             let Some(core_spec) = core.spec.clone() else {
                 continue;
             };
@@ -129,7 +208,7 @@ impl OpenApiV2Controller {
             if reasons.is_empty() {
                 continue;
             }
-            let specs: Vec<(Contributor, Arc<Value>)> = contributors
+            let specs: Vec<(Contributor, Bytes)> = contributors
                 .iter()
                 .filter_map(|c| Some((c.clone(), remotes.get(&c.service)?.spec.clone()?)))
                 .collect();
@@ -225,18 +304,17 @@ async fn refresh(source: &Source, state: &mut SpecState, name: &str) -> Option<&
     let outcome = match fetched {
         Ok(answer) if answer.status == StatusCode::NOT_MODIFIED && state.spec.is_some() => Ok(None),
         Ok(answer) if answer.status == StatusCode::OK => {
-            match serde_json::from_slice::<Value>(&answer.body) {
-                Ok(spec) if spec.is_object() => {
-                    let reason = match &state.spec {
-                        None => Some("add"),
-                        Some(old) if **old != spec => Some("update"),
-                        Some(_) => None,
-                    };
-                    state.spec = Some(Arc::new(spec));
-                    state.etag = answer.etag();
-                    Ok(reason)
-                }
-                _ => Err(format!("GET {PATH}: the body is not a JSON object")),
+            if is_json_object(&answer.body) {
+                let reason = match &state.spec {
+                    None => Some("add"),
+                    Some(old) if *old != answer.body => Some("update"),
+                    Some(_) => None,
+                };
+                state.etag = answer.etag();
+                state.spec = Some(answer.body);
+                Ok(reason)
+            } else {
+                Err(format!("GET {PATH}: the body is not a JSON object"))
             }
         }
         Ok(answer) if answer.status == StatusCode::NOT_FOUND => {
@@ -264,12 +342,18 @@ async fn refresh(source: &Source, state: &mut SpecState, name: &str) -> Option<&
     }
 }
 
-/// The merged document in both forms.
+/// Whether `body` is one JSON object, checked without building it.
+fn is_json_object(body: &[u8]) -> bool {
+    body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{')
+        && serde_json::from_slice::<serde::de::IgnoredAny>(body).is_ok()
+}
+
+/// The merged document in both forms. Specs are parsed here, one remote at a time.
 fn build(
-    core: &Value,
-    specs: &[(Contributor, Arc<Value>)],
+    core: &[u8],
+    specs: &[(Contributor, Bytes)],
 ) -> Result<OpenApiV2, openapi_v2_proto::EncodeError> {
-    let remotes: Vec<RemoteSpec<'_>> = specs
+    let remotes: Vec<RemoteSpec<'_, &Bytes>> = specs
         .iter()
         .map(|(c, spec)| RemoteSpec {
             group: &c.group,
@@ -280,13 +364,41 @@ fn build(
             spec,
         })
         .collect();
-    let merged = aggregate(core, &remotes);
+    // Both were checked to be JSON objects when fetched.
+    let core: Value = serde_json::from_slice(core).unwrap_or_default();
+    let merged = aggregate_loading(core, remotes, |spec| serde_json::from_slice(spec).ok());
     let json = Bytes::from(serde_json::to_vec(&merged).unwrap_or_default());
     let protobuf = openapi_v2_proto::encode(&merged)?;
     Ok(OpenApiV2 {
-        json_etag: etag_for(&json),
-        protobuf_etag: etag_for(&protobuf),
-        json,
-        protobuf,
+        json: Encoded::new(json),
+        protobuf: Encoded::new(protobuf),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    #[test]
+    fn only_json_objects_count_as_specs() {
+        assert!(is_json_object(b" {\"swagger\": \"2.0\"}"));
+        assert!(!is_json_object(b"[]"));
+        assert!(!is_json_object(b"{\"swagger\": "));
+        assert!(!is_json_object(b"<html>"));
+    }
+
+    #[tokio::test]
+    async fn the_gzip_form_is_made_once_and_decodes_to_the_document() {
+        let doc = Encoded::new(Bytes::from(vec![b'x'; 100_000]));
+        let first = doc.gzip().await;
+        assert!(first.len() < 1_000, "{}", first.len());
+        let again = doc.gzip().await;
+        assert_eq!(first.as_ptr(), again.as_ptr(), "compressed once");
+        let mut plain = Vec::new();
+        flate2::read::GzDecoder::new(&first[..])
+            .read_to_end(&mut plain)
+            .unwrap();
+        assert_eq!(plain, doc.bytes);
+    }
 }
