@@ -617,7 +617,7 @@ fn section_markdown(
              path took 2.5 times the instructions per request); with {CALLGRIND_CONNECTIONS} \
              each proxy handles fewer requests per wake-up than at full speed, all three alike. The gateway's figure also \
              has its background work in those seconds (the remote APIService's availability \
-             check every second, discovery), a small share over thousands of requests"
+             check every second, discovery), not separated out"
         ),
         Counting::Unavailable(why) => format!("n/a: {why}"),
     };
