@@ -83,6 +83,32 @@ fn short_benchmark_produces_the_table_and_json() {
         );
     }
 
+    // The peers part (issue 17): nginx and HAProxy beside the gateway when wrk, nginx and haproxy
+    // are installed, every server answering in both shapes; otherwise a line saying it was
+    // skipped and why.
+    let peers = stdout
+        .split_once("## peers: the gateway beside nginx and HAProxy (wrk)")
+        .map(|(_, rest)| rest)
+        .unwrap_or_else(|| panic!("no peers section on stdout:\n{stdout}"));
+    if !peers.contains("skipped: nginx/haproxy/wrk not installed") {
+        for shape in ["fallthrough:", "remote:"] {
+            for server in [
+                "direct TLS backend",
+                "gateway",
+                "nginx (1 worker)",
+                "HAProxy (1 thread)",
+            ] {
+                let row = peers
+                    .lines()
+                    .find(|l| {
+                        l.starts_with(&format!("| {shape}")) && l.contains(&format!("| {server} |"))
+                    })
+                    .unwrap_or_else(|| panic!("no peers row for {shape} {server}:\n{peers}"));
+                assert!(row.ends_with("| 0 |"), "errors in the peers row: {row}");
+            }
+        }
+    }
+
     let doc: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&json_path).expect("JSON written")).unwrap();
     assert_eq!(doc["mode"], "short");

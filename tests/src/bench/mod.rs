@@ -22,6 +22,10 @@
 //! direct run as well, so the ratio is fair, but absolute numbers are lower than a dedicated load
 //! machine would show.
 //!
+//! When `wrk`, `nginx` and `haproxy` are installed, [`peers`] starts nginx and HAProxy on the same
+//! backends with the same certificate and measures them beside the gateway with `wrk`, for the
+//! fallthrough and remote shapes, in interleaved rounds, with CPU and instructions per request.
+//!
 //! With the real control plane's binaries given (`KUBEBUILDER_ASSETS`, `SAMPLE_APISERVER`),
 //! [`real`] times sample-apiserver and kube-apiserver through the gateway beside kube-apiserver's
 //! own aggregator, in the same run.
@@ -35,6 +39,7 @@ pub mod documents;
 pub mod load;
 pub mod memory;
 pub mod overload;
+pub mod peers;
 pub mod ready;
 pub mod real;
 pub mod rebuild;

@@ -143,7 +143,7 @@ async fn measure(
     idle_gateway: u64,
     results: &mut Results,
 ) -> Result<(), BoxError> {
-    let Results { rows, raw } = results;
+    let Results { rows, raw, .. } = results;
     let slow = if settings.short { 100 } else { 1000 };
     let probes = if settings.short { 50 } else { 500 };
     let name = format!("{NAME}: {slow} slow HTTP/1.1 readers + 1 zero-window HTTP/2 connection");

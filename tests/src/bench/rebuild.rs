@@ -51,7 +51,7 @@ fn time_median(repeats: usize, mut f: impl FnMut()) -> f64 {
 
 /// Route-table builds, lookups and discovery merges for 10, 500 and 10 000 APIServices.
 pub fn run(settings: &Settings, results: &mut Results) {
-    let Results { rows, raw } = results;
+    let Results { rows, raw, .. } = results;
     let backends = 50;
     let sizes = [10usize, 500, 10_000];
     let core: CoreDiscovery = CoreDiscovery {

@@ -15,6 +15,45 @@ use super::{BoxError, Settings};
 pub struct Results {
     pub rows: Vec<Row>,
     pub raw: serde_json::Map<String, Value>,
+    /// Parts whose figures do not fit the direct/via table (the peers comparison), each printed
+    /// after the table under its own heading.
+    pub sections: Vec<Section>,
+}
+
+// === impl Section ===
+
+/// A titled block of Markdown after the table.
+#[derive(Clone, Debug)]
+pub struct Section {
+    pub title: String,
+    pub markdown: String,
+}
+
+impl Section {
+    pub fn new(title: impl Into<String>, markdown: impl Into<String>) -> Section {
+        Section {
+            title: title.into(),
+            markdown: markdown.into(),
+        }
+    }
+
+    /// `## title`, a blank line, the body.
+    pub fn to_markdown(&self) -> String {
+        let mut body = self.markdown.clone();
+        if !body.ends_with('\n') {
+            body.push('\n');
+        }
+        format!("## {}\n\n{body}", self.title)
+    }
+}
+
+/// Every section, one after the other, for stdout and BENCHMARKS.md.
+pub fn sections_markdown(sections: &[Section]) -> String {
+    sections
+        .iter()
+        .map(Section::to_markdown)
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 // === impl Row ===
@@ -150,6 +189,11 @@ pub fn json_document(
         "rows": results.rows.iter().map(Row::to_json).collect::<Vec<_>>(),
         "raw": results.raw,
         "table_markdown": table,
+        "sections": results
+            .sections
+            .iter()
+            .map(|s| json!({ "title": s.title, "markdown": s.markdown }))
+            .collect::<Vec<_>>(),
     })
 }
 
@@ -204,10 +248,11 @@ const NOTES_MARKER: &str = "<!-- Notes below this line are written by hand and k
 pub fn write_benchmarks_md(
     path: &Path,
     table: &str,
-    rows: &[Row],
+    results: &Results,
     machine: &Value,
     mode: &str,
 ) -> Result<(), BoxError> {
+    let rows = &results.rows;
     let kept = std::fs::read_to_string(path)
         .ok()
         .and_then(|s| {
@@ -258,6 +303,10 @@ pub fn write_benchmarks_md(
     ));
     out.push_str(&format!("Load generator: {LOAD_GENERATOR}. The generator, the gateway and the backend share the machine's CPUs, in the direct run as well.\n\n"));
     out.push_str(table);
+    if !results.sections.is_empty() {
+        out.push('\n');
+        out.push_str(&sections_markdown(&results.sections));
+    }
     out.push_str("\n## Missed targets (generated)\n\n");
     if missed.is_empty() {
         out.push_str("None.\n");

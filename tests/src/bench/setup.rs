@@ -30,9 +30,26 @@ pub struct Setup {
     /// A user the gateway authenticates by its client certificate (`--client-ca-file`).
     pub user: crate::certs::CertifiedPair,
     pub plain_pid: u32,
+    /// The plain core backend's address, for the peer proxies ([`super::peers`]).
+    pub plain_addr: std::net::SocketAddr,
+    /// The files other proxies in front of the same backends need: the gateway's serving pair
+    /// and the bench CA (which signed the TLS backend's certificate).
+    pub files: SetupFiles,
     _plain: FixtureServer,
     _dir: tempfile::TempDir,
 }
+
+/// Certificate files written for the run (they live as long as the [`Setup`]).
+#[derive(Clone, Debug)]
+pub struct SetupFiles {
+    pub gateway_cert: PathBuf,
+    pub gateway_key: PathBuf,
+    pub ca_file: PathBuf,
+}
+
+/// The name the TLS backend's certificate is issued for, as the gateway reaches the remote
+/// APIService's service (`api.bench.svc`); peers verify the backend under the same name.
+pub const REMOTE_SERVER_NAME: &str = "api.bench.svc";
 
 impl Setup {
     /// Starts the backends (this binary again, `serve-backend`) and the gateway, and waits until
@@ -44,7 +61,7 @@ impl Setup {
         let user = ca.issue_client("bench-user", &["bench"]);
         let ca_pem: Arc<str> = Arc::from(ca.cert_pem());
         let (backend_cert, backend_key) = ca
-            .issue_server(&["api.bench.svc", "localhost", "127.0.0.1"])
+            .issue_server(&[REMOTE_SERVER_NAME, "localhost", "127.0.0.1"])
             .write(dir.path(), "backend")?;
         let (gateway_cert, gateway_key) = ca
             .issue_server(&["localhost", "127.0.0.1"])
@@ -120,6 +137,12 @@ impl Setup {
             .log_level("info,access=warn");
         let gateway = Gateway::start(options.clone()).await?;
         let plain_pid = plain.process.id();
+        let plain_addr = plain.addr;
+        let files = SetupFiles {
+            gateway_cert,
+            gateway_key,
+            ca_file,
+        };
         let setup = Setup {
             tls_backend,
             gateway,
@@ -127,6 +150,8 @@ impl Setup {
             ca_pem,
             user,
             plain_pid,
+            plain_addr,
+            files,
             _plain: plain,
             _dir: dir,
         };

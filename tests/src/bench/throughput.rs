@@ -147,7 +147,7 @@ pub async fn run(
     setup: &Setup,
     results: &mut Results,
 ) -> Result<(), BoxError> {
-    let Results { rows, raw } = results;
+    let Results { rows, raw, .. } = results;
     let base = LoadSpec {
         proto: Proto::H1,
         connections: 32,

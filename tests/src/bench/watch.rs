@@ -83,7 +83,7 @@ pub async fn run(
     idle_gateway: u64,
     results: &mut Results,
 ) -> Result<(), BoxError> {
-    let Results { rows, raw } = results;
+    let Results { rows, raw, .. } = results;
     let n = settings.watch_streams;
     let name =
         format!("{n} watch streams held open (HTTP/2, {WATCHES_PER_CONNECTION} per connection)");

@@ -21,7 +21,9 @@ use e2e::bench::load::LOAD_GENERATOR;
 use e2e::bench::memory::{mb, raise_nofile_limit, rss_bytes, RssSampler};
 use e2e::bench::report::{self, Results, Row};
 use e2e::bench::setup::{self, Setup};
-use e2e::bench::{backend, overload, ready, real, rebuild, throughput, watch, BoxError, Settings};
+use e2e::bench::{
+    backend, overload, peers, ready, real, rebuild, throughput, watch, BoxError, Settings,
+};
 use e2e::certs::install_crypto;
 use e2e::harness;
 
@@ -132,6 +134,11 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
             .note("peak over all throughput scenarios (sampled every 50 ms)"),
     );
 
+    // Before the watch and overload scenarios, which leave thousands of sockets closing behind
+    // them; after the RSS sampler, so the peers' load does not count as the gateway's peak.
+    if settings.wants(peers::NAME) {
+        peers::run(&settings, &setup, &mut results).await?;
+    }
     if settings.wants("watch streams held open") {
         watch::run(&settings, &setup, idle_gateway, &mut results).await?;
     }
@@ -147,6 +154,9 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
     let table = report::markdown_table(&results.rows);
     println!("\n{table}");
     println!("load generator: {LOAD_GENERATOR}");
+    if !results.sections.is_empty() {
+        println!("\n{}", report::sections_markdown(&results.sections));
+    }
 
     let machine = report::machine_facts();
     let mode = if short { "short" } else { "full" };
@@ -170,7 +180,7 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
     println!("JSON written to {}", json_path.display());
     if cli.write_benchmarks_md {
         let path = harness::workspace_root().join("BENCHMARKS.md");
-        report::write_benchmarks_md(&path, &table, &results.rows, &machine, mode)?;
+        report::write_benchmarks_md(&path, &table, &results, &machine, mode)?;
         println!("{} updated", path.display());
     }
     Ok(())
