@@ -21,6 +21,7 @@ const SCENARIOS: &[&str] = &[
     "resident memory",
     "start to ready",
     "overload",
+    "openapi v2",
 ];
 
 #[test]

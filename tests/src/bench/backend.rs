@@ -24,6 +24,9 @@ use crate::certs::CertifiedPair;
 
 /// Prepared answers of the static backend.
 struct Documents {
+    /// `--static-file`s, served at `/bench/static/<file name>` (the OpenAPI scenario's copy of
+    /// the gateway's merged document).
+    files: Vec<StaticFile>,
     small: Bytes,
     big: Bytes,
     apis: Bytes,
@@ -33,8 +36,32 @@ struct Documents {
     event: Bytes,
 }
 
+/// A file served as it is, with an ETag, like a static web server would.
+struct StaticFile {
+    path: String,
+    body: Bytes,
+    etag: HeaderValue,
+}
+
+impl StaticFile {
+    fn read(path: &Path) -> Result<StaticFile, BoxError> {
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| format!("--static-file {}: no file name", path.display()))?;
+        let body = Bytes::from(
+            std::fs::read(path).map_err(|e| format!("--static-file {}: {e}", path.display()))?,
+        );
+        Ok(StaticFile {
+            path: format!("/bench/static/{name}"),
+            etag: etag(&body),
+            body,
+        })
+    }
+}
+
 impl Documents {
-    fn new() -> Documents {
+    fn new(files: Vec<StaticFile>) -> Documents {
         let small = Bytes::from(
             serde_json::to_vec(&json!({
                 "kind": "ConfigMap", "apiVersion": "v1",
@@ -50,6 +77,7 @@ impl Documents {
         let mut event = serde_json::to_vec(&json!({"type": "ADDED", "object": serde_json::from_slice::<Value>(&small).expect("json")})).expect("json");
         event.push(b'\n');
         Documents {
+            files,
             apis_etag: etag(&apis),
             api_etag: etag(&api),
             small,
@@ -99,6 +127,13 @@ fn answer(docs: &Documents, req: &Request<Incoming>) -> Response<BackendBody> {
             .body(BodyExt::boxed(StreamBody::new(stream)))
             .expect("static response");
     }
+    if let Some(file) = docs.files.iter().find(|f| f.path == path) {
+        return Response::builder()
+            .header(header::CONTENT_TYPE, "application/octet-stream")
+            .header(header::ETAG, file.etag.clone())
+            .body(full(file.body.clone()))
+            .expect("static response");
+    }
     match path {
         "/readyz" | "/livez" | "/healthz" => Response::new(full(Bytes::from_static(b"ok"))),
         "/apis" | "/api" if aggregated => {
@@ -140,10 +175,14 @@ fn answer(docs: &Documents, req: &Request<Incoming>) -> Response<BackendBody> {
 }
 
 fn tls_server_config(cert: &Path, key: &Path) -> Result<rustls::ServerConfig, BoxError> {
-    let pair = CertifiedPair {
+    server_tls(&CertifiedPair {
         cert_pem: std::fs::read_to_string(cert)?,
         key_pem: std::fs::read_to_string(key)?,
-    };
+    })
+}
+
+/// The TLS of every bench server: `pair`, HTTP/2 and HTTP/1.1 offered.
+pub fn server_tls(pair: &CertifiedPair) -> Result<rustls::ServerConfig, BoxError> {
     let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
@@ -154,14 +193,22 @@ fn tls_server_config(cert: &Path, key: &Path) -> Result<rustls::ServerConfig, Bo
     Ok(config)
 }
 
-pub async fn serve(cert: Option<PathBuf>, key: Option<PathBuf>) -> Result<(), BoxError> {
+pub async fn serve(
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    static_files: Vec<PathBuf>,
+) -> Result<(), BoxError> {
     let tls = match (cert, key) {
         (Some(c), Some(k)) => Some(tokio_rustls::TlsAcceptor::from(Arc::new(
             tls_server_config(&c, &k)?,
         ))),
         _ => None,
     };
-    let docs = Arc::new(Documents::new());
+    let files = static_files
+        .iter()
+        .map(|p| StaticFile::read(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    let docs = Arc::new(Documents::new(files));
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let scheme = if tls.is_some() { "https" } else { "http" };
     println!("listening on {scheme}://{}", listener.local_addr()?);

@@ -33,11 +33,16 @@
 //! Route-table and discovery rebuilds ([`rebuild`]) are timed in process with the gateway's own
 //! `apiservice` types (no sockets). Memory and CPU come from `/proc` ([`memory`]); start-up time is
 //! [`ready`]; what hostile clients cost the gateway and everyone else is [`overload`].
+//!
+//! [`openapi`] runs a gateway of its own in front of many remote APIServices with large OpenAPI
+//! v2 specs: the merge after one spec changes, serving the cached merge beside the same bytes
+//! from the static backend, and the gateway's memory beside the merged document's size.
 
 pub mod backend;
 pub mod documents;
 pub mod load;
 pub mod memory;
+pub mod openapi;
 pub mod overload;
 pub mod peers;
 pub mod ready;

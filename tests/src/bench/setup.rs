@@ -233,7 +233,7 @@ impl Setup {
 /// that have these flags (`--gateway` may name an older build). Requests carry no credentials
 /// (anonymous); nothing to review. The remote route would ask the core for a
 /// SubjectAccessReview, which the static core cannot answer.
-fn webhooks_off(gateway_binary: &Path) -> Result<Vec<String>, BoxError> {
+pub fn webhooks_off(gateway_binary: &Path) -> Result<Vec<String>, BoxError> {
     let help = Command::new(gateway_binary).arg("--help").output()?;
     let help = String::from_utf8_lossy(&help.stdout);
     Ok(

@@ -22,7 +22,7 @@ use e2e::bench::memory::{mb, raise_nofile_limit, rss_bytes, RssSampler};
 use e2e::bench::report::{self, Results, Row};
 use e2e::bench::setup::{self, Setup};
 use e2e::bench::{
-    backend, overload, peers, ready, real, rebuild, throughput, watch, BoxError, Settings,
+    backend, openapi, overload, peers, ready, real, rebuild, throughput, watch, BoxError, Settings,
 };
 use e2e::certs::install_crypto;
 use e2e::harness;
@@ -65,6 +65,9 @@ enum Sub {
         tls_cert: Option<PathBuf>,
         #[arg(long)]
         tls_key: Option<PathBuf>,
+        /// Also serve this file at `/bench/static/<file name>` (repeatable).
+        #[arg(long)]
+        static_file: Vec<PathBuf>,
     },
 }
 
@@ -75,9 +78,11 @@ fn main() -> Result<(), BoxError> {
         .enable_all()
         .build()?;
     match cli.command {
-        Some(Sub::ServeBackend { tls_cert, tls_key }) => {
-            runtime.block_on(backend::serve(tls_cert, tls_key))
-        }
+        Some(Sub::ServeBackend {
+            tls_cert,
+            tls_key,
+            static_file,
+        }) => runtime.block_on(backend::serve(tls_cert, tls_key, static_file)),
         None => runtime.block_on(run(cli)),
     }
 }
@@ -150,6 +155,9 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
     }
     drop(setup);
     real::run(&settings, &gateway_binary, &mut results).await?;
+    if settings.wants(openapi::NAME) {
+        openapi::run(&settings, &gateway_binary, idle_gateway, &mut results).await?;
+    }
 
     let table = report::markdown_table(&results.rows);
     println!("\n{table}");
