@@ -18,7 +18,7 @@
 //! `#/definitions/<name>`. Everything here is pure and works on `serde_json::Value`: objects are
 //! sorted maps, as Go writes them.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use serde_json::{Map, Value};
 
@@ -114,37 +114,54 @@ pub(crate) fn filter_owned(mut spec: Value, prefixes: &[String]) -> Value {
 /// `MergeSpecsIgnorePathConflict`): paths `dest` has win; definitions that differ under one
 /// name are renamed in `source` first.
 pub fn merge_ignoring_path_conflicts(dest: &mut Value, mut source: Value) {
-    let dest_paths = names(dest, "paths");
-    let new_paths: Vec<String> = names(&source, "paths")
+    // Everything here is linear in `source`: `dest` (the merged document, which grows with
+    // every remote) is only looked up, never copied or walked, so merging N remotes costs
+    // the size of the N specs, not N times the merged document.
+    let dest_paths = object(dest, "paths");
+    let new_paths: HashSet<String> = object(&source, "paths")
         .into_iter()
-        .filter(|p| !dest_paths.contains(p) && !p.starts_with("x-"))
+        .flat_map(|paths| paths.keys())
+        .filter(|p| !p.starts_with("x-") && !dest_paths.is_some_and(|d| d.contains_key(*p)))
+        .cloned()
         .collect();
     if new_paths.is_empty() {
         return;
     }
     // Only what the new paths need comes along.
-    source = filter_owned(source, &new_paths);
-    retain_exact_paths(&mut source, &new_paths);
-
-    let dest_definitions = object(dest, "definitions").cloned().unwrap_or_default();
-    let source_definitions = object(&source, "definitions").cloned().unwrap_or_default();
-    let mut used: BTreeSet<String> = dest_definitions.keys().cloned().collect();
-    let mut renames = BTreeMap::new();
-    for (name, definition) in &source_definitions {
-        match dest_definitions.get(name) {
-            Some(existing) if existing != definition => {
-                let mut i = 2;
-                let mut renamed = format!("{name}_v{i}");
-                while used.contains(&renamed) || source_definitions.contains_key(&renamed) {
-                    i += 1;
-                    renamed = format!("{name}_v{i}");
-                }
-                used.insert(renamed.clone());
-                renames.insert(name.clone(), renamed);
-            }
-            _ => {}
-        }
+    if let Some(Value::Object(paths)) = source.get_mut("paths") {
+        paths.retain(|path, _| new_paths.contains(path));
     }
+    let used = reachable_definitions(&source);
+    if let Some(Value::Object(definitions)) = source.get_mut("definitions") {
+        definitions.retain(|name, _| used.contains(name));
+    }
+
+    let renames = {
+        let dest_definitions = object(dest, "definitions");
+        let taken = |name: &str| dest_definitions.is_some_and(|d| d.contains_key(name));
+        let source_definitions = object(&source, "definitions");
+        let mut renamed_to: HashSet<String> = HashSet::new();
+        let mut renames = BTreeMap::new();
+        for (name, definition) in source_definitions.into_iter().flatten() {
+            match dest_definitions.and_then(|d| d.get(name)) {
+                Some(existing) if existing != definition => {
+                    let mut i = 2;
+                    let mut renamed = format!("{name}_v{i}");
+                    while taken(&renamed)
+                        || renamed_to.contains(&renamed)
+                        || source_definitions.is_some_and(|s| s.contains_key(&renamed))
+                    {
+                        i += 1;
+                        renamed = format!("{name}_v{i}");
+                    }
+                    renamed_to.insert(renamed.clone());
+                    renames.insert(name.clone(), renamed);
+                }
+                _ => {}
+            }
+        }
+        renames
+    };
     if !renames.is_empty() {
         rename_definitions(&mut source, &renames);
     }
@@ -298,12 +315,6 @@ fn rewrite_refs(value: &mut Value, renames: &BTreeMap<String, String>) {
         }
         Value::Array(items) => items.iter_mut().for_each(|i| rewrite_refs(i, renames)),
         _ => {}
-    }
-}
-
-fn retain_exact_paths(spec: &mut Value, keep: &[String]) {
-    if let Some(Value::Object(paths)) = spec.get_mut("paths") {
-        paths.retain(|path, _| keep.iter().any(|k| k == path));
     }
 }
 
