@@ -114,6 +114,25 @@ pub(crate) fn field_selector_name(query: &str) -> Option<String> {
     valid.then(|| value.to_owned())
 }
 
+/// [`parse`]'s result for a request, kept in its extensions by the first layer that needs it
+/// (the access log, for the metric labels) so that the request-info layer below takes it
+/// instead of parsing the same method, path and query again. Nothing between them rewrites the
+/// URI.
+#[derive(Clone)]
+pub struct Parsed(pub Result<RequestInfo, String>);
+
+/// Parses `req` unless an outer layer already did, and leaves the result in its extensions.
+pub fn ensure_parsed<B>(req: &mut http::Request<B>) {
+    if req.extensions().get::<Parsed>().is_none() {
+        let parsed = parse(
+            req.method(),
+            req.uri().path(),
+            req.uri().query().unwrap_or(""),
+        );
+        req.extensions_mut().insert(Parsed(parsed));
+    }
+}
+
 /// Parses the attributes of a request from its method and its raw (still percent-encoded) path
 /// and query. A URL that cannot be a resource request is a non-resource request, as in
 /// kube-apiserver. `Err` (answered 400) for what the Go server behind would not parse the same

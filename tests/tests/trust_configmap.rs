@@ -267,3 +267,59 @@ async fn the_flag_turns_it_off() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(data(&core).await, None, "{}", gateway.process.logs());
 }
+
+/// A core that refuses the gateway the ConfigMap (403 on every request, as a core whose RBAC does
+/// not grant it would): the gateway retries with a growing delay instead of at once, in a loop
+/// that kept a CPU busy and flooded the core with requests.
+#[tokio::test]
+async fn a_core_that_refuses_the_configmap_is_not_asked_in_a_tight_loop() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let asked = Arc::new(AtomicUsize::new(0));
+    let counter = asked.clone();
+    let core = tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            let counter = counter.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(
+                    move |req: Request<hyper::body::Incoming>| {
+                        if req.uri().path().contains("/configmaps") {
+                            counter.fetch_add(1, Ordering::Relaxed);
+                        }
+                        let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                        "reason": "Forbidden", "code": 403, "message": "forbidden"});
+                        let resp = http::Response::builder()
+                            .status(StatusCode::FORBIDDEN)
+                            .header(http::header::CONTENT_TYPE, "application/json")
+                            .body(Full::new(Bytes::from(status.to_string())))
+                            .unwrap();
+                        async move { Ok::<_, std::convert::Infallible>(resp) }
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(tcp), service)
+                    .await;
+            });
+        }
+    });
+    let pki = GatewayPki::new();
+    let gateway = Gateway::start(GatewayOptions::new(format!("http://{addr}")).args(pki.args()))
+        .await
+        .expect("gateway starts");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let asked = asked.load(Ordering::Relaxed);
+    core.abort();
+    // A list and a watch at start, then retries with backoff: a handful. Without a backoff the
+    // gateway asked thousands of times in these seconds.
+    assert!(
+        (1..=30).contains(&asked),
+        "the gateway asked the core for the ConfigMap {asked} times in 3 s\n{}",
+        gateway.process.logs()
+    );
+}

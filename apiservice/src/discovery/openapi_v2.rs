@@ -322,12 +322,6 @@ fn object<'a>(spec: &'a Value, key: &str) -> Option<&'a Map<String, Value>> {
     spec.get(key).and_then(Value::as_object)
 }
 
-fn names(spec: &Value, key: &str) -> BTreeSet<String> {
-    object(spec, key)
-        .map(|m| m.keys().cloned().collect())
-        .unwrap_or_default()
-}
-
 fn ensure_object(value: &mut Value) -> &mut Map<String, Value> {
     if !value.is_object() {
         *value = Value::Object(Map::new());
@@ -340,6 +334,12 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    fn names(spec: &Value, key: &str) -> BTreeSet<String> {
+        object(spec, key)
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default()
+    }
 
     fn get_list(definition: &str) -> Value {
         json!({"get": {"responses": {"200": {"schema": {"$ref": format!("#/definitions/{definition}")}}}}})

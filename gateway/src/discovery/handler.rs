@@ -140,15 +140,28 @@ fn openapi_not_found(key: &str) -> Response {
     )
 }
 
-async fn act(action: Action) -> Option<Response> {
+/// What [`DiscoveryCache::handle`] returns: an answer (or `None`) known at once, or a future for
+/// the few requests that wait (a listing still pending, the gzip form of `/openapi/v2` not made
+/// yet) or are passed to a remote APIService.
+/// Most requests are neither discovery nor OpenAPI; they must not pay for allocating and moving
+/// the pass-through future, which holds a whole remote request.
+pub type Handling = futures::future::Either<
+    std::future::Ready<Option<Response>>,
+    std::pin::Pin<Box<dyn Future<Output = Option<Response>> + Send + 'static>>,
+>;
+
+fn act(action: Action) -> Handling {
+    use futures::future::Either;
     match action {
-        Action::FallThrough => None,
-        Action::Respond(resp) => Some(resp),
+        Action::FallThrough => Either::Left(std::future::ready(None)),
+        Action::Respond(resp) => Either::Left(std::future::ready(Some(resp))),
         Action::PassThrough {
             backend,
             path_and_query,
             headers,
-        } => Some(pass_through(backend, path_and_query, headers).await),
+        } => Either::Right(Box::pin(async move {
+            Some(pass_through(backend, path_and_query, headers).await)
+        })),
         Action::OpenApiV2 {
             doc,
             protobuf,
@@ -165,12 +178,17 @@ async fn act(action: Action) -> Option<Response> {
                 header::VARY,
                 HeaderValue::from_static("Accept, Accept-Encoding"),
             );
-            if gzip && resp.status() == StatusCode::OK {
+            if !gzip || resp.status() != StatusCode::OK {
+                return Either::Left(std::future::ready(Some(resp)));
+            }
+            // The gzip form may have to be made first: the one case here that waits.
+            Either::Right(Box::pin(async move {
+                let encoded = if protobuf { &doc.protobuf } else { &doc.json };
                 *resp.body_mut() = body::full(encoded.gzip().await);
                 resp.headers_mut()
                     .insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
-            }
-            Some(resp)
+                Some(resp)
+            }))
         }
     }
 }
@@ -223,10 +241,7 @@ const LISTING_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
 impl DiscoveryCache {
     /// Answers the request if it is a discovery or OpenAPI v3 request the gateway owns; `None`
     /// sends it on to the router's normal lookup.
-    pub fn handle(
-        self: &Arc<Self>,
-        req: &Request,
-    ) -> std::pin::Pin<Box<dyn Future<Output = Option<Response>> + Send + 'static>> {
+    pub fn handle(self: &Arc<Self>, req: &Request) -> Handling {
         let lists_groups = req.method() == Method::GET
             && matches!(
                 classify(req.uri().path()),
@@ -237,14 +252,14 @@ impl DiscoveryCache {
             *head.uri_mut() = req.uri().clone();
             *head.headers_mut() = req.headers().clone();
             let this = self.clone();
-            return Box::pin(async move {
+            return futures::future::Either::Right(Box::pin(async move {
                 let mut pending = this.listing_pending.subscribe();
                 let _ = tokio::time::timeout(LISTING_WAIT, pending.wait_for(|p| !*p)).await;
                 let action = this.decide(&head);
                 act(action).await
-            });
+            }));
         }
-        Box::pin(act(self.decide(req)))
+        act(self.decide(req))
     }
 
     fn decide(&self, req: &Request) -> Action {

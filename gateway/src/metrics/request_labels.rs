@@ -86,11 +86,29 @@ impl RequestLabels {
         headers: &HeaderMap,
         known: &KnownResources,
     ) -> Self {
+        Self::of_parsed(
+            method,
+            parse(method, path, query).as_ref().ok(),
+            query,
+            headers,
+            known,
+        )
+    }
+
+    /// The labels of a request whose attributes are already parsed (`None`: its URL was
+    /// refused).
+    pub fn of_parsed(
+        method: &Method,
+        info: Option<&RequestInfo>,
+        query: &str,
+        headers: &HeaderMap,
+        known: &KnownResources,
+    ) -> Self {
         let system_client = system_client(headers);
         let dry_run = dry_run(query);
         // A path kube would refuse (a bad escape) is labelled by its method alone: the request
         // is answered 400 further down.
-        let Ok(info) = parse(method, path, query) else {
+        let Some(info) = info else {
             return Self {
                 verb: reported(method.as_str()),
                 dry_run,
@@ -99,11 +117,11 @@ impl RequestLabels {
                 system_client,
             };
         };
-        let scope = scope(&info);
+        let scope = scope(info);
         Self {
-            verb: verb(method, &info, scope, headers),
+            verb: verb(method, info, scope, headers),
             dry_run,
-            names: names(&info, known),
+            names: names(info, known),
             scope,
             system_client,
         }

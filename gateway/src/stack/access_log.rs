@@ -49,7 +49,7 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request) -> Self::Future {
+    fn call(&mut self, mut req: Request) -> Self::Future {
         let start = Instant::now();
         let method = req.method().clone();
         // Cloning the path and query only bumps a reference count; the log line formats it if it
@@ -60,9 +60,15 @@ where
             .get::<crate::request::ConnInfo>()
             .map(|c| c.remote);
         let version = req.version();
-        let labels = RequestLabels::of(
+        // Parsed once for the labels and the request-info layer below (see `Parsed`).
+        crate::request_info::ensure_parsed(&mut req);
+        let info = req
+            .extensions()
+            .get::<crate::request_info::Parsed>()
+            .and_then(|p| p.0.as_ref().ok());
+        let labels = RequestLabels::of_parsed(
             req.method(),
-            req.uri().path(),
+            info,
             req.uri().query().unwrap_or(""),
             req.headers(),
             &self.discovery.known_resources(),

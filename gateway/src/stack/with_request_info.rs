@@ -18,7 +18,7 @@ use tower::{Layer, Service};
 use crate::body::{BoxError, Request, Response};
 use crate::error::GatewayError;
 use crate::request::BoxFuture;
-use crate::request_info::{parse, RequestInfo};
+use crate::request_info::{parse, Parsed, RequestInfo};
 use crate::routing::Routing;
 
 #[derive(Clone)]
@@ -69,11 +69,15 @@ where
     fn call(&mut self, mut req: Request) -> Self::Future {
         // Headers play no part: kube decides long-running from verb and subresource, and a
         // `Connection: Upgrade` anyone can send must not exempt a request from the limits.
-        let info = parse(
-            req.method(),
-            req.uri().path(),
-            req.uri().query().unwrap_or(""),
-        );
+        // The access log above has usually parsed the request already (for its labels).
+        let info = match req.extensions_mut().remove::<Parsed>() {
+            Some(Parsed(parsed)) => parsed,
+            None => parse(
+                req.method(),
+                req.uri().path(),
+                req.uri().query().unwrap_or(""),
+            ),
+        };
         match info {
             Ok(mut info) => {
                 if !info.long_running {

@@ -27,7 +27,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta, PostParams};
-use kube::runtime::watcher;
+use kube::runtime::{watcher, WatchStreamExt};
 use tracing::Instrument;
 
 use gateway_config::tls::Identity;
@@ -133,7 +133,10 @@ pub async fn run(kube: kube::Client, mut sources: TrustSources) {
             .ok()
     };
     let watch_config = watcher::Config::default().fields(&format!("metadata.name={NAME}"));
-    let mut changes = watcher(api.clone(), watch_config).boxed();
+    // With a backoff, like every other watcher here: without one a watch the core refuses
+    // (403 without RBAC on the ConfigMap, a body that does not decode) is retried at once, in a
+    // loop that keeps a CPU busy and floods the core.
+    let mut changes = watcher(api.clone(), watch_config).default_backoff().boxed();
     queue.queue().add(());
     loop {
         tokio::select! {

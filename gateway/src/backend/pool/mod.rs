@@ -333,7 +333,10 @@ impl ServiceConnections {
             };
             if must_connect {
                 let connecting = Counted::new(shared, endpoint, Count::Connecting);
-                let connected = self.connect(endpoint).await;
+                // Boxed: a connection attempt (TCP, TLS and HTTP/2 handshakes) is a large
+                // future, and inline it would make every request's future that large, to be
+                // moved and allocated on every request although connecting is rare.
+                let connected = Box::pin(self.connect(endpoint)).await;
                 let mut endpoints = shared.lock();
                 let ep = endpoints.entry(endpoint.clone()).or_default();
                 connecting.release(ep);
