@@ -527,6 +527,10 @@ fn apply_openapi(
             let had_root = entry.openapi.root().is_some();
             if entry.openapi.apply(root) {
                 state.openapi_dirty |= had_root || !absent;
+                if absent && matches!(converted, Some(V2Fetch::Absent)) {
+                    tracing::info!(apiservice = %backend_name(entry, svc),
+                        "backend has no /openapi/v3 and no /openapi/v2; it contributes no OpenAPI v3 paths");
+                }
             }
             let next = match converted {
                 Some(V2Fetch::NotModified) => None,
@@ -548,9 +552,6 @@ fn apply_openapi(
                 }
                 entry.converted = next;
                 state.openapi_dirty = true;
-            } else if absent && entry.converted.documents.is_empty() {
-                tracing::debug!(apiservice = %backend_name(entry, svc),
-                    "backend has neither /openapi/v3 nor /openapi/v2; it contributes no OpenAPI v3 paths");
             }
             Some(true)
         }
