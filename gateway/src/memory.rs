@@ -73,6 +73,12 @@ fn in_use_bytes() -> Option<usize> {
     Some(info.uordblks + info.hblkhd)
 }
 
+/// Hands freed memory back now, for work known to have just freed a lot (a merge of large
+/// OpenAPI specs frees several times the document it produced); runs on a blocking thread.
+pub async fn trim_now() {
+    let _ = tokio::task::spawn_blocking(trim).await;
+}
+
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn trim() {
     // SAFETY: malloc_trim has no preconditions; 0 keeps no padding at the top of the heap.

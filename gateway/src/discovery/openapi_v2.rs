@@ -216,7 +216,11 @@ impl OpenApiV2Controller {
             let built = tokio::task::spawn_blocking(move || build(&core_spec, &specs)).await;
             match built {
                 Ok(Ok(doc)) => {
+                    // The previous document goes with this store (once no request holds it),
+                    // and the merge's parsed trees went with `build`: hand the memory back
+                    // now rather than at the next periodic trim.
                     self.cache.store_openapi_v2(doc);
+                    crate::memory::trim_now().await;
                     merged_from = Some(contributors);
                     for (apiservice, reason) in &reasons {
                         self.metrics
