@@ -400,23 +400,11 @@ impl Bench {
         }
         let config_file = dir.path().join("gateway.yaml");
         std::fs::write(&config_file, config)?;
-        let p = |p: &Path| p.display().to_string();
-        let mut args = vec![
-            "--tls-cert-file".to_owned(),
-            p(&gateway_cert),
-            "--tls-private-key-file".to_owned(),
-            p(&gateway_key),
-            "--proxy-client-cert-file".to_owned(),
-            p(&proxy_cert),
-            "--proxy-client-key-file".to_owned(),
-            p(&proxy_key),
-            "--apiservice-source".to_owned(),
-            "file".to_owned(),
-            "--apiservice-dir".to_owned(),
-            p(&apiservices),
-            "--client-ca-file".to_owned(),
-            p(&ca_file),
-        ];
+        let mut args = super::setup::gateway_args(
+            [&gateway_cert, &gateway_key, &proxy_cert, &proxy_key],
+            &apiservices,
+            &ca_file,
+        );
         args.extend(webhooks_off(gateway_binary)?);
         args.extend(optional_flags(
             gateway_binary,

@@ -108,25 +108,15 @@ impl Setup {
                 tls_backend.addr
             ),
         )?;
-        let p = |p: &Path| p.display().to_string();
-        let mut args = vec![
-            "--tls-cert-file".to_owned(),
-            p(&gateway_cert),
-            "--tls-private-key-file".to_owned(),
-            p(&gateway_key),
-            "--proxy-client-cert-file".to_owned(),
-            p(&proxy_cert),
-            "--proxy-client-key-file".to_owned(),
-            p(&proxy_key),
-            "--apiservice-source".to_owned(),
-            "file".to_owned(),
-            "--apiservice-dir".to_owned(),
-            p(&apiservices),
+        let mut args = gateway_args(
+            [&gateway_cert, &gateway_key, &proxy_cert, &proxy_key],
+            &apiservices,
+            &ca_file,
+        );
+        args.extend([
             "--apiservice-availability-interval".to_owned(),
             "1s".to_owned(),
-            "--client-ca-file".to_owned(),
-            p(&ca_file),
-        ];
+        ]);
         args.extend(webhooks_off(gateway_binary)?);
         // The per-request access log is silenced: at tens of thousands of requests per second its
         // lines (captured by this process) would measure the log pipeline, not the proxy.
@@ -254,4 +244,28 @@ pub async fn gateway_binary(given: Option<PathBuf>) -> Result<PathBuf, BoxError>
         Some(path) => path,
         None => tokio::task::spawn_blocking(crate::harness::ensure_gateway_built).await??,
     })
+}
+
+/// A bench gateway's flags: serving and proxy-client certificates (`[cert, key, proxy cert,
+/// proxy key]`), APIService manifests from `apiservices`, client certificates from `ca_file`.
+pub fn gateway_args(certs: [&Path; 4], apiservices: &Path, ca_file: &Path) -> Vec<String> {
+    let [cert, key, proxy_cert, proxy_key] = certs.map(|p| p.display().to_string());
+    [
+        "--tls-cert-file",
+        &cert,
+        "--tls-private-key-file",
+        &key,
+        "--proxy-client-cert-file",
+        &proxy_cert,
+        "--proxy-client-key-file",
+        &proxy_key,
+        "--apiservice-source",
+        "file",
+        "--apiservice-dir",
+        &apiservices.display().to_string(),
+        "--client-ca-file",
+        &ca_file.display().to_string(),
+    ]
+    .map(str::to_owned)
+    .to_vec()
 }
