@@ -74,7 +74,7 @@ pub fn aggregate_loading<S>(
             continue;
         };
         let prefix = format!("/apis/{}/{}/", remote.group, remote.version);
-        let filtered = filter_owned(spec, &[prefix]);
+        let filtered = filter_by_path_prefixes(spec, &[prefix]);
         merge_ignoring_path_conflicts(&mut merged, filtered);
     }
     merged
@@ -88,13 +88,9 @@ impl<S: Copy> Clone for RemoteSpec<'_, S> {
 impl<S: Copy> Copy for RemoteSpec<'_, S> {}
 
 /// `spec` with only the paths starting with one of `prefixes`, and only the definitions they
-/// reach (kube-openapi's `FilterSpecByPaths`).
-pub fn filter_by_path_prefixes(spec: &Value, prefixes: &[String]) -> Value {
-    filter_owned(spec.clone(), prefixes)
-}
-
-/// [`filter_by_path_prefixes`] in place.
-pub(crate) fn filter_owned(mut spec: Value, prefixes: &[String]) -> Value {
+/// reach (kube-openapi's `FilterSpecByPaths`). Filters in place: callers hand over a spec they
+/// own, so a large one is never copied.
+pub fn filter_by_path_prefixes(mut spec: Value, prefixes: &[String]) -> Value {
     let Some(root) = spec.as_object_mut() else {
         return spec;
     };

@@ -23,7 +23,7 @@
 
 use serde_json::{Map, Value};
 
-use super::openapi_v2::filter_owned;
+use super::openapi_v2::filter_by_path_prefixes;
 
 const OPERATIONS: [&str; 7] = ["get", "put", "post", "delete", "options", "head", "patch"];
 const V2_DEFINITION: &str = "#/definitions/";
@@ -36,7 +36,7 @@ const DATA_KEYS: [&str; 3] = ["default", "example", "enum"];
 pub fn group_version_document(spec: &Value, group: &str, version: &str) -> Value {
     let mut spec = spec.clone();
     inline_parameter_refs(&mut spec);
-    let filtered = filter_owned(spec, &[format!("/apis/{group}/{version}/")]);
+    let filtered = filter_by_path_prefixes(spec, &[format!("/apis/{group}/{version}/")]);
     convert(&filtered)
 }
 

@@ -162,34 +162,17 @@ fn act(action: Action) -> Handling {
         } => Either::Right(Box::pin(async move {
             Some(pass_through(backend, path_and_query, headers).await)
         })),
-        Action::OpenApiV2 {
+        // The gzip form may have to be made first: the one case here that waits.
+        Action::OpenApiV2Gzip {
+            mut resp,
             doc,
             protobuf,
-            gzip,
-            headers,
-        } => {
-            let (content_type, encoded) = if protobuf {
-                (super::openapi_v2::CONTENT_TYPE_PROTOBUF, &doc.protobuf)
-            } else {
-                (CONTENT_TYPE_JSON, &doc.json)
-            };
-            let mut resp = prepared(&headers, content_type, &encoded.bytes, &encoded.etag, true);
-            resp.headers_mut().insert(
-                header::VARY,
-                HeaderValue::from_static("Accept, Accept-Encoding"),
-            );
-            if !gzip || resp.status() != StatusCode::OK {
-                return Either::Left(std::future::ready(Some(resp)));
-            }
-            // The gzip form may have to be made first: the one case here that waits.
-            Either::Right(Box::pin(async move {
-                let encoded = if protobuf { &doc.protobuf } else { &doc.json };
-                *resp.body_mut() = body::full(encoded.gzip().await);
-                resp.headers_mut()
-                    .insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
-                Some(resp)
-            }))
-        }
+        } => Either::Right(Box::pin(async move {
+            *resp.body_mut() = body::full(doc.representation(protobuf).1.gzip().await);
+            resp.headers_mut()
+                .insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+            Some(resp)
+        })),
     }
 }
 
@@ -217,12 +200,12 @@ fn accepts_gzip(headers: &HeaderMap) -> bool {
 /// to the request (its body is not `Sync`).
 enum Action {
     FallThrough,
-    /// `/openapi/v2` in the negotiated form; async because the gzip form is made on demand.
-    OpenApiV2 {
+    /// `/openapi/v2`'s answer `resp`, whose body becomes the gzip form of `doc`'s JSON or
+    /// protobuf representation, made on demand.
+    OpenApiV2Gzip {
+        resp: Response,
         doc: Arc<super::openapi_v2::OpenApiV2>,
         protobuf: bool,
-        gzip: bool,
-        headers: HeaderMap,
     },
     Respond(Response),
     PassThrough {
@@ -309,14 +292,27 @@ impl DiscoveryCache {
             }
             DiscoveryPath::OpenApiV2 => match self.openapi_v2.load_full() {
                 None => Action::FallThrough,
-                Some(doc) => Action::OpenApiV2 {
-                    doc,
-                    protobuf: accept.is_some_and(|a| {
+                Some(doc) => {
+                    let protobuf = accept.is_some_and(|a| {
                         a.contains("application/com.github.proto-openapi.spec.v2")
-                    }),
-                    gzip: accepts_gzip(headers),
-                    headers: headers.clone(),
-                },
+                    });
+                    let (content_type, encoded) = doc.representation(protobuf);
+                    let mut resp =
+                        prepared(headers, content_type, &encoded.bytes, &encoded.etag, true);
+                    resp.headers_mut().insert(
+                        header::VARY,
+                        HeaderValue::from_static("Accept, Accept-Encoding"),
+                    );
+                    if accepts_gzip(headers) && resp.status() == StatusCode::OK {
+                        Action::OpenApiV2Gzip {
+                            resp,
+                            doc,
+                            protobuf,
+                        }
+                    } else {
+                        Action::Respond(resp)
+                    }
+                }
             },
             DiscoveryPath::OpenApiRoot => match self.openapi.load_full() {
                 None => Action::FallThrough,

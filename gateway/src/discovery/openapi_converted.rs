@@ -17,7 +17,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use apiservice::discovery::{etag_for, openapi_v2_to_v3, OpenApiPath, OpenApiRoot};
+use apiservice::discovery::{
+    accepts_legacy_json, etag_for, openapi_v2_to_v3, OpenApiPath, OpenApiRoot,
+};
 use apiservice::model::GroupVersion;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
@@ -68,7 +70,8 @@ impl ConvertedDocument {
 
     /// The answer to `GET /openapi/v3/<key>[?hash=...]`.
     pub fn respond(&self, headers: &HeaderMap, query: Option<&str>) -> Response {
-        if !accepts_json(headers.get(header::ACCEPT)) {
+        let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+        if !accepts_legacy_json(accept) {
             return status_response(
                 StatusCode::NOT_ACCEPTABLE,
                 &format!(
@@ -111,17 +114,6 @@ impl ConvertedDocument {
         }
         resp
     }
-}
-
-/// Whether `Accept` allows JSON (no header, `*/*`, `application/*`, `application/json`).
-fn accepts_json(accept: Option<&HeaderValue>) -> bool {
-    let Some(accept) = accept.and_then(|v| v.to_str().ok()) else {
-        return true;
-    };
-    accept.split(',').any(|clause| {
-        let media = clause.split(';').next().unwrap_or_default().trim();
-        matches!(media, "" | "*/*" | "application/*" | "application/json")
-    })
 }
 
 /// What a v2-only Service's group-versions are served as, after its last successful fetch.

@@ -55,6 +55,17 @@ pub struct OpenApiV2 {
     pub protobuf: Encoded,
 }
 
+impl OpenApiV2 {
+    /// The protobuf or the JSON form, with its Content-Type.
+    pub fn representation(&self, protobuf: bool) -> (&'static str, &Encoded) {
+        if protobuf {
+            (CONTENT_TYPE_PROTOBUF, &self.protobuf)
+        } else {
+            ("application/json", &self.json)
+        }
+    }
+}
+
 /// One representation of the merged spec: its bytes, ETag, and gzip form once asked for.
 pub struct Encoded {
     pub bytes: Bytes,
