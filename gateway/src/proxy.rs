@@ -118,7 +118,7 @@ pub fn prepare_request(req: &mut Request, upstream: &Upstream, client: Option<So
         headers.insert("x-forwarded-host", host);
     }
     // The gateway's span becomes the backend's parent (only when the request is traced).
-    crate::stack::trace::propagate(req);
+    crate::otel::propagate(req);
 }
 
 /// Cleans a backend response for the client: hop-by-hop headers go, except on a 101 where the

@@ -77,7 +77,7 @@ impl HttpClient {
             };
             match (sent, again.take()) {
                 (Err(e), Some(copy))
-                    if attempt < retry::MAX_ATTEMPTS && retry::refused_unprocessed(&e) =>
+                    if attempt < retry::MAX_ATTEMPTS && super::pool::refused_unprocessed(&e) =>
                 {
                     tracing::debug!(error = %e, attempt, "the core refused the request unprocessed; sending again");
                     again = retry::resendable(&copy);

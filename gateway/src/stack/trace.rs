@@ -13,23 +13,20 @@
 //! that is when the stream starts, so a day-long watch is not a day-long span.
 //!
 //! The span context travels in the request's extensions ([`RequestTrace`]); `proxy` calls
-//! [`propagate`] when it prepares the request for its backend, which replaces the caller's
-//! `traceparent` with the gateway's span as the parent. Without a tracing configuration there is
-//! no extension, the caller's headers pass untouched (as through kube-apiserver without tracing),
-//! and this layer only forwards the call: no allocation, no header read.
+//! [`crate::otel::propagate`] when it prepares the request for its backend, which replaces the
+//! caller's `traceparent` with the gateway's span as the parent. Without a tracing configuration
+//! there is no extension, the caller's headers pass untouched (as through kube-apiserver without
+//! tracing), and this layer only forwards the call: no allocation, no header read.
 
 use std::convert::Infallible;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
 
 use futures::future::Either;
-use http::header::{HeaderMap, HeaderName, HeaderValue, USER_AGENT};
+use http::header::{HeaderValue, USER_AGENT};
 use http::{Method, Version};
-use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
-use opentelemetry::trace::{
-    Span as _, SpanContext, SpanKind, Status, TraceContextExt, Tracer as _, TracerProvider as _,
-};
+use opentelemetry::propagation::TextMapPropagator;
+use opentelemetry::trace::{Span as _, SpanKind, Status, Tracer as _, TracerProvider as _};
 use opentelemetry::KeyValue;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
@@ -37,6 +34,7 @@ use tower::layer::layer_fn;
 use tower::{Layer, Service};
 
 use crate::body::{Request, Response};
+use crate::otel::{HeaderExtractor, RequestTrace};
 use crate::request::{BoxFuture, ConnInfo, RoutedTo};
 
 /// What the layer needs of the tracer provider: the tracer and the W3C propagator.
@@ -52,29 +50,6 @@ impl RequestTracer {
             propagator: TraceContextPropagator::new(),
         }
     }
-}
-
-/// The gateway's span of a request, in its extensions: the parent the backend is told about,
-/// and when the request was handed to it.
-#[derive(Clone)]
-pub struct RequestTrace(Arc<Shared>);
-
-struct Shared {
-    span: SpanContext,
-    /// Set by [`propagate`] when the request is first prepared for a backend or the core.
-    sent: OnceLock<Instant>,
-}
-
-/// Writes the gateway's span into `req` as its `traceparent` (and `tracestate`), replacing the
-/// caller's, and notes the time the request goes to its backend. Does nothing for a request
-/// that is not traced.
-pub fn propagate(req: &mut Request) {
-    let Some(trace) = req.extensions().get::<RequestTrace>().cloned() else {
-        return;
-    };
-    let _ = trace.0.sent.set(Instant::now());
-    let cx = opentelemetry::Context::new().with_remote_span_context(trace.0.span.clone());
-    TraceContextPropagator::new().inject_context(&cx, &mut HeaderInjector(req.headers_mut()));
 }
 
 #[derive(Clone)]
@@ -116,10 +91,8 @@ where
             .span_builder(method_name(req.method()))
             .with_kind(SpanKind::Server)
             .start_with_context(&tracer.tracer, &parent);
-        req.extensions_mut().insert(RequestTrace(Arc::new(Shared {
-            span: span.span_context().clone(),
-            sent: OnceLock::new(),
-        })));
+        req.extensions_mut()
+            .insert(RequestTrace::new(span.span_context().clone()));
         // Attributes and the name cost work only for spans that are exported.
         if span.is_recording() {
             if let Some(name) = resource_span_name(&req) {
@@ -148,7 +121,7 @@ where
                         name.to_owned(),
                     ));
                 }
-                if let Some(sent) = trace.as_ref().and_then(|t| t.0.sent.get()) {
+                if let Some(sent) = trace.as_ref().and_then(RequestTrace::sent) {
                     span.set_attribute(KeyValue::new(
                         "aggregation_gateway.backend.duration_ms",
                         sent.elapsed().as_secs_f64() * 1000.0,
@@ -248,38 +221,6 @@ fn request_attributes(req: &Request) -> Vec<KeyValue> {
     attributes
 }
 
-/// Reads the W3C headers of a request.
-struct HeaderExtractor<'a>(&'a HeaderMap);
-
-impl Extractor for HeaderExtractor<'_> {
-    fn get(&self, key: &str) -> Option<&str> {
-        self.0.get(key).and_then(|v| v.to_str().ok())
-    }
-
-    fn keys(&self) -> Vec<&str> {
-        self.0.keys().map(HeaderName::as_str).collect()
-    }
-}
-
-/// Writes them; an empty value (no `tracestate`) removes what the caller sent.
-struct HeaderInjector<'a>(&'a mut HeaderMap);
-
-impl Injector for HeaderInjector<'_> {
-    fn set(&mut self, key: &str, value: String) {
-        let Ok(name) = HeaderName::from_bytes(key.as_bytes()) else {
-            return;
-        };
-        match HeaderValue::from_str(&value) {
-            Ok(v) if !value.is_empty() => {
-                self.0.insert(name, v);
-            }
-            _ => {
-                self.0.remove(name);
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::Mutex;
@@ -292,6 +233,8 @@ mod tests {
 
     use super::*;
     use crate::body;
+    use crate::otel::propagate;
+    use http::HeaderMap;
 
     /// Keeps what it is given, for the assertions.
     #[derive(Debug, Clone, Default)]
