@@ -2,7 +2,7 @@
 //! (component-base/tracing `NewProvider`): OTLP over gRPC to the configured collector without TLS,
 //! spans batched before export, and a parent-based sampler that samples
 //! `samplingRatePerMillion` of the requests no sampled caller vouches for (none at 0). The spans
-//! themselves are made by the `trace` layer (`crate::stack::trace`); the trace context they hand to
+//! themselves are made by the `trace` layer (`crate::front::stack::trace`); the trace context they hand to
 //! backends ([`RequestTrace`], [`propagate`]) lives here, below the stack and the backends, so
 //! that proxying a request does not reach up into the stack.
 //!

@@ -442,7 +442,10 @@ mod tests {
             assert!(is_health_probe(&Method::HEAD, p), "{p}");
             // Whatever is exempt, the gateway answers itself: nothing unauthenticated reaches
             // a backend.
-            assert!(crate::health::Endpoint::from_path(p).is_some(), "{p}");
+            assert!(
+                crate::handlers::health::Endpoint::from_path(p).is_some(),
+                "{p}"
+            );
         }
         for method in [
             Method::POST,

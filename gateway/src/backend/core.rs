@@ -30,10 +30,10 @@ use super::retry;
 use super::unix::UnixConnector;
 use crate::auth::onward::{prepare_core_request, CoreCredentials};
 use crate::auth::Authenticated;
+use crate::backend::proxy::{self, Upstream};
 use crate::body::{Body, Request, Response};
 use crate::error::GatewayError;
 use crate::identity::ANONYMOUS;
-use crate::proxy::{self, Upstream};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CoreSetupError {

@@ -32,10 +32,10 @@ use super::failures::{FailureSignal, Watched};
 use super::pool::{Connector, PoolError, PoolSettings, ServiceConnections};
 use super::probe::Probe;
 use super::retry::{self, Failure, Replay};
+use crate::backend::proxy::{self, Upstream};
 use crate::body::{self, Body, Request, Response};
 use crate::error::GatewayError;
 use crate::identity::{set_identity_headers, UserInfo, DISCOVERY_USER, OPENAPI_USER};
-use crate::proxy::{self, Upstream};
 
 /// kube-aggregator's limit for `/apis/<group>/<version>` discovery through the proxy.
 const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(5);
