@@ -39,6 +39,7 @@ pub mod auth;
 pub mod body;
 pub mod conditional;
 pub mod error;
+pub mod extensions;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod health_check;
@@ -47,7 +48,6 @@ pub mod logging;
 pub mod memory;
 pub mod metrics;
 pub mod otel;
-pub mod request;
 pub mod request_info;
 pub mod status;
 pub mod workqueue;

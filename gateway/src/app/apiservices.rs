@@ -11,14 +11,14 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use super::StartError;
-use crate::control::leader_election::Leadership;
-use crate::control::routing::availability::{
+use crate::control::apiservices::remote_available_controller::{
     AvailabilitySettings, StatusWrites, AVAILABILITY_BACKOFF, UNAVAILABLE_RECHECK,
 };
-use crate::control::routing::{
+use crate::control::apiservices::{
     AvailabilityController, AvailabilityMap, BackendFactory, ProxyIdentity, RouteController,
     Routing,
 };
+use crate::control::leader_election::Leadership;
 use crate::health_check::Check;
 use crate::metrics::Metrics;
 

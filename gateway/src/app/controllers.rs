@@ -16,10 +16,10 @@ use tracing::Instrument;
 use super::apiservices::{self, ApiServiceExtras};
 use super::clients::Clients;
 use super::StartError;
+use crate::control::apiservices::{ProxyIdentity, Routing};
 use crate::control::discovery::openapi_v2::OpenApiV2Controller;
 use crate::control::discovery::{readiness, DiscoveryCache, DiscoveryController};
 use crate::control::leader_election::{LeaderElector, Leadership};
-use crate::control::routing::{ProxyIdentity, Routing};
 use crate::control::{core_readiness, trust};
 use crate::handlers::health::{self, Health};
 use crate::handlers::router::Gateway;
@@ -62,7 +62,7 @@ impl Controllers {
         );
 
         if config.trust.manage {
-            trust::spawn(
+            trust::start(
                 clients.kube(),
                 trust::TrustSources {
                     client_ca_file: config.authn.client_ca_file.clone(),

@@ -19,10 +19,10 @@ use crate::front::stack::{
     authn::Authn,
     authz::{Authorizer, Authz},
     limits::LimitsService,
+    request_info::RequestInfoService,
     rescue::Rescue,
     timeout::TimeoutService,
     trace::{RequestTracer, Trace},
-    with_request_info::RequestInfoService,
 };
 use crate::handlers::router::{Gateway, Router};
 use crate::metrics::Metrics;

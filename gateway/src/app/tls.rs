@@ -14,7 +14,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use super::StartError;
-use crate::control::routing::ProxyIdentity;
+use crate::control::apiservices::ProxyIdentity;
 use crate::metrics::Metrics;
 
 /// The `certificate` label of the expiry metric for the serving certificate and for the proxy

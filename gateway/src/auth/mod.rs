@@ -48,10 +48,10 @@ use http::{HeaderMap, StatusCode};
 
 use crate::body::{Request, Response};
 use crate::error::without_addresses;
+use crate::extensions::ConnInfo;
 use crate::identity::{
     strip_identity_headers, UserInfo, ANONYMOUS, AUTHENTICATED, UNAUTHENTICATED,
 };
-use crate::request::ConnInfo;
 use crate::status::{status_response, StatusDetails};
 
 use self::sar::{cached_review, Attributes, DecisionCache};

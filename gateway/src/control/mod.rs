@@ -2,8 +2,8 @@
 //! immutable snapshots the request path reads with one load. All run on the one work-queue shape
 //! of `crate::workqueue`:
 //!
-//! * [`routing`]: the route controller (APIServices -> the route table) and the availability
-//!   controller (kube-aggregator's `remote_available_controller.go`);
+//! * [`apiservices`]: the route controller (APIServices -> the route table the router reads)
+//!   and the availability controller (kube-aggregator's `remote_available_controller.go`);
 //! * [`discovery`]: the discovery controller (core and remote documents -> merged discovery and
 //!   the OpenAPI v3 root), the OpenAPI v2 loop, and the snapshot they publish
 //!   ([`discovery::DiscoveryCache`]);
@@ -13,8 +13,8 @@
 //!
 //! Imports from: the backends (the clients the loops fetch and probe with) and the bottom.
 
+pub mod apiservices;
 pub mod core_readiness;
 pub mod discovery;
 pub mod leader_election;
-pub mod routing;
 pub mod trust;

@@ -315,7 +315,7 @@ impl DiscoveryCache {
 mod tests {
     use super::*;
     use crate::conditional::not_modified;
-    use crate::control::routing::Routing;
+    use crate::control::apiservices::Routing;
     use apiservice::discovery::{merge, CoreDiscovery, OpenApiRoot};
     use http_body_util::BodyExt;
 

@@ -2,11 +2,11 @@
 //! backend and the core server: [`router`] (kube-aggregator's `handler_proxy.go`), the discovery
 //! and OpenAPI documents the gateway serves ([`discovery`]), `/livez`, `/readyz`, `/healthz`
 //! ([`health`]), and the APIService table printing of `kubectl get apiservices`
-//! ([`apiservice_table`]). `/metrics` is the router's one-liner over `crate::metrics`.
+//! ([`apiservice_printing`]). `/metrics` is the router's one-liner over `crate::metrics`.
 //!
 //! Imports from: the control side (the snapshots it publishes), the backends, and the bottom.
 
-pub mod apiservice_table;
+pub mod apiservice_printing;
 pub mod discovery;
 pub mod health;
 pub mod router;

@@ -11,15 +11,16 @@ use http::{header, HeaderValue, Method};
 use tower::Service;
 
 use crate::backend::core::CoreBackend;
+use crate::body::BoxFuture;
 use crate::body::{full, BoxError, Request, Response};
+use crate::control::apiservices::{Routes, Routing, Target};
 use crate::control::discovery::DiscoveryCache;
-use crate::control::routing::{Routes, Routing, Target};
 use crate::error::GatewayError;
-use crate::handlers::apiservice_table;
+use crate::extensions::{ConnInfo, RoutedTo};
+use crate::handlers::apiservice_printing;
 use crate::handlers::health::Health;
 use crate::identity::UserInfo;
 use crate::metrics::Metrics;
-use crate::request::{BoxFuture, ConnInfo, RoutedTo};
 use crate::request_info::RequestInfo;
 
 /// What the router reads on every request; built once at start.
@@ -111,12 +112,12 @@ impl Service<Request> for Router {
                 }
             };
             // `kubectl get apiservices` of a core that stores them as the chart's CRD.
-            let apiservice_table = info
-                .filter(|i| apiservice_table::applies(i, req.headers()))
+            let apiservice_printing = info
+                .filter(|i| apiservice_printing::applies(i, req.headers()))
                 .map(|i| i.verb == "watch");
             let from_core = |resp: Response| async move {
-                match apiservice_table {
-                    Some(watch) => apiservice_table::present(resp, watch).await,
+                match apiservice_printing {
+                    Some(watch) => apiservice_printing::present(resp, watch).await,
                     None => resp,
                 }
             };
@@ -214,7 +215,7 @@ mod tests {
     use apiservice::model::{Backend, RegisteredAPIService};
     use apiservice::route_table::RouteTable;
 
-    use crate::control::routing::RouteTarget;
+    use crate::control::apiservices::RouteTarget;
 
     fn table(target: Target) -> Arc<Routes> {
         let api = RegisteredAPIService {

@@ -42,7 +42,7 @@ use super::{DiscoveryCache, OpenApiOwner};
 use crate::backend::core::CoreBackend;
 use crate::backend::kube_client;
 use crate::backend::remote::RemoteBackend;
-use crate::control::routing::{Routes, Routing, Target};
+use crate::control::apiservices::{Routes, Routing, Target};
 use crate::health_check::Check;
 use crate::metrics::Metrics;
 use crate::workqueue::{Backoff, Next, Queue, WorkQueue};

@@ -1,4 +1,5 @@
-//! Merged discovery and OpenAPI v3, the documents the gateway answers itself.
+//! Merged discovery and OpenAPI, the documents the gateway answers itself: the loops that keep
+//! them and the snapshot they publish.
 //!
 //! kube-aggregator serves `/apis`, `/apis/<group>`, aggregated `/api` and the `/openapi/v3` root
 //! from its own state, because only it knows every APIService's backend. The gateway does the
@@ -12,8 +13,9 @@
 //! * [`controller`]: one work queue over those fetches; it publishes new immutable snapshots
 //!   ([`DiscoveryCache`]) only when an input changed. All JSON work happens there.
 //! * [`readiness`]: the `/readyz` check that waits for the first discovery of the APIServices.
-//! * [`handler`]: the request path. One `ArcSwap` load, a header comparison, prepared bytes out;
-//!   anything it does not answer falls through to the router (`None`).
+//! * the request path is `crate::handlers::discovery`, a layer above: one `ArcSwap` load of the
+//!   [`DiscoveryCache`], a header comparison, prepared bytes out; anything it does not answer
+//!   falls through to the router (`None`).
 //! * [`openapi`]: the OpenAPI v3 pieces: which backend owns which `/openapi/v3/<path>`, and the
 //!   pass-through for group-version documents of remote backends.
 //! * [`openapi_converted`]: OpenAPI v3 documents for remote backends that serve only v2.
@@ -40,7 +42,7 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use tokio::sync::Notify;
 
 use crate::backend::remote::RemoteBackend;
-use crate::control::routing::Routing;
+use crate::control::apiservices::Routing;
 use crate::metrics::KnownResources;
 
 pub use controller::DiscoveryController;

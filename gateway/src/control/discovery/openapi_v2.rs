@@ -35,7 +35,7 @@ use tokio::sync::OnceCell;
 use super::fetch::{Source, OPENAPI_TIMEOUT};
 use super::DiscoveryCache;
 use crate::backend::core::CoreBackend;
-use crate::control::routing::{Routes, Routing, Target};
+use crate::control::apiservices::{Routes, Routing, Target};
 use crate::metrics::Metrics;
 
 /// How often every spec is revalidated.

@@ -33,7 +33,7 @@ use tracing::Instrument;
 use gateway_config::tls::Identity;
 pub use merge::{merged, GatewayTrust};
 
-use crate::control::routing::ProxyIdentity;
+use crate::control::apiservices::ProxyIdentity;
 use crate::workqueue::{Backoff, Next, WorkQueue};
 
 pub const NAMESPACE: &str = "kube-system";
@@ -175,7 +175,7 @@ pub async fn run(kube: kube::Client, mut sources: TrustSources) {
 }
 
 /// Starts [`run`] in its own span, unless there is nothing to publish.
-pub fn spawn(kube: kube::Client, sources: TrustSources) {
+pub fn start(kube: kube::Client, sources: TrustSources) {
     match sources.current() {
         Ok(trust) if trust.is_empty() => {
             tracing::info!("no client CA and no proxy client CA to publish in {NAMESPACE}/{NAME}");

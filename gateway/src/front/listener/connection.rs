@@ -10,7 +10,7 @@
 //!   within the header read timeout.
 //!
 //! While an exchange is open, none of these apply: the request timeout bounds ordinary exchanges
-//! (see `stack::timeout`), and long-running ones may run for hours.
+//! (see `front::stack::timeout`), and long-running ones may run for hours.
 //!
 //! HTTP/1.1 responses are also paced ([`paced`]): hyper buffers a response body up to its
 //! `max_buf_size`, which must be as large as the largest request head (1 MiB), so a client that

@@ -35,8 +35,8 @@ use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tower::Service;
 
 use crate::body::{self, Request, Response};
+use crate::extensions::ConnInfo;
 use crate::front::stack::timeout::ExchangeDeadline;
-use crate::request::ConnInfo;
 pub use connection::IDLE_TIMEOUT;
 use connection::{ConnState, Deadlines, Protocol};
 

@@ -9,11 +9,12 @@ use std::time::Instant;
 use tower::layer::layer_fn;
 use tower::{Layer, Service};
 
+use crate::body::BoxFuture;
 use crate::body::{Request, Response};
 use crate::control::discovery::DiscoveryCache;
 use crate::error::Terminated;
+use crate::extensions::RoutedTo;
 use crate::metrics::{Metrics, Observed, RequestLabels, APISERVER};
-use crate::request::{BoxFuture, RoutedTo};
 
 #[derive(Clone)]
 pub struct AccessLog<S> {
@@ -57,7 +58,7 @@ where
         let uri = req.uri().path_and_query().cloned();
         let client = req
             .extensions()
-            .get::<crate::request::ConnInfo>()
+            .get::<crate::extensions::ConnInfo>()
             .map(|c| c.remote);
         let version = req.version();
         // Parsed once for the labels and the request-info layer below (see `Parsed`).

@@ -32,9 +32,10 @@ use tower::{Layer, Service};
 
 use super::authz::AuthzOutcome;
 use crate::auth::Authenticated;
+use crate::body::BoxFuture;
 use crate::body::{self, BoxError, Request, Response};
+use crate::extensions::{ConnInfo, RoutedTo};
 use crate::identity::UserInfo;
-use crate::request::{BoxFuture, ConnInfo, RoutedTo};
 use crate::request_info::RequestInfo;
 
 pub const AUDIT_ID: HeaderName = HeaderName::from_static("audit-id");

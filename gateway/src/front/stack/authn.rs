@@ -14,8 +14,8 @@ use tower::{Layer, Service};
 
 use super::take_inner;
 use crate::auth::Authenticator;
+use crate::body::BoxFuture;
 use crate::body::{BoxError, Request, Response};
-use crate::request::BoxFuture;
 
 pub use crate::auth::x509::user_from_certificate;
 

@@ -37,13 +37,13 @@ use tower::{Layer, Service};
 use super::take_inner;
 use crate::auth::forbidden::forbidden;
 use crate::auth::sar::{self, Action, Attributes, DecisionCache};
+use crate::body::BoxFuture;
 use crate::body::{BoxError, Request, Response};
-use crate::control::routing::{Routing, Target};
+use crate::control::apiservices::{Routing, Target};
 use crate::error::without_addresses;
 use crate::handlers::discovery::classify;
 use crate::handlers::router::PinnedRoutes;
 use crate::identity::UserInfo;
-use crate::request::BoxFuture;
 use crate::request_info::RequestInfo;
 use crate::status::{status_response, StatusDetails};
 

@@ -22,12 +22,12 @@ use prometheus::IntGauge as Gauge;
 use tower::layer::layer_fn;
 use tower::{Layer, Service};
 
+use crate::body::BoxFuture;
 use crate::body::{self, BoxError, Request, Response};
-use crate::control::routing::{Routing, Target};
+use crate::control::apiservices::{Routing, Target};
 use crate::error::GatewayError;
 use crate::handlers::health::Endpoint;
 use crate::metrics::Metrics;
-use crate::request::BoxFuture;
 use crate::request_info::RequestInfo;
 
 struct Slots {
@@ -283,7 +283,7 @@ mod tests {
     use tower::ServiceExt;
 
     use super::*;
-    use crate::front::stack::with_request_info::RequestInfoService;
+    use crate::front::stack::request_info::RequestInfoService;
 
     fn limits(readonly: u32, max_body: u64) -> gateway_config::Limits {
         gateway_config::Limits {

@@ -9,7 +9,7 @@
 //!    does; above `rescue`, so it records the status the client gets for every answer, errors
 //!    included, and is the parent of everything the layers below do.
 //! 4. `rescue`: any error (and any panic) becomes a `metav1.Status`.
-//! 5. `with_request_info` (kube's `WithRequestInfo` filter): parses verb/group/resource once; everything below decides on it.
+//! 5. `request_info` (kube's `WithRequestInfo` filter): parses verb/group/resource once; everything below decides on it.
 //! 6. `authn`, then the audit capture.
 //! 7. `limits`: in-flight limits (429) and request body size (413); long-running requests are
 //!    not counted, so a thousand watches never starve ordinary requests.
@@ -29,10 +29,10 @@ pub mod audit;
 pub mod authn;
 pub mod authz;
 pub mod limits;
+pub mod request_info;
 pub mod rescue;
 pub mod timeout;
 pub mod trace;
-pub mod with_request_info;
 
 /// For a service that calls its inner service later, from its future: takes the inner service
 /// (the one that was polled ready) and leaves a clone in its place.

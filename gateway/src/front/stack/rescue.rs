@@ -8,9 +8,9 @@ use futures::FutureExt;
 use tower::layer::layer_fn;
 use tower::{Layer, Service};
 
+use crate::body::BoxFuture;
 use crate::body::{BoxError, Request, Response};
 use crate::error::{rescue, GatewayError};
-use crate::request::BoxFuture;
 
 #[derive(Clone)]
 pub struct Rescue<S> {

@@ -24,9 +24,9 @@ use tokio::time::Instant;
 use tower::layer::layer_fn;
 use tower::{Layer, Service};
 
+use crate::body::BoxFuture;
 use crate::body::{BoxError, Request, Response};
 use crate::error::GatewayError;
-use crate::request::BoxFuture;
 use crate::request_info::RequestInfo;
 
 /// After a 504, how long the client has to read that Status before the exchange is cut.
@@ -185,7 +185,7 @@ mod tests {
 
     use super::*;
     use crate::body;
-    use crate::front::stack::with_request_info::RequestInfoService;
+    use crate::front::stack::request_info::RequestInfoService;
 
     #[test]
     fn client_timeout_is_parsed() {

@@ -33,9 +33,10 @@ use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
 use tower::layer::layer_fn;
 use tower::{Layer, Service};
 
+use crate::body::BoxFuture;
 use crate::body::{Request, Response};
+use crate::extensions::{ConnInfo, RoutedTo};
 use crate::otel::{HeaderExtractor, RequestTrace};
-use crate::request::{BoxFuture, ConnInfo, RoutedTo};
 
 /// What the layer needs of the tracer provider: the tracer and the W3C propagator.
 pub struct RequestTracer {

@@ -17,8 +17,8 @@ use tokio::sync::watch;
 use super::{AvailabilityMap, RouteTarget, Routing, Target};
 use crate::backend::pool::ServiceConnections;
 use crate::backend::remote::{RemoteBackend, RemoteSetupError};
+use crate::extensions::RoutedTo;
 use crate::metrics::Metrics;
-use crate::request::RoutedTo;
 use crate::workqueue::Queue;
 
 /// The proxy client certificate remote backends present. A new value (the files were rotated)

@@ -15,10 +15,10 @@ use apiservice::route_table::Lookup;
 use tower::layer::layer_fn;
 use tower::{Layer, Service};
 
+use crate::body::BoxFuture;
 use crate::body::{BoxError, Request, Response};
-use crate::control::routing::Routing;
+use crate::control::apiservices::Routing;
 use crate::error::GatewayError;
-use crate::request::BoxFuture;
 use crate::request_info::{parse, Parsed, RequestInfo};
 
 #[derive(Clone)]

@@ -1,12 +1,10 @@
-//! The types every part of the request path shares: what the listener knows of the connection,
-//! where the router sent a request, and the boxed future the services return. They sit below
-//! the listener, the stack and the router, so none of those imports from a layer above it.
+//! The request and response extensions the listener and the router set for the layers around
+//! them: the connection a request came on ([`ConnInfo`]) and where the router sent it
+//! ([`RoutedTo`]). They sit below the listener, the stack and the router, so none of those
+//! imports from a layer above it. (kube's request attributes, another extension, are
+//! `crate::request_info`'s; the caller's identity is `crate::auth::Authenticated`.)
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-
-pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 /// Where the router sent a request; set on the response for the access log, metrics and audit.
 #[derive(Clone, Debug)]
@@ -14,7 +12,7 @@ pub enum RoutedTo {
     Gateway,
     Core,
     /// A remote APIService's route, carrying its label `apiservice/<name>`. The label is built
-    /// once per route (see `routing::RouteTarget`), so tagging a response only clones an `Arc`.
+    /// once per route (see `control::apiservices::RouteTarget`), so tagging a response only clones an `Arc`.
     ApiService(Arc<str>),
     /// A local APIService's route (served by the core), labelled the same way.
     LocalApiService(Arc<str>),

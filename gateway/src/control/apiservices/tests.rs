@@ -1,6 +1,6 @@
 //! The route and availability controllers together, over a fake resolver.
 
-use super::availability::AvailabilitySettings;
+use super::remote_available_controller::AvailabilitySettings;
 use super::*;
 use crate::metrics::Metrics;
 use apiservice::resolve::ServiceResolver;

@@ -1,10 +1,11 @@
-//! The routing snapshot and the two controllers that keep it current. The request path only ever
-//! `load`s an immutable `RouteTable` ([`Routing`]); the controllers follow it on a `watch`
-//! channel:
+//! The APIService controllers: the routing snapshot the router reads, and the two controllers
+//! that keep it current (kube-aggregator's `apiservice_controller.go` and
+//! `remote_available_controller.go`). The request path only ever `load`s an immutable
+//! `RouteTable` ([`Routing`]); the controllers follow it on a `watch` channel:
 //!
 //! * [`route_controller`]: builds the next table whenever the APIService set, the availability
 //!   results or the proxy client certificate change (one key: the table);
-//! * [`availability`]: checks each APIService on its own work-queue key and publishes the
+//! * [`remote_available_controller`]: checks each APIService on its own work-queue key and publishes the
 //!   results the route controller reads (and, with the kube source, writes the `Available`
 //!   condition back to the core).
 
@@ -17,15 +18,15 @@ use tokio::sync::watch;
 
 use crate::backend::remote::RemoteBackend;
 
+use crate::extensions::RoutedTo;
 use crate::health_check::Check;
-use crate::request::RoutedTo;
 
-pub mod availability;
+pub mod remote_available_controller;
 pub mod route_controller;
 #[cfg(test)]
 mod tests;
 
-pub use availability::AvailabilityController;
+pub use remote_available_controller::AvailabilityController;
 pub use route_controller::{BackendFactory, ProxyIdentity, RouteController};
 
 /// What a route leads to.
