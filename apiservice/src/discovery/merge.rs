@@ -76,6 +76,8 @@ pub struct RemoteDiscovery {
     pub fresh: bool,
 }
 
+// === impl RemoteDiscovery ===
+
 impl RemoteDiscovery {
     /// Nothing fetched yet.
     pub fn never_fetched() -> Self {
@@ -132,6 +134,8 @@ pub struct APIServiceDiscovery<'a> {
     pub remote: Option<&'a RemoteDiscovery>,
 }
 
+// === impl APIServiceDiscovery ===
+
 impl<'a> APIServiceDiscovery<'a> {
     pub fn new(apiservice: &'a RegisteredAPIService, remote: Option<&'a RemoteDiscovery>) -> Self {
         Self { apiservice, remote }
@@ -150,6 +154,8 @@ pub struct AggregatedDocument {
     /// v2beta1 on the way out); `Vary: Accept` keeps caches apart.
     pub etag: String,
 }
+
+// === impl AggregatedDocument ===
 
 impl AggregatedDocument {
     fn new(items: &[u8]) -> Self {
@@ -186,6 +192,8 @@ pub struct MergedDiscovery {
     pub groups_legacy: HashMap<String, Bytes>,
 }
 
+// === impl MergedDiscovery ===
+
 impl MergedDiscovery {
     /// The legacy `APIGroup` body for `/apis/<group>`, if the gateway answers it.
     pub fn group_legacy(&self, group: &str) -> Option<&Bytes> {
@@ -219,6 +227,8 @@ struct Sorted<'a> {
     core_position: usize,
     versions: Vec<(&'a str, Slot<'a>)>,
 }
+
+// === impl Sorted ===
 
 impl<'a> Sorted<'a> {
     fn out(&self) -> GroupOut<'a> {
@@ -256,11 +266,16 @@ pub fn merge(
     core: &CoreDiscovery,
     apiservices: &[APIServiceDiscovery<'_>],
 ) -> Result<MergedDiscovery, DiscoveryError> {
-    let mut groups: HashMap<&str, GroupSlots<'_>> = HashMap::new();
+    let mut groups = core_slots(core);
+    apiservice_slots(&mut groups, apiservices);
+    let sorted = order(groups);
+    render(&sorted)
+}
 
-    // 1. The core's group-versions, where the core lists them. A group (or group-version)
-    //    listed twice keeps its first occurrence (the documents are given, so this is
-    //    deterministic).
+/// 1. The core's group-versions, where the core lists them. A group (or group-version) listed
+///    twice keeps its first occurrence (the documents are given, so this is deterministic).
+fn core_slots(core: &CoreDiscovery) -> HashMap<&str, GroupSlots<'_>> {
+    let mut groups: HashMap<&str, GroupSlots<'_>> = HashMap::new();
     for (position, item) in core
         .api
         .items
@@ -287,7 +302,14 @@ pub fn merge(
         }
     }
 
-    // 2. APIServices, one per group-version, chosen by a total order.
+    groups
+}
+
+/// 2. APIServices, one per group-version, chosen by a total order.
+fn apiservice_slots<'a>(
+    groups: &mut HashMap<&'a str, GroupSlots<'a>>,
+    apiservices: &'a [APIServiceDiscovery<'a>],
+) {
     let mut ordered: Vec<&APIServiceDiscovery<'_>> = apiservices
         .iter()
         .filter(|a| !a.apiservice.version.is_empty())
@@ -353,9 +375,11 @@ pub fn merge(
             },
         );
     }
+}
 
-    // 3. Order versions within groups, then groups: the core's keep its order, those of
-    //    APIServices are placed around them by priority.
+/// 3. Order versions within groups, then groups: the core's keep its order, those of
+///    APIServices are placed around them by priority.
+fn order<'a>(groups: HashMap<&'a str, GroupSlots<'a>>) -> Vec<Sorted<'a>> {
     let (mut anchored, mut placed): (Vec<Sorted<'_>>, Vec<Sorted<'_>>) = groups
         .into_iter()
         .filter(|(_, slots)| !slots.versions.is_empty())
@@ -389,7 +413,11 @@ pub fn merge(
     // The aggregator's own group leads whatever its priority (a stable sort keeps the rest).
     sorted.sort_by_key(|g| g.name != APIREGISTRATION_GROUP);
 
-    // 4. Render.
+    sorted
+}
+
+/// 4. Render: the aggregated `/apis` and `/api`, then the legacy documents.
+fn render(sorted: &[Sorted<'_>]) -> Result<MergedDiscovery, DiscoveryError> {
     let ser = |document: &str| {
         let document = document.to_owned();
         move |source| DiscoveryError::Serialize { document, source }
@@ -407,7 +435,21 @@ pub fn merge(
     let apis = AggregatedDocument::new(&items_bytes(&apis_items).map_err(ser("/apis"))?);
     let api = AggregatedDocument::new(&items_bytes(&api_items).map_err(ser("/api"))?);
 
-    // Legacy documents: `/apis` lists every group; `/apis/<group>` only for APIService groups.
+    let (apis_legacy, groups_legacy) = legacy(sorted)?;
+    Ok(MergedDiscovery {
+        apis,
+        api,
+        apis_legacy,
+        groups_legacy,
+    })
+}
+
+/// Legacy documents: `/apis` lists every group; `/apis/<group>` only for APIService groups.
+fn legacy(sorted: &[Sorted<'_>]) -> Result<(Bytes, HashMap<String, Bytes>), DiscoveryError> {
+    let ser = |document: &str| {
+        let document = document.to_owned();
+        move |source| DiscoveryError::Serialize { document, source }
+    };
     let named: Vec<&Sorted<'_>> = sorted.iter().filter(|g| !g.name.is_empty()).collect();
     let group_versions: Vec<Vec<GroupVersionForDiscovery>> = named
         .iter()
@@ -450,13 +492,7 @@ pub fn merge(
             .collect(),
     };
     let apis_legacy = serde_json::to_vec(&list).map_err(ser("legacy /apis"))?;
-
-    Ok(MergedDiscovery {
-        apis,
-        api,
-        apis_legacy: Bytes::from(apis_legacy),
-        groups_legacy,
-    })
+    Ok((Bytes::from(apis_legacy), groups_legacy))
 }
 
 #[cfg(test)]

@@ -151,11 +151,15 @@ enum Write {
     Failed(String),
 }
 
+// === impl Write ===
+
 impl Write {
     fn attempted(&self) -> bool {
         !matches!(self, Write::NotNeeded | Write::NotLeader)
     }
 }
+
+// === impl AvailabilityController ===
 
 impl AvailabilityController {
     pub fn new(
@@ -359,9 +363,9 @@ impl AvailabilityController {
                 (Target::Remote(backend), _) => {
                     match backend.probe(&api.group, &api.version).await {
                         Ok(()) => Availability::Available,
-                        Err(message) => Availability::unavailable(
+                        Err(e) => Availability::unavailable(
                             UnavailableReason::FailedDiscoveryCheck,
-                            message,
+                            e.to_string(),
                         ),
                     }
                 }

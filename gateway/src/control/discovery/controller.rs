@@ -68,6 +68,8 @@ pub enum Key {
     OpenApi(ServiceRef),
 }
 
+// === impl Key ===
+
 impl fmt::Display for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -141,6 +143,8 @@ struct State {
     /// `DiscoveryCache::listing_pending`).
     listing_pending: bool,
 }
+
+// === impl DiscoveryController ===
 
 impl DiscoveryController {
     pub fn new(

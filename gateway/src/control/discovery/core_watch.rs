@@ -57,6 +57,8 @@ pub struct CoreWatchers {
     apiservices: bool,
 }
 
+// === impl CoreWatchers ===
+
 impl CoreWatchers {
     pub fn new(client: Client) -> (Self, watch::Receiver<Signals>) {
         let (tx, rx) = watch::channel(Signals::default());
@@ -238,6 +240,8 @@ pub fn unlisted<'a>(established: &'a BTreeSet<String>, core: &CoreDiscovery) -> 
 pub struct ListingRetry {
     attempts: u32,
 }
+
+// === impl ListingRetry ===
 
 impl ListingRetry {
     pub const ATTEMPTS: u32 = 22;

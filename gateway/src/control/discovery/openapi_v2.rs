@@ -55,6 +55,8 @@ pub struct OpenApiV2 {
     pub protobuf: Encoded,
 }
 
+// === impl OpenApiV2 ===
+
 impl OpenApiV2 {
     /// The protobuf or the JSON form, with its Content-Type.
     pub fn representation(&self, protobuf: bool) -> (&'static str, &Encoded) {
@@ -72,6 +74,8 @@ pub struct Encoded {
     pub etag: String,
     gzip: OnceCell<Bytes>,
 }
+
+// === impl Encoded ===
 
 impl Encoded {
     fn new(bytes: Bytes) -> Self {
@@ -139,6 +143,8 @@ struct Contributor {
     version_priority: i32,
     service: ServiceRef,
 }
+
+// === impl OpenApiV2Controller ===
 
 impl OpenApiV2Controller {
     pub fn new(
