@@ -40,6 +40,10 @@ struct Args {
     /// creation like kube-apiserver's, and the resources of established ones.
     #[arg(long)]
     crds: bool,
+    /// Leave `apiregistration.k8s.io` out, for a core that stores APIServices as the Helm chart's
+    /// CRD (with --crds; the real-node suite's third chart shape).
+    #[arg(long, requires = "crds")]
+    without_apiservices: bool,
     /// Also serve this built-in group, `GROUP=VERSION[,VERSION...]` (preferred version first);
     /// repeated, in the order given, after the fixture's own groups.
     #[arg(long = "group", value_name = "GROUP=VERSIONS")]
@@ -97,6 +101,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     }
     if args.crds {
         core_server::with_crds(&mut config);
+    }
+    if args.without_apiservices {
+        core_server::without_apiservices(&mut config);
     }
     let tls = match (args.tls_cert_file, args.tls_private_key_file) {
         (Some(cert), Some(key)) => Some(TlsFiles {
