@@ -51,7 +51,8 @@ pub fn assert_rows_passed(context: &str, rows: usize, failures: &[String]) {
 
 /// One named check of a long session (a real control plane, a real node): an async function of
 /// the session's state.
-pub type Check<S> = for<'a> fn(&'a S) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + 'a>>;
+pub type Check<S> =
+    for<'a> fn(&'a S) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + 'a>>;
 
 /// Runs `checks` in order on `session`, each isolated from the others' panics, printing
 /// `<label>: <name> ...`, `passed` or `FAILED` with the time each took, and returns one line per

@@ -148,10 +148,19 @@ async fn the_gateway_writes_no_status_on_a_core_that_runs_its_own_availability_c
     .body(Full::new(Bytes::from(local.to_string())))
     .unwrap();
     let (status, _, body) = harness::send(&core_client(), req).await.unwrap();
-    assert_eq!(status, StatusCode::CREATED, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(
+        status,
+        StatusCode::CREATED,
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
 
-    let api = s.pki.apiservice(e2e::scenario::WARDLE_GROUP, "v1alpha1", "wardle");
-    s.kubectl(&s.user("alice", &[])).apply_yaml(&api.yaml()).await;
+    let api = s
+        .pki
+        .apiservice(e2e::scenario::WARDLE_GROUP, "v1alpha1", "wardle");
+    s.kubectl(&s.user("alice", &[]))
+        .apply_yaml(&api.yaml())
+        .await;
     // The core's own controller, which cannot see the Service, says so.
     let theirs = json!({"status": {"conditions": [{
         "type": "Available", "status": "False", "reason": "ServiceNotFound",
@@ -187,7 +196,10 @@ async fn the_gateway_writes_no_status_on_a_core_that_runs_its_own_availability_c
         .filter(|r| r["method"] == "PATCH" || r["method"] == "PUT")
         .filter(|r| r["path"].as_str().is_some_and(|p| p.contains("/status")))
         .collect();
-    assert!(writes.is_empty(), "status writes on a core that owns them: {writes:#?}");
+    assert!(
+        writes.is_empty(),
+        "status writes on a core that owns them: {writes:#?}"
+    );
     assert_eq!(
         available_condition(&s.core, NAME).await,
         Some(("False".into(), "ServiceNotFound".into())),

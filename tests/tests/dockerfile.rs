@@ -77,12 +77,19 @@ fn the_offline_image_has_what_the_dockerfile_describes() {
     let binary = e2e::harness::ensure_gateway_built().expect("the gateway binary");
     let stage = RuntimeStage::of_repository();
     let dir = tempfile::tempdir().unwrap();
-    let layout = ImageLayout::build(&ImageSpec::gateway(&binary, "localhost/aggregation-gateway:test"), dir.path())
-        .unwrap_or_else(|e| panic!("building the image: {e}"));
+    let layout = ImageLayout::build(
+        &ImageSpec::gateway(&binary, "localhost/aggregation-gateway:test"),
+        dir.path(),
+    )
+    .unwrap_or_else(|e| panic!("building the image: {e}"));
 
     let config = &layout.config["config"];
     assert_eq!(config["User"], stage.user.as_str(), "USER");
-    assert_eq!(config["Entrypoint"], serde_json::json!(stage.entrypoint), "ENTRYPOINT");
+    assert_eq!(
+        config["Entrypoint"],
+        serde_json::json!(stage.entrypoint),
+        "ENTRYPOINT"
+    );
     let exposed: Vec<&String> = config["ExposedPorts"]
         .as_object()
         .expect("ExposedPorts")
@@ -91,7 +98,13 @@ fn the_offline_image_has_what_the_dockerfile_describes() {
     let want: Vec<String> = stage
         .exposed
         .iter()
-        .map(|p| if p.contains('/') { p.clone() } else { format!("{p}/tcp") })
+        .map(|p| {
+            if p.contains('/') {
+                p.clone()
+            } else {
+                format!("{p}/tcp")
+            }
+        })
         .collect();
     assert_eq!(exposed, want.iter().collect::<Vec<_>>(), "EXPOSE");
 
@@ -102,7 +115,13 @@ fn the_offline_image_has_what_the_dockerfile_describes() {
         .find(|(path, _)| path == entry)
         .unwrap_or_else(|| panic!("{entry} is not in the layer: {files:?}"));
     assert_eq!(mode & 0o111, 0o111, "{entry} is executable");
-    for shell in ["bin/sh", "bin/bash", "bin/dash", "bin/busybox", "usr/bin/sh"] {
+    for shell in [
+        "bin/sh",
+        "bin/bash",
+        "bin/dash",
+        "bin/busybox",
+        "usr/bin/sh",
+    ] {
         assert!(
             !files.iter().any(|(path, _)| path == shell),
             "the image has a shell ({shell}); the Dockerfile's distroless base has none"
@@ -113,18 +132,25 @@ fn the_offline_image_has_what_the_dockerfile_describes() {
     assert!(
         passwd
             .lines()
-            .any(|l| l.split(':').nth(2) == Some(&uid.to_string()) && l.split(':').nth(3) == Some(&gid.to_string())),
+            .any(|l| l.split(':').nth(2) == Some(&uid.to_string())
+                && l.split(':').nth(3) == Some(&gid.to_string())),
         "/etc/passwd names the USER's uid and gid:\n{passwd}"
     );
     assert!(
-        files.iter().any(|(path, _)| path.starts_with("etc/ssl/certs/")),
+        files
+            .iter()
+            .any(|(path, _)| path.starts_with("etc/ssl/certs/")),
         "CA certificates, as distroless ships them"
     );
     let (_, tmp_mode) = files
         .iter()
         .find(|(path, _)| path == "tmp")
         .expect("a /tmp");
-    assert_eq!(tmp_mode & 0o1777, 0o1777, "/tmp is world-writable and sticky");
+    assert_eq!(
+        tmp_mode & 0o1777,
+        0o1777,
+        "/tmp is world-writable and sticky"
+    );
 }
 
 #[test]

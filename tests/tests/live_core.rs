@@ -258,7 +258,8 @@ async fn get_text(client: &harness::HttpClient, url: &str, token: bool) -> Strin
 fn crd_of(group: &str, plural: &str, kind: &str) -> Value {
     let mut crd = crd(group);
     crd["metadata"]["name"] = format!("{plural}.{group}").into();
-    crd["spec"]["names"] = serde_json::json!({"plural": plural, "singular": kind.to_lowercase(), "kind": kind});
+    crd["spec"]["names"] =
+        serde_json::json!({"plural": plural, "singular": kind.to_lowercase(), "kind": kind});
     crd
 }
 
@@ -271,9 +272,8 @@ async fn a_new_crds_schema_reaches_openapi_v2_and_the_v3_root_within_a_second() 
     let client = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
     let group = "schemas.live.example.com";
     let v3_entry = |root: &str| -> Value {
-        serde_json::from_str::<Value>(root).unwrap_or_default()["paths"]
-            [format!("apis/{group}/v1")]
-        .clone()
+        serde_json::from_str::<Value>(root).unwrap_or_default()["paths"][format!("apis/{group}/v1")]
+            .clone()
     };
     // The gateway serves its merged documents before the clock starts.
     let ready = harness::wait_until(Duration::from_secs(15), || async {
@@ -284,6 +284,12 @@ async fn a_new_crds_schema_reaches_openapi_v2_and_the_v3_root_within_a_second() 
     .await;
     assert!(ready, "the gateway never served /openapi/v2");
 
+    let urls = [
+        format!("{}/openapi/v2", core.url()),
+        format!("{}/openapi/v2", gateway.url()),
+        format!("{}/openapi/v3", core.url()),
+        format!("{}/openapi/v3", gateway.url()),
+    ];
     let mut lags = Vec::new();
     // The first CRD of the group, then a second one in the same group-version.
     for (plural, kind) in [("widgets", "Widget"), ("gadgets", "Gadget")] {
@@ -294,53 +300,68 @@ async fn a_new_crds_schema_reaches_openapi_v2_and_the_v3_root_within_a_second() 
                 core.url()
             ))
             .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(crd_of(group, plural, kind).to_string())))
+            .body(Full::new(Bytes::from(
+                crd_of(group, plural, kind).to_string(),
+            )))
             .unwrap(),
         )
         .await
         .unwrap();
         assert_eq!(created.0, StatusCode::CREATED, "{created:?}");
         let definition = format!(".v1.{kind}\"");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let (mut core_v2, mut gateway_v2, mut core_v3, mut gateway_v3) = (None, None, None, None);
-        let mut core_entry = Value::Null;
-        while [core_v2, gateway_v2, core_v3, gateway_v3].iter().any(Option::is_none)
-            && Instant::now() < deadline
-        {
-            let (cv2, gv2, cv3, gv3) = tokio::join!(
-                get_text(&client, &format!("{}/openapi/v2", core.url()), false),
-                get_text(&client, &format!("{}/openapi/v2", gateway.url()), true),
-                get_text(&client, &format!("{}/openapi/v3", core.url()), false),
-                get_text(&client, &format!("{}/openapi/v3", gateway.url()), true),
-            );
-            let now = Instant::now();
-            if core_v2.is_none() && cv2.contains(&definition) {
-                core_v2 = Some(now);
-            }
-            if gateway_v2.is_none() && gv2.contains(&definition) {
-                gateway_v2 = Some(now);
-            }
-            // The root's entry for the group-version carries a hash of its document: a new
-            // kind in it gives a new entry.
-            if core_v3.is_none() && cv2.contains(&definition) && !v3_entry(&cv3).is_null() {
-                core_entry = v3_entry(&cv3);
-                core_v3 = Some(now);
-            }
-            if core_v3.is_some() && gateway_v3.is_none() && v3_entry(&gv3) == core_entry {
-                gateway_v3 = Some(now);
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        // Each document polled on its own, so a slow fetch of one does not blur the other's time.
+        let first_seen = |url: String, token: bool, check: Box<dyn Fn(&str) -> bool + Send>| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while Instant::now() < deadline {
+                    if check(&get_text(&client, &url, token).await) {
+                        return Some(Instant::now());
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                None
+            })
+        };
+        let has_kind = |definition: String| -> Box<dyn Fn(&str) -> bool + Send> {
+            Box::new(move |doc: &str| doc.contains(&definition))
+        };
+        // The root's entry for the group-version carries a hash of its document: a new kind in
+        // it gives a new entry.
+        let before = v3_entry(&get_text(&client, &urls[2], false).await);
+        let new_entry = |before: Value| -> Box<dyn Fn(&str) -> bool + Send> {
+            Box::new(move |doc: &str| {
+                let entry = serde_json::from_str::<Value>(doc).unwrap_or_default()["paths"]
+                    [format!("apis/{group}/v1")]
+                .clone();
+                !entry.is_null() && entry != before
+            })
+        };
+        let polls = [
+            first_seen(urls[0].clone(), false, has_kind(definition.clone())),
+            first_seen(urls[1].clone(), true, has_kind(definition.clone())),
+            first_seen(urls[2].clone(), false, new_entry(before.clone())),
+            first_seen(urls[3].clone(), true, new_entry(before.clone())),
+        ];
+        let mut seen = Vec::new();
+        for poll in polls {
+            seen.push(poll.await.unwrap());
         }
+        let [core_v2, gateway_v2, core_v3, gateway_v3] = [seen[0], seen[1], seen[2], seen[3]];
         let core_v2 = core_v2.unwrap_or_else(|| panic!("the core's /openapi/v2 never had {kind}"));
-        let core_v3 = core_v3.unwrap_or_else(|| panic!("the core's /openapi/v3 never listed {group}"));
-        let gateway_v2 = gateway_v2.unwrap_or_else(|| {
-            panic!("the gateway's /openapi/v2 did not have {kind} within 10 s of the core's")
-        });
+        let core_v3 =
+            core_v3.unwrap_or_else(|| panic!("the core's /openapi/v3 never listed {group}"));
+        let gateway_v2 = gateway_v2
+            .unwrap_or_else(|| panic!("the gateway's /openapi/v2 did not have {kind} within 10 s"));
         let gateway_v3 = gateway_v3.unwrap_or_else(|| {
             panic!("the gateway's /openapi/v3 root did not follow the core's within 10 s ({kind})")
         });
         lags.push((kind, "v2", gateway_v2.saturating_duration_since(core_v2)));
-        lags.push((kind, "v3 root", gateway_v3.saturating_duration_since(core_v3)));
+        lags.push((
+            kind,
+            "v3 root",
+            gateway_v3.saturating_duration_since(core_v3),
+        ));
     }
     eprintln!("a new CRD's schema in the gateway's OpenAPI after the core's: {lags:?}");
     for (kind, what, lag) in &lags {
@@ -379,7 +400,9 @@ fn v1_resources(doc: &Value, group: &str) -> Option<Vec<String>> {
 /// core lists it, with its resources.
 #[tokio::test]
 async fn a_local_apiservice_is_listed_only_once_the_core_lists_its_resources() {
-    let core = FixtureCore::start(&["--crds"]).await.expect("fixture core starts");
+    let core = FixtureCore::start(&["--crds"])
+        .await
+        .expect("fixture core starts");
     let gateway = Gateway::start(GatewayOptions::new(core.url()))
         .await
         .expect("gateway starts");
@@ -441,10 +464,18 @@ async fn a_local_apiservice_is_listed_only_once_the_core_lists_its_resources() {
     let mut listed = false;
     while !listed && Instant::now() < deadline {
         if let Some(resources) = v1_resources(&get_json(&client, &apis, AGG, true).await, group) {
-            assert_eq!(resources, ["widgets"], "{group}/v1 listed without its resources");
+            assert_eq!(
+                resources,
+                ["widgets"],
+                "{group}/v1 listed without its resources"
+            );
             listed = true;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(listed, "the gateway never listed {group}/v1:\n{}", gateway.process.logs());
+    assert!(
+        listed,
+        "the gateway never listed {group}/v1:\n{}",
+        gateway.process.logs()
+    );
 }

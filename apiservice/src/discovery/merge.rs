@@ -820,10 +820,7 @@ mod tests {
         assert_eq!(v1["resources"][0]["resource"], "crontabs");
         assert_eq!(v1["freshness"], "Current");
         let legacy = json(merged.group_legacy("stable.example.com").unwrap());
-        assert!(
-            !legacy["versions"].to_string().contains("v3"),
-            "{legacy}"
-        );
+        assert!(!legacy["versions"].to_string().contains("v3"), "{legacy}");
         // A group the core does not list at all is not listed either.
         let absent = svc("later.example.com", "v1", 19000, 1, false);
         let merged_absent = merge(&c, &[APIServiceDiscovery::new(&absent, None)]).unwrap();

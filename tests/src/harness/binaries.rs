@@ -55,13 +55,23 @@ pub fn ensure_gateway_built() -> Result<PathBuf, HarnessError> {
 }
 
 /// Builds the gateway's release binary (what its image ships) once per test process, whatever
-/// profile the tests run in, into the same target directory; see [`ensure_gateway_built`].
+/// profile the tests run in, into the same target directory; see [`ensure_gateway_built`]
+/// (`E2E_SKIP_GATEWAY_BUILD=1` takes the existing one as it is here too).
 pub fn ensure_release_gateway_built() -> Result<PathBuf, HarnessError> {
     static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     BUILT
         .get_or_init(|| {
             let profile_dir = target_profile_dir().map_err(|e| e.to_string())?;
             let release = profile_dir.with_file_name("release");
+            if std::env::var_os("E2E_SKIP_GATEWAY_BUILD").is_some_and(|v| v != "0" && !v.is_empty())
+            {
+                let path = release.join(GATEWAY_BIN);
+                return if path.is_file() {
+                    Ok(path)
+                } else {
+                    Err(format!("{} does not exist", path.display()))
+                };
+            }
             build_gateway_into(&release).map_err(|e| e.to_string())
         })
         .clone()
@@ -117,7 +127,10 @@ fn build_gateway_into(profile_dir: &Path) -> Result<PathBuf, HarnessError> {
     if path.is_file() {
         Ok(path)
     } else {
-        Err(HarnessError::Binary(format!("{} was not built", path.display())))
+        Err(HarnessError::Binary(format!(
+            "{} was not built",
+            path.display()
+        )))
     }
 }
 

@@ -148,7 +148,10 @@ impl Cluster {
     pub fn import_image(&self, spec: &ImageSpec) -> Result<String, String> {
         let started = Instant::now();
         let reference = build_and_import(spec, self.binaries.host("ctr"), &self.containerd)?;
-        eprintln!("real node: image {reference} imported in {:.1?}", started.elapsed());
+        eprintln!(
+            "real node: image {reference} imported in {:.1?}",
+            started.elapsed()
+        );
         Ok(reference)
     }
 
@@ -220,7 +223,10 @@ impl Cluster {
         ]);
         let etcd = self.spawn("etcd", etcd)?;
         if etcd
-            .wait_for_line(|l| l.contains("ready to serve client requests"), READY_TIMEOUT)
+            .wait_for_line(
+                |l| l.contains("ready to serve client requests"),
+                READY_TIMEOUT,
+            )
             .await
             .is_none()
         {
@@ -282,7 +288,8 @@ impl Cluster {
         self.spawn("kube-apiserver", kas)?;
         self.wait_apiserver_ready().await?;
 
-        let kcm_config = self.component_kubeconfig("controller-manager", &self.pki.controller_manager);
+        let kcm_config =
+            self.component_kubeconfig("controller-manager", &self.pki.controller_manager);
         let sched_config = self.component_kubeconfig("scheduler", &self.pki.scheduler);
         let p = &self.pki;
         let mut kcm = Command::new(&self.binaries.kube_controller_manager);
@@ -388,15 +395,15 @@ state = "{root}/state"
         self.file(
             "cni/10-real-node.conflist",
             &serde_json::json!({
-                "cniVersion": "1.0.0", "name": "real-node", "plugins": [
-                    {"type": "bridge", "bridge": host::BRIDGE, "isGateway": true, "ipMasq": true,
-                     "hairpinMode": true,
-                     "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_CIDR}]],
-                              "routes": [{"dst": "0.0.0.0/0"}],
-                              "dataDir": self.dir.path().join("cni-ipam").display().to_string()}},
-                    {"type": "portmap", "capabilities": {"portMappings": true}},
-                    {"type": "loopback"}
-                ]})
+            "cniVersion": "1.0.0", "name": "real-node", "plugins": [
+                {"type": "bridge", "bridge": host::BRIDGE, "isGateway": true, "ipMasq": true,
+                 "hairpinMode": true,
+                 "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_CIDR}]],
+                          "routes": [{"dst": "0.0.0.0/0"}],
+                          "dataDir": self.dir.path().join("cni-ipam").display().to_string()}},
+                {"type": "portmap", "capabilities": {"portMappings": true}},
+                {"type": "loopback"}
+            ]})
             .to_string(),
         );
         let mut containerd = Command::new(self.binaries.host("containerd"));

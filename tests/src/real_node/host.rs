@@ -92,9 +92,7 @@ impl Drop for HostNetwork {
                 .collect();
             for rule in rules.lines().filter_map(|l| l.strip_prefix("-A ")) {
                 let words: Vec<&str> = rule.split_whitespace().collect();
-                let jumps_to_ours = words
-                    .windows(2)
-                    .any(|w| w[0] == "-j" && ours(w[1]));
+                let jumps_to_ours = words.windows(2).any(|w| w[0] == "-j" && ours(w[1]));
                 if !chains.contains(&words[0]) && jumps_to_ours {
                     let mut args: Vec<String> = vec!["-t".into(), table.into(), "-D".into()];
                     args.extend(shell_words(rule));
@@ -114,7 +112,10 @@ impl Drop for HostNetwork {
         }
         let _ = run("ip", &["link", "del", BRIDGE]);
         if let Ok(namespaces) = output("ip", &["netns", "list"]) {
-            for ns in namespaces.lines().filter_map(|l| l.split_whitespace().next()) {
+            for ns in namespaces
+                .lines()
+                .filter_map(|l| l.split_whitespace().next())
+            {
                 if ns.starts_with("cni-") {
                     let _ = run("ip", &["netns", "del", ns]);
                 }
@@ -124,7 +125,10 @@ impl Drop for HostNetwork {
             let _ = run("sysctl", &["-qw", &format!("{key}={old}")]);
         }
         if self.added_alias {
-            let _ = run("ip", &["addr", "del", &format!("{NODE_IP}/32"), "dev", "lo"]);
+            let _ = run(
+                "ip",
+                &["addr", "del", &format!("{NODE_IP}/32"), "dev", "lo"],
+            );
         }
     }
 }
@@ -180,7 +184,9 @@ mod tests {
     #[test]
     fn iptables_rules_split_with_quoted_comments() {
         assert_eq!(
-            shell_words(r#"PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES"#),
+            shell_words(
+                r#"PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES"#
+            ),
             [
                 "PREROUTING",
                 "-m",

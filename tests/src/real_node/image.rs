@@ -108,19 +108,32 @@ impl ImageLayout {
             }
         }
         if Path::new("/etc/ssl/certs").is_dir() {
-            run(Command::new("cp").arg("-rL").arg("/etc/ssl/certs").arg(root.join("etc/ssl/certs")))?;
+            run(Command::new("cp")
+                .arg("-rL")
+                .arg("/etc/ssl/certs")
+                .arg(root.join("etc/ssl/certs")))?;
         }
         write(
             &root.join("etc/passwd"),
             &format!("root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:{uid}:{gid}:nonroot:/home/nonroot:/sbin/nologin\n"),
         )?;
-        write(&root.join("etc/group"), &format!("root:x:0:\nnonroot:x:{gid}:\n"))?;
+        write(
+            &root.join("etc/group"),
+            &format!("root:x:0:\nnonroot:x:{gid}:\n"),
+        )?;
         write(&root.join("etc/nsswitch.conf"), "hosts: files dns\n")?;
 
         // The layer: reproducible (sorted, epoch mtimes, root-owned), then gzip.
         let layer_tar = work.join("layer.tar");
         run(Command::new("tar")
-            .args(["--sort=name", "--mtime=@0", "--owner=0", "--group=0", "--numeric-owner", "-C"])
+            .args([
+                "--sort=name",
+                "--mtime=@0",
+                "--owner=0",
+                "--group=0",
+                "--numeric-owner",
+                "-C",
+            ])
             .arg(&root)
             .arg("-cf")
             .arg(&layer_tar)
@@ -141,8 +154,11 @@ impl ImageLayout {
             Ok((format!("sha256:{digest}"), bytes.len()))
         };
         let (layer_digest, layer_size) = blob(&gz)?;
-        let exposed: BTreeMap<&str, Value> =
-            spec.exposed.iter().map(|p| (p.as_str(), json!({}))).collect();
+        let exposed: BTreeMap<&str, Value> = spec
+            .exposed
+            .iter()
+            .map(|p| (p.as_str(), json!({})))
+            .collect();
         let config = json!({
             "architecture": "amd64",
             "os": "linux",
@@ -177,9 +193,17 @@ impl ImageLayout {
             }],
         });
         write(&layout.join("index.json"), &index.to_string())?;
-        write(&layout.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#)?;
+        write(
+            &layout.join("oci-layout"),
+            r#"{"imageLayoutVersion":"1.0.0"}"#,
+        )?;
         let tar = work.join("image.tar");
-        run(Command::new("tar").arg("-C").arg(&layout).arg("-cf").arg(&tar).arg("."))?;
+        run(Command::new("tar")
+            .arg("-C")
+            .arg(&layout)
+            .arg("-cf")
+            .arg(&tar)
+            .arg("."))?;
         Ok(ImageLayout {
             reference: spec.reference.clone(),
             tar,

@@ -83,9 +83,8 @@ impl NodeBinaries {
         }
         let mut host = Vec::new();
         for (program, package) in HOST_PROGRAMS {
-            let found = which(program).ok_or_else(|| {
-                format!("`{program}` is not on PATH (Debian package {package})")
-            })?;
+            let found = which(program)
+                .ok_or_else(|| format!("`{program}` is not on PATH (Debian package {package})"))?;
             host.push((program, found));
         }
         if !Path::new(CNI_BIN_DIR).join("bridge").is_file() {

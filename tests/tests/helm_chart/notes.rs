@@ -38,8 +38,7 @@ fn notes_bootstrap_a_sidecar_core_directly_before_the_rollout() {
             .find(text)
             .unwrap_or_else(|| panic!("the notes have no {text:?}:\n{notes}"))
     };
-    let port_forward =
-        step("port-forward deployment/edge-aggregation-gateway 18443:8080");
+    let port_forward = step("port-forward deployment/edge-aggregation-gateway 18443:8080");
     let rbac = step("{.data.rbac\\.yaml}' | kubectl --context core apply -f -");
     let rollout = step("rollout status deployment/edge-aggregation-gateway");
     assert!(
@@ -79,7 +78,10 @@ fn core_rbac_creates_the_lease_namespace_and_grants_the_authentication_configmap
     );
 
     // A Lease in a namespace every core has needs no Namespace object.
-    let r = Rendered::with(Some("sidecar-core"), &["leaderElection.namespace=kube-system"]);
+    let r = Rendered::with(
+        Some("sidecar-core"),
+        &["leaderElection.namespace=kube-system"],
+    );
     assert!(
         !r.core_manifests()["rbac.yaml"]
             .iter()

@@ -253,12 +253,18 @@ fn the_core_sidecar_is_in_the_pod_only_in_the_sidecar_example() {
                 // The example's core listens on 127.0.0.1: the kubelet, which probes the Pod IP,
                 // could never reach it (issue 24: the Pod stayed `Init:0/1`, the core restarted
                 // every 120 s), so it has no network probe at all.
-                for probe in [&core.startup_probe, &core.liveness_probe, &core.readiness_probe]
-                    .into_iter()
-                    .flatten()
+                for probe in [
+                    &core.startup_probe,
+                    &core.liveness_probe,
+                    &core.readiness_probe,
+                ]
+                .into_iter()
+                .flatten()
                 {
                     assert!(
-                        probe.http_get.is_none() && probe.tcp_socket.is_none() && probe.grpc.is_none(),
+                        probe.http_get.is_none()
+                            && probe.tcp_socket.is_none()
+                            && probe.grpc.is_none(),
                         "a network probe on a loopback core: {probe:?}"
                     );
                 }
@@ -307,14 +313,19 @@ fn a_network_probe_on_a_loopback_core_is_refused() {
         "core.sidecar.livenessProbe.tcpSocket.port=8080",
         "core.sidecar.readinessProbe.grpc.port=8080",
     ];
-    check_each(probes, |set| (*set).to_owned(), |set| {
-        let error = helm_template(&sidecar, &[set]).expect_err("a probe the kubelet cannot reach");
-        assert!(
-            error.contains("the core listens on loopback (--bind-address=127.0.0.1)")
-                && error.contains("probes to the Pod IP"),
-            "{set}: {error}"
-        );
-    });
+    check_each(
+        probes,
+        |set| (*set).to_owned(),
+        |set| {
+            let error =
+                helm_template(&sidecar, &[set]).expect_err("a probe the kubelet cannot reach");
+            assert!(
+                error.contains("the core listens on loopback (--bind-address=127.0.0.1)")
+                    && error.contains("probes to the Pod IP"),
+                "{set}: {error}"
+            );
+        },
+    );
     // An exec probe runs inside the container, and a core bound to the Pod IP is reachable.
     for sets in [
         &["core.sidecar.livenessProbe.exec.command={/usr/local/bin/health}"][..],

@@ -121,12 +121,22 @@ async fn rollout_status(admin: &Kubectl) {
 }
 
 pub async fn restart_upgrade_drain_under_load(installed: &Installed<'_>) {
-    let admin = installed.node.cluster.admin().with_timeout(Duration::from_secs(200));
+    let admin = installed
+        .node
+        .cluster
+        .admin()
+        .with_timeout(Duration::from_secs(200));
     let load = Load::start(&installed.kubectl);
     tokio::time::sleep(Duration::from_secs(3)).await;
 
     admin
-        .run_ok(&["-n", NAMESPACE, "rollout", "restart", &format!("deployment/{FULLNAME}")])
+        .run_ok(&[
+            "-n",
+            NAMESPACE,
+            "rollout",
+            "restart",
+            &format!("deployment/{FULLNAME}"),
+        ])
         .await;
     rollout_status(&admin).await;
 
@@ -188,12 +198,25 @@ fn timestamp(line: &str) -> &str {
 }
 
 pub async fn core_outlives_the_drain(installed: &Installed<'_>) {
-    let admin = installed.node.cluster.admin().with_timeout(Duration::from_secs(120));
+    let admin = installed
+        .node
+        .cluster
+        .admin()
+        .with_timeout(Duration::from_secs(120));
     let pods = installed.pods().await;
     let pod = pods.first().expect("a running Pod");
     let follow = |container: &str| {
         admin
-            .spawn(&["-n", NAMESPACE, "logs", "-f", "--timestamps", pod, "-c", container])
+            .spawn(&[
+                "-n",
+                NAMESPACE,
+                "logs",
+                "-f",
+                "--timestamps",
+                pod,
+                "-c",
+                container,
+            ])
             .expect("kubectl logs -f")
     };
     let (mut gateway, mut core) = (follow("gateway"), follow("core"));
@@ -206,7 +229,12 @@ pub async fn core_outlives_the_drain(installed: &Installed<'_>) {
     assert!(ended, "the containers' logs did not end within 90 s");
     let gateway_lines = gateway.stdout();
     let core_lines = core.stdout();
-    let gateway_last = gateway_lines.lines().last().map(timestamp).unwrap_or_default().to_owned();
+    let gateway_last = gateway_lines
+        .lines()
+        .last()
+        .map(timestamp)
+        .unwrap_or_default()
+        .to_owned();
     // kube-apiserver's controllers log "Shutting down" once it got SIGTERM.
     let core_stop = core_lines
         .lines()
@@ -224,7 +252,9 @@ pub async fn core_outlives_the_drain(installed: &Installed<'_>) {
         "the core began to shut down at {core_stop}, before the gateway's last line at \
          {gateway_last}:\n--- gateway ---\n{gateway_lines}\n--- core ---\n{core_lines}"
     );
-    eprintln!("real node: gateway's last line {gateway_last}, core's first shutdown line {core_stop}");
+    eprintln!(
+        "real node: gateway's last line {gateway_last}, core's first shutdown line {core_stop}"
+    );
     rollout_status(&admin).await;
 }
 
@@ -237,8 +267,17 @@ pub async fn readiness_follows_the_core(installed: &Installed<'_>) {
         .run_ok(&["-n", NAMESPACE, "get", "pod", &pod, "-o", "json"])
         .await;
     let pod_json: Value = serde_json::from_str(&json.stdout).unwrap();
-    let statuses = |key: &str| pod_json["status"][key].as_array().cloned().unwrap_or_default();
-    let all: Vec<Value> = [statuses("containerStatuses"), statuses("initContainerStatuses")].concat();
+    let statuses = |key: &str| {
+        pod_json["status"][key]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    };
+    let all: Vec<Value> = [
+        statuses("containerStatuses"),
+        statuses("initContainerStatuses"),
+    ]
+    .concat();
     let find = |name: &str| all.iter().find(|c| c["name"] == name).cloned().unwrap();
     let core_id = find("core")["containerID"]
         .as_str()
@@ -277,7 +316,11 @@ pub async fn readiness_follows_the_core(installed: &Installed<'_>) {
         .run_ok(&["-n", NAMESPACE, "get", "pod", &pod, "-o", "json"])
         .await;
     ctr("resume");
-    assert!(unready, "the Pod stayed Ready with its core frozen:\n{}", pod_report(&admin).await);
+    assert!(
+        unready,
+        "the Pod stayed Ready with its core frozen:\n{}",
+        pod_report(&admin).await
+    );
     let after: Value = serde_json::from_str(&after.stdout).unwrap();
     let gateway_after = after["status"]["containerStatuses"]
         .as_array()
@@ -323,5 +366,8 @@ pub async fn readiness_follows_the_core(installed: &Installed<'_>) {
             == "True"
     })
     .await;
-    assert!(ready_again, "the Pod did not become Ready again once the core was back");
+    assert!(
+        ready_again,
+        "the Pod did not become Ready again once the core was back"
+    );
 }

@@ -80,7 +80,8 @@ async fn session_on_a_real_node() {
         );
         if let (Some(direct), Some(e2e)) = (&direct, &binaries.e2e_test) {
             if shape.runs_upstream_e2e {
-                let through = upstream::run(&node, e2e, upstream::Target::Gateway(&installed)).await;
+                let through =
+                    upstream::run(&node, e2e, upstream::Target::Gateway(&installed)).await;
                 let table = upstream::Table::new(direct, &through);
                 eprintln!("{label}: upstream e2e, direct vs through the gateway:\n{table}");
                 if let Err(e) = table.verdict() {

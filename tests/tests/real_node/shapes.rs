@@ -313,8 +313,10 @@ impl Shape {
 
     /// The values a user of this shape writes.
     fn values(&self) -> String {
+        // The fixture core keeps its state in memory, per Pod: one replica, one core.
+        let replicas = if self.core == Core::CrdFixture { 1 } else { 2 };
         let common = format!(
-            r#"replicaCount: 2
+            r#"replicaCount: {replicas}
 image: {{repository: localhost/aggregation-gateway, tag: dev, pullPolicy: Never}}
 tls:
   serving: {{secretName: gateway-serving}}
@@ -365,8 +367,7 @@ extraVolumes:
     secret: {{secretName: core-pki}}
 "#
             ),
-            Core::CrdFixture => r#"replicaCount: 1
-core:
+            Core::CrdFixture => r#"core:
   serviceAccountAuth: false
   tokenSecret: fixture-core-token
   sidecar:
@@ -396,7 +397,6 @@ serviceResolution:
 "#
             .to_owned(),
         };
-        // The last replicaCount wins in YAML maps read by helm: put the shape's after common.
         format!("{common}{shape}")
     }
 }
@@ -488,7 +488,10 @@ impl<'a> Installed<'a> {
             let out = kubectl.run(&["get", "--raw", "/version"]).await;
             return Err(format!("no answer through the gateway's Service:\n{out}"));
         }
-        let manifest = node.cluster.dir().join(format!("manifest-{}.yaml", shape.name));
+        let manifest = node
+            .cluster
+            .dir()
+            .join(format!("manifest-{}.yaml", shape.name));
         std::fs::write(
             &manifest,
             node.helm(&["get", "manifest", RELEASE, "-n", NAMESPACE])?,
@@ -545,7 +548,9 @@ impl<'a> Installed<'a> {
             ])
             .await;
         if !labelled.stdout.trim().is_empty() {
-            return Err(format!("objects labelled with the release remain:\n{labelled}"));
+            return Err(format!(
+                "objects labelled with the release remain:\n{labelled}"
+            ));
         }
         Ok(())
     }
@@ -587,23 +592,43 @@ async fn bootstrap_fixture_core(node: &Node, notes: &str) -> Result<(), String> 
     }
     if let Some(rollout) = notes.find("rollout status") {
         if notes.find(&forward).is_some_and(|f| f > rollout) {
-            return Err(format!("the notes wait for the rollout before bootstrapping the core:\n{notes}"));
+            return Err(format!(
+                "the notes wait for the rollout before bootstrapping the core:\n{notes}"
+            ));
         }
     }
     // The Pod must be Running (not Ready: it cannot be until this is done) for port-forward.
     let running = wait_until(Duration::from_secs(120), || async {
         admin
-            .run(&["-n", NAMESPACE, "get", "pods", "-l", &format!("app.kubernetes.io/instance={RELEASE}"), "-o", "jsonpath={.items[*].status.phase}"])
+            .run(&[
+                "-n",
+                NAMESPACE,
+                "get",
+                "pods",
+                "-l",
+                &format!("app.kubernetes.io/instance={RELEASE}"),
+                "-o",
+                "jsonpath={.items[*].status.phase}",
+            ])
             .await
             .stdout
             .contains("Running")
     })
     .await;
     if !running {
-        return Err(format!("no gateway Pod is Running:\n{}", pod_report(&admin).await));
+        return Err(format!(
+            "no gateway Pod is Running:\n{}",
+            pod_report(&admin).await
+        ));
     }
     let forward: Process = admin
-        .spawn(&["-n", NAMESPACE, "port-forward", &format!("deployment/{FULLNAME}"), "18443:8080"])
+        .spawn(&[
+            "-n",
+            NAMESPACE,
+            "port-forward",
+            &format!("deployment/{FULLNAME}"),
+            "18443:8080",
+        ])
         .map_err(|e| e.to_string())?;
     if forward
         .wait_for_line(|l| l.contains("Forwarding from"), Duration::from_secs(30))
@@ -616,18 +641,36 @@ async fn bootstrap_fixture_core(node: &Node, notes: &str) -> Result<(), String> 
         .and_then(|k| k.with_token(FIXTURE_USER_TOKEN))
         .map_err(|e| e.to_string())?;
     let crd = admin
-        .run_ok(&["-n", NAMESPACE, "get", "configmap", &format!("{FULLNAME}-core"), "-o", "jsonpath={.data.apiservice-crd\\.yaml}"])
+        .run_ok(&[
+            "-n",
+            NAMESPACE,
+            "get",
+            "configmap",
+            &format!("{FULLNAME}-core"),
+            "-o",
+            "jsonpath={.data.apiservice-crd\\.yaml}",
+        ])
         .await
         .stdout;
     let applied = core.run_with_input(&["apply", "-f", "-"], &crd).await;
     if !applied.success() {
-        return Err(format!("applying the APIService CRD to the core:\n{applied}"));
+        return Err(format!(
+            "applying the APIService CRD to the core:\n{applied}"
+        ));
     }
     let established = core
-        .run(&["wait", "--for", "condition=established", "crd/apiservices.apiregistration.k8s.io", "--timeout=60s"])
+        .run(&[
+            "wait",
+            "--for",
+            "condition=established",
+            "crd/apiservices.apiregistration.k8s.io",
+            "--timeout=60s",
+        ])
         .await;
     if !established.success() {
-        return Err(format!("the APIService CRD was not established:\n{established}"));
+        return Err(format!(
+            "the APIService CRD was not established:\n{established}"
+        ));
     }
     Ok(())
 }
@@ -638,10 +681,26 @@ pub async fn pod_report(admin: &Kubectl) -> String {
         .run(&["-n", NAMESPACE, "get", "pods", "-o", "wide"])
         .await;
     let describe = admin
-        .run(&["-n", NAMESPACE, "describe", "pods", "-l", &format!("app.kubernetes.io/instance={RELEASE}")])
+        .run(&[
+            "-n",
+            NAMESPACE,
+            "describe",
+            "pods",
+            "-l",
+            &format!("app.kubernetes.io/instance={RELEASE}"),
+        ])
         .await;
     let logs = admin
-        .run(&["-n", NAMESPACE, "logs", "-l", &format!("app.kubernetes.io/instance={RELEASE}"), "--all-containers", "--tail=40", "--prefix"])
+        .run(&[
+            "-n",
+            NAMESPACE,
+            "logs",
+            "-l",
+            &format!("app.kubernetes.io/instance={RELEASE}"),
+            "--all-containers",
+            "--tail=40",
+            "--prefix",
+        ])
         .await;
     format!("{}\n{}\n{}", pods.stdout, describe.stdout, logs.stdout)
 }

@@ -43,7 +43,9 @@ pub async fn run(node: &Node, e2e: &Path, target: Target<'_>) -> Run {
     let (label, kubeconfig) = match &target {
         Target::Direct => ("direct", cluster.admin_kubeconfig()),
         Target::Gateway(installed) => {
-            let file = cluster.dir().join(format!("e2e-{}.kubeconfig", installed.shape.name));
+            let file = cluster
+                .dir()
+                .join(format!("e2e-{}.kubeconfig", installed.shape.name));
             let config = serde_json::json!({
                 "apiVersion": "v1", "kind": "Config",
                 // e2e.test verifies the server against the URL's host whatever
@@ -147,8 +149,13 @@ pub fn parse_junit(xml: &str) -> BTreeMap<String, Spec> {
     for case in xml.split("<testcase ").skip(1) {
         let head = case.split('>').next().unwrap_or_default();
         let attr = |name: &str| -> Option<String> {
-            let start = head.find(&format!(" {name}=\"")).map(|i| i + name.len() + 3)
-                .or_else(|| head.starts_with(&format!("{name}=\"")).then_some(name.len() + 2))?;
+            let start = head
+                .find(&format!(" {name}=\""))
+                .map(|i| i + name.len() + 3)
+                .or_else(|| {
+                    head.starts_with(&format!("{name}=\""))
+                        .then_some(name.len() + 2)
+                })?;
             let end = head[start..].find('"')? + start;
             Some(unescape(&head[start..end]))
         };
@@ -231,8 +238,12 @@ impl fmt::Display for Table {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "| spec | direct | s | gateway | s |")?;
         writeln!(f, "|---|---|---:|---|---:|")?;
-        let names: std::collections::BTreeSet<&String> =
-            self.direct.specs.keys().chain(self.gateway.specs.keys()).collect();
+        let names: std::collections::BTreeSet<&String> = self
+            .direct
+            .specs
+            .keys()
+            .chain(self.gateway.specs.keys())
+            .collect();
         let cell = |run: &Run, name: &str| match run.specs.get(name) {
             Some(s) => (s.status.clone(), format!("{:.1}", s.seconds)),
             None => ("-".into(), "-".into()),

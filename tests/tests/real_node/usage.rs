@@ -69,7 +69,12 @@ pub async fn run(label: &str, installed: &Installed<'_>) -> Vec<String> {
     // The e2e Aggregator test registers this APIService itself.
     let _ = installed
         .kubectl
-        .run(&["delete", "apiservice", wardle::APISERVICE, "--ignore-not-found"])
+        .run(&[
+            "delete",
+            "apiservice",
+            wardle::APISERVICE,
+            "--ignore-not-found",
+        ])
         .await;
     failures
 }
@@ -102,7 +107,8 @@ async fn pods_ready_clean(installed: &Installed<'_>) {
         for status in ["containerStatuses", "initContainerStatuses"] {
             for c in pod["status"][status].as_array().into_iter().flatten() {
                 assert_eq!(
-                    c["restartCount"], 0,
+                    c["restartCount"],
+                    0,
                     "{name}/{} restarted:\n{}",
                     c["name"],
                     pod_report(&admin).await
@@ -140,20 +146,27 @@ async fn api_resources(installed: &Installed<'_>) {
     let through = resources(&installed.kubectl).await;
     match installed.shape.core {
         Core::CrdFixture => {
-            for want in ["apiservices.apiregistration.k8s.io", "customresourcedefinitions.apiextensions.k8s.io"] {
+            for want in [
+                "apiservices.apiregistration.k8s.io",
+                "customresourcedefinitions.apiextensions.k8s.io",
+            ] {
                 assert!(through.contains(want), "{want} missing: {through:?}");
             }
         }
         _ => {
             let direct = resources(&installed.node.cluster.admin()).await;
-            assert_eq!(through, direct, "api-resources through the gateway vs directly");
+            assert_eq!(
+                through, direct,
+                "api-resources through the gateway vs directly"
+            );
         }
     }
 }
 
 async fn register_wardle_and_use_flunders(installed: &Installed<'_>) {
     let k = &installed.kubectl;
-    k.apply_yaml(&wardle::apiservice(&installed.node.cluster)).await;
+    k.apply_yaml(&wardle::apiservice(&installed.node.cluster))
+        .await;
     let served = wait_until(Duration::from_secs(60), || async {
         k.run(&["get", "flunders", "-A"]).await.success()
     })
@@ -171,7 +184,9 @@ async fn register_wardle_and_use_flunders(installed: &Installed<'_>) {
         .run_ok(&["get", "flunders", "-n", "default", "-o", "name"])
         .await;
     assert!(
-        listed.stdout.contains("flunder.wardle.example.com/through-the-gateway"),
+        listed
+            .stdout
+            .contains("flunder.wardle.example.com/through-the-gateway"),
         "{listed}"
     );
     k.run_ok(&["delete", "flunder", "through-the-gateway", "-n", "default"])
@@ -197,7 +212,10 @@ async fn merged_discovery(installed: &Installed<'_>) {
         // The core is this cluster, whose own aggregator serves wardle too: the same document.
         Core::Cluster | Core::KubeApiserverSidecar { .. } => {
             let direct = groups(&installed.node.cluster.admin()).await;
-            assert_eq!(through, direct, "/apis through the gateway vs kube-apiserver's");
+            assert_eq!(
+                through, direct,
+                "/apis through the gateway vs kube-apiserver's"
+            );
         }
         Core::CrdFixture => {
             let without: Vec<&String> = through.iter().filter(|g| *g != wardle::GROUP).collect();

@@ -602,7 +602,9 @@ async fn next_leading(leading: &mut Option<watch::Receiver<bool>>) -> Option<boo
 /// whose `apiservice-status-*-available-controller`s keep every APIService's condition.
 const KUBE_AGGREGATOR_AUTOMANAGED: &str = "kube-aggregator.kubernetes.io/automanaged";
 
-fn registered_by_kube_aggregator(api: &k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService) -> bool {
+fn registered_by_kube_aggregator(
+    api: &k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService,
+) -> bool {
     api.metadata
         .labels
         .as_ref()
