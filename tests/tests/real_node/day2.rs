@@ -235,10 +235,15 @@ pub async fn core_outlives_the_drain(installed: &Installed<'_>) {
         .map(timestamp)
         .unwrap_or_default()
         .to_owned();
-    // kube-apiserver's controllers log "Shutting down" once it got SIGTERM.
+    // kube-apiserver's controllers log "Shutting down ..." or "... is exiting" once it got
+    // SIGTERM (seen on the node: "APF bootstrap ensurer is exiting").
     let core_stop = core_lines
         .lines()
-        .find(|l| l.contains("Shutting down") || l.contains("graceful-termination"))
+        .find(|l| {
+            l.contains("Shutting down")
+                || l.contains("graceful-termination")
+                || l.contains(" is exiting")
+        })
         .map(timestamp)
         .unwrap_or_default()
         .to_owned();
