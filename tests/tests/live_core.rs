@@ -310,26 +310,27 @@ async fn a_new_crds_schema_reaches_openapi_v2_and_the_v3_root_within_a_second() 
         assert_eq!(created.0, StatusCode::CREATED, "{created:?}");
         let definition = format!(".v1.{kind}\"");
         // Each document polled on its own, so a slow fetch of one does not blur the other's time.
-        let first_seen = |url: String, token: bool, check: Box<dyn Fn(&str) -> bool + Send>| {
-            let client = client.clone();
-            tokio::spawn(async move {
-                let deadline = Instant::now() + Duration::from_secs(10);
-                while Instant::now() < deadline {
-                    if check(&get_text(&client, &url, token).await) {
-                        return Some(Instant::now());
+        let first_seen =
+            |url: String, token: bool, check: Box<dyn Fn(&str) -> bool + Send + Sync>| {
+                let client = client.clone();
+                tokio::spawn(async move {
+                    let deadline = Instant::now() + Duration::from_secs(10);
+                    while Instant::now() < deadline {
+                        if check(&get_text(&client, &url, token).await) {
+                            return Some(Instant::now());
+                        }
+                        tokio::time::sleep(Duration::from_millis(10)).await;
                     }
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-                None
-            })
-        };
-        let has_kind = |definition: String| -> Box<dyn Fn(&str) -> bool + Send> {
+                    None
+                })
+            };
+        let has_kind = |definition: String| -> Box<dyn Fn(&str) -> bool + Send + Sync> {
             Box::new(move |doc: &str| doc.contains(&definition))
         };
         // The root's entry for the group-version carries a hash of its document: a new kind in
         // it gives a new entry.
         let before = v3_entry(&get_text(&client, &urls[2], false).await);
-        let new_entry = |before: Value| -> Box<dyn Fn(&str) -> bool + Send> {
+        let new_entry = |before: Value| -> Box<dyn Fn(&str) -> bool + Send + Sync> {
             Box::new(move |doc: &str| {
                 let entry = serde_json::from_str::<Value>(doc).unwrap_or_default()["paths"]
                     [format!("apis/{group}/v1")]

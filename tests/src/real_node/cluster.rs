@@ -602,7 +602,7 @@ impl Drop for Cluster {
                 .filter_map(|l| l.split_whitespace().nth(1))
                 .filter(|m| m.starts_with(&dir))
                 .collect();
-            ours.sort_unstable_by(|a, b| b.len().cmp(&a.len()));
+            ours.sort_unstable_by_key(|m| std::cmp::Reverse(m.len()));
             for mount in ours {
                 let _ = host::run("umount", &["-l", mount]);
             }

@@ -221,6 +221,7 @@ pub async fn core_outlives_the_drain(installed: &Installed<'_>) {
     };
     let (mut gateway, mut core) = (follow("gateway"), follow("core"));
     tokio::time::sleep(Duration::from_secs(2)).await;
+    let deleted_at = k8s_openapi::jiff::Timestamp::now();
     admin
         .run_ok(&["-n", NAMESPACE, "delete", "pod", pod, "--wait=false"])
         .await;
@@ -237,8 +238,14 @@ pub async fn core_outlives_the_drain(installed: &Installed<'_>) {
         .to_owned();
     // kube-apiserver's controllers log "Shutting down ..." or "... is exiting" once it got
     // SIGTERM (seen on the node: "APF bootstrap ensurer is exiting").
+    let after_delete = |l: &&str| {
+        timestamp(l)
+            .parse::<k8s_openapi::jiff::Timestamp>()
+            .is_ok_and(|t| t >= deleted_at)
+    };
     let core_stop = core_lines
         .lines()
+        .filter(after_delete)
         .find(|l| {
             l.contains("Shutting down")
                 || l.contains("graceful-termination")
@@ -251,9 +258,9 @@ pub async fn core_outlives_the_drain(installed: &Installed<'_>) {
         !gateway_last.is_empty() && !core_stop.is_empty(),
         "no timestamps:\n--- gateway ---\n{gateway_lines}\n--- core ---\n{core_lines}"
     );
-    // RFC 3339 with the same zone and precision compares as text.
+    let parse = |t: &str| t.parse::<k8s_openapi::jiff::Timestamp>().ok();
     assert!(
-        core_stop >= gateway_last,
+        parse(&core_stop) >= parse(&gateway_last),
         "the core began to shut down at {core_stop}, before the gateway's last line at \
          {gateway_last}:\n--- gateway ---\n{gateway_lines}\n--- core ---\n{core_lines}"
     );
