@@ -10,7 +10,9 @@
 //!   `AggregatorSource` beats `BuiltinSource`/`CRDSource`); its entry is `Current` when the last
 //!   fetch succeeded and `Stale` otherwise, keeping the last resources (version only if none);
 //! * a local APIService keeps the core's resources and freshness but brings its own priorities;
-//!   if the core does not serve that group-version, the entry is empty (version only, `Current`);
+//!   if the core does not list that group-version (yet), it is left out: kube-aggregator's
+//!   aggregated discovery takes local group-versions from the core's own, and an entry without
+//!   resources would tell kubectl the group has none;
 //! * the core's groups without an APIService keep the order the core publishes them in, and their
 //!   versions the core's order (its preferred version first): with no APIService of its own, the
 //!   gateway's `/apis` is the core's. No table of one Kubernetes release decides it;
@@ -343,11 +345,13 @@ fn apiservice_slots<'a>(
                 core_position: usize::MAX,
                 ..GroupSlots::default()
             });
-        slots.has_apiservice = true;
         let (resources, freshness): (&[APIResourceDiscovery], Option<&str>) = if svc.is_local() {
             match slots.versions.get(svc.version.as_str()) {
                 Some(core) => (core.resources, core.freshness),
-                None => (&[], Some(FRESHNESS_CURRENT)),
+                // Not served by the core (yet): kube-apiserver registers a CRD's local
+                // APIService before its discovery lists the resources, and an entry without
+                // them makes kubectl answer "no matches for kind" (issue 31).
+                None => continue,
             }
         } else {
             let resources = a.remote.and_then(|r| r.resources.as_deref()).unwrap_or(&[]);
@@ -361,6 +365,7 @@ fn apiservice_slots<'a>(
                 }),
             )
         };
+        slots.has_apiservice = true;
         let core_position = slots
             .versions
             .get(svc.version.as_str())
@@ -714,7 +719,11 @@ mod tests {
 
     #[test]
     fn ordering_and_tie_cases() {
-        let c = core(vec![], vec![]);
+        // The core serves apiregistration.k8s.io, which a local APIService below names.
+        let c = core(
+            vec![],
+            vec![group("apiregistration.k8s.io", &[("v1", &["apiservices"])])],
+        );
         let services = [
             // Same group priority: ties broken by group name.
             svc("zeta.example.com", "v1", 500, 10, true),
@@ -840,15 +849,21 @@ mod tests {
         .unwrap();
         let l = layout(&merged.apis.v2);
         assert_eq!(names(&l), ["stable.example.com", "apps"]);
-        assert_eq!(l[0].1, ["v1", "v2", "v3"]);
+        // v3 is not listed by the core (yet): left out, rather than an entry without resources
+        // that kubectl would believe (issue 31).
+        assert_eq!(l[0].1, ["v1", "v2"]);
         let v1 = version_entry(&merged.apis.v2, "stable.example.com", "v1");
         assert_eq!(v1["resources"][0]["resource"], "crontabs");
         assert_eq!(v1["freshness"], "Current");
-        // Not served by the core: empty entry.
-        let v3 = version_entry(&merged.apis.v2, "stable.example.com", "v3");
+        let legacy = json(merged.group_legacy("stable.example.com").unwrap());
+        assert!(!legacy["versions"].to_string().contains("v3"), "{legacy}");
+        // A group the core does not list at all is not listed either.
+        let absent = svc("later.example.com", "v1", 19000, 1, false);
+        let merged_absent = merge(&c, &[APIServiceDiscovery::new(&absent, None)]).unwrap();
+        assert!(merged_absent.group_legacy("later.example.com").is_none());
         assert_eq!(
-            v3,
-            serde_json::json!({"version": "v3", "freshness": "Current"})
+            names(&layout(&merged_absent.apis.v2)),
+            ["apps", "stable.example.com"]
         );
         let group = json(merged.group_legacy("stable.example.com").unwrap());
         assert_eq!(group["preferredVersion"]["version"], "v1");
