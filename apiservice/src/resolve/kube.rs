@@ -14,11 +14,12 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, ResourceExt};
 use tokio::sync::watch;
-use tracing::{info, warn, Instrument};
+use tracing::{info, Instrument};
 
 use super::slice_index::{SliceIndex, SliceWriter};
 use super::{Changes, Endpoint, Endpoints, ResolveError, ResolveReason, ServiceResolver};
 use crate::model::ServiceRef;
+use crate::outage::Outage;
 
 // === impl KubeResolver ===
 
@@ -85,17 +86,20 @@ impl KubeResolver {
         // The reflector has applied an event to the store by the time it reaches us, so a
         // subscriber woken here reads the new state.
         let changed = Arc::clone(&resolver.changed);
-        let services_task = drive_cache(service_events.reflect(services_writer), move |e| {
-            if matches!(e, watcher::Event::InitDone) {
-                services_synced.store(true, Ordering::Release);
-            }
-            changed.send_replace(());
-        })
-        .instrument(tracing::info_span!("cache", kind = "Service"));
+        let outage = Outage::new("Service watch", "routes use the last known Services");
+        let services_task =
+            drive_cache(service_events.reflect(services_writer), outage, move |e| {
+                if matches!(e, watcher::Event::InitDone) {
+                    services_synced.store(true, Ordering::Release);
+                }
+                changed.send_replace(());
+            })
+            .instrument(tracing::info_span!("cache", kind = "Service"));
 
         let changed = Arc::clone(&resolver.changed);
         let mut slice_writer = SliceWriter::new(slices);
-        let slices_task = drive_cache(slice_events, move |e| {
+        let outage = Outage::new("EndpointSlice watch", "routes use the last known endpoints");
+        let slices_task = drive_cache(slice_events, outage, move |e| {
             slice_writer.apply_watcher_event(e);
             changed.send_replace(());
         })
@@ -388,33 +392,22 @@ fn is_ready(e: &DiscoveryEndpoint) -> bool {
 
 // === the watchers ===
 
-/// Runs one cache's watcher stream, handing every event to `apply` and logging errors. kube-rs'
-/// default backoff spaces retries out, so an outage logs every few seconds, not in a loop.
-async fn drive_cache<K, S>(events: S, mut apply: impl FnMut(&watcher::Event<K>))
+/// Runs one cache's watcher stream, handing every event to `apply`. kube-rs' default backoff
+/// spaces retries out, and an outage is logged once ([`Outage`]).
+async fn drive_cache<K, S>(events: S, outage: Outage, mut apply: impl FnMut(&watcher::Event<K>))
 where
     S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
 {
     let mut events = std::pin::pin!(events);
-    let mut failing = false;
     let mut synced = false;
     while let Some(event) = events.next().await {
-        match event {
-            Ok(event) => {
-                if matches!(event, watcher::Event::InitDone) {
-                    if !synced {
-                        info!("cache synced");
-                        synced = true;
-                    } else if failing {
-                        info!("watch recovered");
-                    }
-                    failing = false;
-                }
-                apply(&event);
+        outage.watch_event(&event);
+        if let Ok(event) = event {
+            if !synced && matches!(event, watcher::Event::InitDone) {
+                info!("cache synced");
+                synced = true;
             }
-            Err(error) => {
-                failing = true;
-                warn!(%error, "watch failed; serving from the last known state and retrying with backoff");
-            }
+            apply(&event);
         }
     }
 }

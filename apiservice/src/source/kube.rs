@@ -14,10 +14,11 @@ use ::kube::runtime::{watcher, WatchStreamExt};
 use ::kube::{Client, ResourceExt};
 
 use futures::{Stream, StreamExt};
-use tracing::{debug, info, warn, Instrument};
+use tracing::{debug, info, Instrument};
 
 use super::{publish, sort_by_name, ApiServiceSet, SetSender, SourceError};
 use crate::model::{set_condition, APIService, APIServiceCondition};
+use crate::outage::Outage;
 
 /// Who the gateway's status writes are recorded as in `metadata.managedFields`, as
 /// kube-apiserver's own availability controller's are recorded as `kube-apiserver`: an operator
@@ -31,9 +32,9 @@ const STATUS_WRITE_ATTEMPTS: usize = 3;
 /// Watches APIServices (optionally only those matching `label_selector`) and publishes the full,
 /// name-sorted set on `tx` after the first complete list and after every later change.
 ///
-/// Runs until every receiver of `tx` is gone. Watch errors (core down, RBAC, 410 Gone) are logged
-/// at warn and retried with kube-rs' default exponential backoff, so an outage produces a log line
-/// every few seconds at most, and the last published set stays in force meanwhile.
+/// Runs until every receiver of `tx` is gone. Watch errors (core down, RBAC) are retried with
+/// kube-rs' default exponential backoff and logged once per outage ([`Outage`]); the last
+/// published set stays in force meanwhile.
 ///
 /// The future runs in an `apiservice_source` span naming the source and the label selector,
 /// wherever it is spawned, so its log lines need not repeat them.
@@ -69,7 +70,10 @@ where
     let (store, writer) = reflector::store::<APIService>();
     let mut events = std::pin::pin!(events.reflect(writer));
     let mut synced = false;
-    let mut failing = false;
+    let outage = Outage::new(
+        "APIService watch",
+        "the last known APIServices stay in force",
+    );
 
     loop {
         let event = tokio::select! {
@@ -78,15 +82,12 @@ where
             () = tx.closed() => return,
         };
         let Some(event) = event else { return };
+        outage.watch_event(&event);
         match event {
             Ok(watcher::Event::Init) => debug!("APIService watch (re)listing"),
             // Mid-relist: the store keeps the previous complete state until InitDone.
             Ok(watcher::Event::InitApply(_)) => {}
             Ok(watcher::Event::InitDone) => {
-                if failing {
-                    info!("APIService watch recovered");
-                    failing = false;
-                }
                 if !synced {
                     info!(count = store.len(), "APIService watch synced");
                 }
@@ -98,13 +99,8 @@ where
                     publish_store(&store, &tx);
                 }
             }
-            Err(error) => {
-                failing = true;
-                warn!(
-                    error = %error,
-                    "APIService watch failed; keeping the last known APIServices and retrying with backoff"
-                );
-            }
+            // Logged by `outage`.
+            Err(_) => {}
         }
     }
 }
