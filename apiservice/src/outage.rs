@@ -12,9 +12,10 @@
 //! How a loop uses it: one [`Outage`] per loop (or per shared client), named for what it does
 //! ("APIService watch") and for what holds while the core is away ("the last known APIServices
 //! stay in force"); then [`Outage::failed`] on every failed call and [`Outage::answered`] on every
-//! successful one. A kube-rs watcher's events go to [`Outage::watch_event`] as they come. Calls
-//! take `&self` and are cheap while the core answers (one atomic load), so a client shared by
-//! concurrent requests can hold one in an `Arc` or a field.
+//! successful one. A kube-rs watcher's events go to [`Outage::watch_event`] as they come, and its
+//! client is [`Outage::client`], so that a watch resumed after an outage reports the return
+//! although no event comes with it. Calls take `&self` and are cheap while the core answers (one
+//! atomic load), so a client shared by concurrent requests can hold one in an `Arc` or a field.
 //!
 //! ```
 //! # use apiservice::outage::Outage;
@@ -26,11 +27,17 @@
 //! ```
 
 use std::error::Error;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use http::{Request, Response};
+use kube::client::Body;
 use kube::runtime::watcher;
+use kube::Client;
 use tokio::time::Instant;
 
 /// One client's view of the core server: answering, or down since when and after how many
@@ -90,7 +97,7 @@ impl Outage {
                 });
                 self.down.store(true, Ordering::Release);
                 tracing::warn!(client = self.client, error = %cause,
-                    "lost the core server (--core-url): retrying with backoff; {}", self.meanwhile);
+                    "cannot use the core server (--core-url), retrying with backoff: {}", self.meanwhile);
                 tracing::debug!(client = self.client, error = %chain, "the full error");
             }
         }
@@ -142,6 +149,56 @@ impl Outage {
     pub fn is_down(&self) -> bool {
         self.down.load(Ordering::Acquire)
     }
+
+    /// `client`, with every watch the core accepts (a `2xx` answer to a `watch` request) counted
+    /// as an answer. A kube-rs watcher that resumes from its last resourceVersion after an
+    /// outage has no event to say so; its client does.
+    pub fn client(self: &Arc<Self>, client: Client) -> Client {
+        let namespace = client.default_namespace().to_owned();
+        Client::new(
+            AnsweredWatches {
+                client,
+                outage: Arc::clone(self),
+            },
+            namespace,
+        )
+    }
+}
+
+/// The transport of [`Outage::client`].
+struct AnsweredWatches {
+    client: Client,
+    outage: Arc<Outage>,
+}
+
+impl tower::Service<Request<Body>> for AnsweredWatches {
+    type Response = Response<Body>;
+    type Error = kube::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, kube::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), kube::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        let client = self.client.clone();
+        let outage = Arc::clone(&self.outage);
+        let watch = req.uri().query().is_some_and(is_watch);
+        Box::pin(async move {
+            let resp = client.send(req).await?;
+            if watch && resp.status().is_success() {
+                outage.answered();
+            }
+            Ok(resp)
+        })
+    }
+}
+
+/// Whether a query asks for a watch (`watch=true` or `watch=1`, as kube-rs writes it).
+fn is_watch(query: &str) -> bool {
+    query
+        .split('&')
+        .any(|kv| matches!(kv, "watch=true" | "watch=1"))
 }
 
 /// `a: b: c` from an error and its sources, the way Go errors read in kube's messages; a

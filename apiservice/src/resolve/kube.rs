@@ -46,7 +46,16 @@ impl KubeResolver {
         client: Client,
         endpoint_routing: bool,
     ) -> (Self, impl Future<Output = ()> + Send + 'static) {
-        let service_events = watcher(Api::<Service>::all(client.clone()), Default::default())
+        let services_outage = Arc::new(Outage::new(
+            "Service watch",
+            "routes use the last known Services",
+        ));
+        let slices_outage = Arc::new(Outage::new(
+            "EndpointSlice watch",
+            "routes use the last known endpoints",
+        ));
+        let services_client = services_outage.client(client.clone());
+        let service_events = watcher(Api::<Service>::all(services_client), Default::default())
             .default_backoff()
             // Only spec is read; annotations (last-applied-configuration) and managedFields are
             // most of a cached object's size.
@@ -54,19 +63,26 @@ impl KubeResolver {
                 s.managed_fields_mut().clear();
                 s.annotations_mut().clear();
             });
-        let slice_events = watcher(Api::<EndpointSlice>::all(client), Default::default())
-            .default_backoff()
-            .modify(|s: &mut EndpointSlice| {
-                s.managed_fields_mut().clear();
-                s.annotations_mut().clear();
-            });
-        Self::from_streams(service_events, slice_events, endpoint_routing)
+        let slice_events = watcher(
+            Api::<EndpointSlice>::all(slices_outage.client(client)),
+            Default::default(),
+        )
+        .default_backoff()
+        .modify(|s: &mut EndpointSlice| {
+            s.managed_fields_mut().clear();
+            s.annotations_mut().clear();
+        });
+        Self::from_streams(
+            (service_events, services_outage),
+            (slice_events, slices_outage),
+            endpoint_routing,
+        )
     }
 
     /// [`KubeResolver::start`] fed by any event streams (tests feed them directly).
     fn from_streams<S, E>(
-        service_events: S,
-        slice_events: E,
+        (service_events, services_outage): (S, Arc<Outage>),
+        (slice_events, slices_outage): (E, Arc<Outage>),
         endpoint_routing: bool,
     ) -> (Self, impl Future<Output = ()> + Send + 'static)
     where
@@ -86,20 +102,21 @@ impl KubeResolver {
         // The reflector has applied an event to the store by the time it reaches us, so a
         // subscriber woken here reads the new state.
         let changed = Arc::clone(&resolver.changed);
-        let outage = Outage::new("Service watch", "routes use the last known Services");
-        let services_task =
-            drive_cache(service_events.reflect(services_writer), outage, move |e| {
+        let services_task = drive_cache(
+            service_events.reflect(services_writer),
+            services_outage,
+            move |e| {
                 if matches!(e, watcher::Event::InitDone) {
                     services_synced.store(true, Ordering::Release);
                 }
                 changed.send_replace(());
-            })
-            .instrument(tracing::info_span!("cache", kind = "Service"));
+            },
+        )
+        .instrument(tracing::info_span!("cache", kind = "Service"));
 
         let changed = Arc::clone(&resolver.changed);
         let mut slice_writer = SliceWriter::new(slices);
-        let outage = Outage::new("EndpointSlice watch", "routes use the last known endpoints");
-        let slices_task = drive_cache(slice_events, outage, move |e| {
+        let slices_task = drive_cache(slice_events, slices_outage, move |e| {
             slice_writer.apply_watcher_event(e);
             changed.send_replace(());
         })
@@ -394,8 +411,11 @@ fn is_ready(e: &DiscoveryEndpoint) -> bool {
 
 /// Runs one cache's watcher stream, handing every event to `apply`. kube-rs' default backoff
 /// spaces retries out, and an outage is logged once ([`Outage`]).
-async fn drive_cache<K, S>(events: S, outage: Outage, mut apply: impl FnMut(&watcher::Event<K>))
-where
+async fn drive_cache<K, S>(
+    events: S,
+    outage: Arc<Outage>,
+    mut apply: impl FnMut(&watcher::Event<K>),
+) where
     S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
 {
     let mut events = std::pin::pin!(events);
@@ -695,7 +715,9 @@ mod tests {
         }
         let (services_tx, services_rx) = futures::channel::mpsc::unbounded();
         let (slices_tx, slices_rx) = futures::channel::mpsc::unbounded();
-        let (kube, task) = KubeResolver::from_streams(services_rx, slices_rx, false);
+        let outage = || Arc::new(Outage::new("watch", "nothing changes"));
+        let (kube, task) =
+            KubeResolver::from_streams((services_rx, outage()), (slices_rx, outage()), false);
         let task = tokio::spawn(task);
         let statics: Arc<dyn ServiceResolver> = Arc::new(StaticResolver::new(&[]).unwrap());
         let chain = ChainResolver(vec![statics, Arc::new(kube)]);

@@ -7,6 +7,7 @@
 //! complete. We publish only at `InitDone` and on later `Apply`/`Delete` events, never at `Init`.
 
 use std::future::Future;
+use std::sync::Arc;
 
 use ::kube::api::{Api, Patch, PatchParams};
 use ::kube::runtime::reflector::{self, Store};
@@ -49,7 +50,11 @@ pub fn run(
         // Absent without a selector (every APIService is watched).
         label_selector = label_selector.as_deref()
     );
-    let api = Api::<APIService>::all(client);
+    let outage = Arc::new(Outage::new(
+        "APIService watch",
+        "the last known APIServices stay in force",
+    ));
+    let api = Api::<APIService>::all(outage.client(client));
     let mut config = watcher::Config::default();
     if let Some(selector) = label_selector.as_deref() {
         config = config.labels(selector);
@@ -58,22 +63,18 @@ pub fn run(
         .default_backoff()
         // managedFields can be several times the size of the object and nothing reads them.
         .modify(|api: &mut APIService| api.managed_fields_mut().clear());
-    drive(events, tx).instrument(span)
+    drive(events, outage, tx).instrument(span)
 }
 
 /// The source's loop over watcher events, separate from the watcher so tests can feed it a
 /// scripted stream (relists, errors) without a server.
-async fn drive<S>(events: S, tx: SetSender)
+async fn drive<S>(events: S, outage: Arc<Outage>, tx: SetSender)
 where
     S: Stream<Item = Result<watcher::Event<APIService>, watcher::Error>> + Send,
 {
     let (store, writer) = reflector::store::<APIService>();
     let mut events = std::pin::pin!(events.reflect(writer));
     let mut synced = false;
-    let outage = Outage::new(
-        "APIService watch",
-        "the last known APIServices stay in force",
-    );
 
     loop {
         let event = tokio::select! {
@@ -252,7 +253,8 @@ mod tests {
         use watcher::Event::*;
         let (events_tx, events) = futures::channel::mpsc::unbounded();
         let (tx, mut rx) = super::super::channel();
-        let task = tokio::spawn(drive(events, tx));
+        let outage = Arc::new(Outage::new("APIService watch", "nothing changes"));
+        let task = tokio::spawn(drive(events, outage, tx));
         let send = |e| events_tx.unbounded_send(e).unwrap();
         let quiet = |rx: &mut watch::Receiver<_>| {
             let mut rx = rx.clone();

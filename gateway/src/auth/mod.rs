@@ -265,7 +265,8 @@ impl Authenticator {
                 }
                 Ok(Verdict::Rejected(why)) => failures.push(format!("bearer token: {why}")),
                 Err(e) => {
-                    tracing::warn!(error = %e, "bearer token could not be reviewed");
+                    // The reviewer logs the outage once; this request's 503 says why.
+                    tracing::debug!(error = %e, "bearer token could not be reviewed");
                     return Err(unavailable(&e.to_string()));
                 }
             }
@@ -307,7 +308,7 @@ impl Authenticator {
                     ));
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "impersonation could not be checked");
+                    tracing::debug!(error = %e, "impersonation could not be checked");
                     return Err(status_response(
                         StatusCode::SERVICE_UNAVAILABLE,
                         &without_addresses(&format!(
@@ -357,6 +358,7 @@ pub fn start(
         },
         client,
         DecisionCache::new(
+            "SubjectAccessReview for impersonation",
             config.authz.cache_authorized_ttl,
             config.authz.cache_unauthorized_ttl,
         ),
