@@ -31,7 +31,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use apiservice::outage::Outage;
+use apiservice::outage::{root_cause, Outage};
 use gateway_config::LeaderElection;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
@@ -254,7 +254,7 @@ impl LeaderElector {
             }
             Ok(Err(e)) => {
                 self.outage.failed(&e);
-                self.last_error = Some(e.to_string());
+                self.last_error = Some(root_cause(&e));
                 false
             }
             Err(_) => {
