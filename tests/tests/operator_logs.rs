@@ -163,6 +163,7 @@ async fn a_core_down_for_a_minute_is_one_warning_and_one_line_back_per_client() 
         let core = FixtureCore::start(&["--listen", &addr, "--seed", &seed])
             .await
             .unwrap();
+        let restarted = std::time::Instant::now();
         // Every client that lost the core says it is back: the watchers within their backoff
         // (at most a minute), all but the OpenAPI v2 loop, which asks once a minute.
         let back = harness::wait_until(Duration::from_secs(90), || async {
@@ -173,9 +174,9 @@ async fn a_core_down_for_a_minute_is_one_warning_and_one_line_back_per_client() 
         })
         .await;
         asking.store(false, Ordering::Relaxed);
-        (core, during, back)
+        (core, during, back, restarted.elapsed())
     };
-    let ((core, during, back), ()) = tokio::join!(outage, ask);
+    let ((core, during, back, waited), ()) = tokio::join!(outage, ask);
     s.core = core;
 
     let all = outage_lines(&s.gateway.process.lines()[from..]);
@@ -185,7 +186,8 @@ async fn a_core_down_for_a_minute_is_one_warning_and_one_line_back_per_client() 
     let count = |level: &str| all.iter().filter(|l| l["level"] == level).count();
     eprintln!(
         "core down {CORE_DOWN:?}: {during} log lines while it was down (access log aside), {} \
-         until the clients were back ({} WARN, {} INFO); {} clients of the core: {lost:?}",
+         until the clients were back {waited:.1?} after the core ({} WARN, {} INFO); {} clients \
+         of the core: {lost:?}",
         all.len(),
         count("WARN"),
         count("INFO"),
