@@ -83,7 +83,7 @@ fn build_gateway() -> Result<PathBuf, HarnessError> {
             cmd.args(["--profile", other]);
         }
     }
-    eprintln!("e2e harness: building {GATEWAY_BIN} (once per test process): {cmd:?}");
+    eprintln!("e2e: building {GATEWAY_BIN} (once per process): {cmd:?}");
     let output = cmd
         .stdin(Stdio::null())
         .output()
