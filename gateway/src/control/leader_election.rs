@@ -60,6 +60,8 @@ struct Shared {
     leading: watch::Sender<bool>,
 }
 
+// === impl Leadership ===
+
 impl Leadership {
     fn new() -> Self {
         Self {
@@ -119,6 +121,8 @@ pub struct LeaderElector {
     /// Reads and writes of the Lease, logged once per outage of the core.
     outage: Outage,
 }
+
+// === impl LeaderElector ===
 
 impl LeaderElector {
     /// An elector for `settings`' Lease, identified as `<hostname>_<uuid>` like kube's
