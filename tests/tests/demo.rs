@@ -67,7 +67,14 @@ async fn the_readme_walk_through_shows_what_the_demo_does() {
     );
     let address = between(&ready, "https://", " ").to_owned();
 
+    // Where the lines since the last command start: a block with no command is what the demo's
+    // terminal shows after it, which may come before that command ends (kubectl's request makes
+    // the gateway log at once, before kubectl has exited).
+    let mut since_command = demo.line_count();
     for step in &steps {
+        if matches!(step, Step::Shell(..) | Step::Input(..)) {
+            since_command = demo.line_count();
+        }
         match step {
             Step::Demo(shown) => {
                 // Line by line, in order, on stdout.
@@ -107,7 +114,7 @@ async fn the_readme_walk_through_shows_what_the_demo_does() {
                 );
             }
             Step::Input(_, shown) | Step::Shows(shown) => {
-                let from = demo.line_count();
+                let from = since_command;
                 if let Step::Input(line, _) = step {
                     demo.send_line(line).unwrap();
                 }
