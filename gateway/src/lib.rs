@@ -10,6 +10,7 @@ pub mod backend;
 pub mod body;
 pub mod discovery;
 pub mod error;
+pub mod flowcontrol;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod health;
