@@ -277,7 +277,8 @@ fn flow_schema(
                 name: level.into(),
             },
             matching_precedence: Some(matching_precedence),
-            distinguisher_method: distinguisher.map(|d| FlowDistinguisherMethod { type_: d.into() }),
+            distinguisher_method: distinguisher
+                .map(|d| FlowDistinguisherMethod { type_: d.into() }),
             rules: Some(vec![rules]),
         },
         status: None,
@@ -307,9 +308,7 @@ fn groups(names: &[&str]) -> Vec<Subject> {
         .iter()
         .map(|n| Subject {
             kind: "Group".into(),
-            group: Some(GroupSubject {
-                name: (*n).into(),
-            }),
+            group: Some(GroupSubject { name: (*n).into() }),
             ..Default::default()
         })
         .collect()
@@ -320,9 +319,7 @@ fn users(names: &[&str]) -> Vec<Subject> {
         .iter()
         .map(|n| Subject {
             kind: "User".into(),
-            user: Some(UserSubject {
-                name: (*n).into(),
-            }),
+            user: Some(UserSubject { name: (*n).into() }),
             ..Default::default()
         })
         .collect()

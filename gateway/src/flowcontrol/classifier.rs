@@ -119,22 +119,11 @@ mod tests {
 
     use super::*;
     use crate::flowcontrol::bootstrap;
-    use crate::flowcontrol::model::{NonResourceRule, NonResourceUrl, ResourceRule, ResourceSet, Rule, Set};
+    use crate::flowcontrol::model::{
+        NonResourceRule, NonResourceUrl, ResourceRule, ResourceSet, Rule, Set,
+    };
+    use crate::flowcontrol::testing::{info, user};
     use crate::identity::UserInfo;
-    use crate::request_info::{parse, RequestInfo};
-
-    fn info(method: Method, target: &str) -> RequestInfo {
-        let (path, query) = target.split_once('?').unwrap_or((target, ""));
-        parse(&method, path, query).unwrap()
-    }
-
-    fn user(name: &str, groups: &[&str]) -> UserInfo {
-        UserInfo {
-            name: name.into(),
-            groups: groups.iter().map(|g| (*g).into()).collect(),
-            ..Default::default()
-        }
-    }
 
     /// kube's order: matchingPrecedence, then name.
     fn sorted(mut specs: Vec<SchemaSpec>) -> (Vec<SchemaSpec>, usize) {
@@ -160,12 +149,21 @@ mod tests {
         let c = built_in();
         let name = |method, target, u: &UserInfo| -> String {
             let info = info(method, target);
-            c.classify(RequestDigest { info: &info, user: u }).name.to_string()
+            c.classify(RequestDigest {
+                info: &info,
+                user: u,
+            })
+            .name
+            .to_string()
         };
         let alice = user("alice", &["system:authenticated"]);
         let reader = user(
             "system:serviceaccount:quiet:reader",
-            &["system:serviceaccounts", "system:serviceaccounts:quiet", "system:authenticated"],
+            &[
+                "system:serviceaccounts",
+                "system:serviceaccounts:quiet",
+                "system:authenticated",
+            ],
         );
         let admin = user("admin", &["system:masters", "system:authenticated"]);
         let kcm = user("system:kube-controller-manager", &["system:authenticated"]);
@@ -176,7 +174,11 @@ mod tests {
         assert_eq!(name(Method::GET, cms, &admin), "exempt");
         assert_eq!(name(Method::GET, cms, &kcm), "kube-controller-manager");
         assert_eq!(
-            name(Method::PUT, "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/kcm", &kcm),
+            name(
+                Method::PUT,
+                "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/kcm",
+                &kcm
+            ),
             "system-leader-election"
         );
         assert_eq!(name(Method::GET, "/readyz", &anon), "probes");
@@ -249,9 +251,7 @@ mod tests {
     fn the_index_agrees_with_a_linear_scan_in_matching_order() {
         for _ in 0..20 {
             let mut specs: Vec<SchemaSpec> = (0..300).map(random_schema).collect();
-            specs.push(
-                SchemaSpec::from_api(&bootstrap::mandatory_flow_schemas()[1]).unwrap(),
-            );
+            specs.push(SchemaSpec::from_api(&bootstrap::mandatory_flow_schemas()[1]).unwrap());
             let (specs, catch_all) = sorted(specs);
             let c = Classifier::new(specs.clone(), catch_all);
             let users = [
@@ -274,7 +274,13 @@ mod tests {
                         .iter()
                         .find(|s| matches_schema(digest, s))
                         .unwrap_or(&specs[catch_all]);
-                    assert_eq!(c.classify(digest).name, linear.name, "{} {}", u.name, r.path);
+                    assert_eq!(
+                        c.classify(digest).name,
+                        linear.name,
+                        "{} {}",
+                        u.name,
+                        r.path
+                    );
                 }
             }
         }

@@ -129,9 +129,15 @@ mod tests {
     fn check(total: u32, items: &[Item]) -> (Vec<f64>, f64) {
         let (allocs, fair) = allocate(total, items).unwrap();
         let sum: f64 = allocs.iter().sum();
-        assert!((sum - f64::from(total)).abs() < 1e-6, "{allocs:?} sum {sum}");
+        assert!(
+            (sum - f64::from(total)).abs() < 1e-6,
+            "{allocs:?} sum {sum}"
+        );
         for (a, i) in allocs.iter().zip(items) {
-            assert!(i.lower - 1e-9 <= *a && *a <= i.upper + 1e-9, "{a} outside {i:?}");
+            assert!(
+                i.lower - 1e-9 <= *a && *a <= i.upper + 1e-9,
+                "{a} outside {i:?}"
+            );
             let want = (fair * i.target.max(MIN_TARGET)).clamp(i.lower, i.upper);
             assert!((a - want).abs() < 1e-6, "{a} is not the fair share {want}");
         }

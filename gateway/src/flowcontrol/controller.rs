@@ -279,7 +279,10 @@ impl Controller {
     /// Divides the server's limit among the levels by their shares (kube's
     /// `finishQueueSetReconfigsLocked`).
     fn divide(&self, levels: &mut BTreeMap<Arc<str>, LevelState>) {
-        let share_sum: f64 = levels.values().map(|l| f64::from(l.spec.nominal_shares)).sum();
+        let share_sum: f64 = levels
+            .values()
+            .map(|l| f64::from(l.spec.nominal_shares))
+            .sum();
         let server = f64::from(self.server_limit);
         for l in levels.values_mut() {
             let nominal = if share_sum > 0.0 {
@@ -287,8 +290,8 @@ impl Controller {
             } else {
                 0
             };
-            let lendable = (f64::from(nominal) * f64::from(l.spec.lendable_percent) / 100.0).round()
-                as u32;
+            let lendable =
+                (f64::from(nominal) * f64::from(l.spec.lendable_percent) / 100.0).round() as u32;
             let borrowing = match l.spec.borrowing_limit_percent {
                 Some(p) => (f64::from(nominal) * f64::from(p) / 100.0).round() as u32,
                 None => self.server_limit,
@@ -327,8 +330,9 @@ impl Controller {
                 l.demand.average = r.average;
                 l.demand.stdev = r.deviation;
                 let envelope = r.average + r.deviation;
-                l.demand.smoothed = envelope
-                    .max(DEMAND_SMOOTHING * l.demand.smoothed + (1.0 - DEMAND_SMOOTHING) * envelope);
+                l.demand.smoothed = envelope.max(
+                    DEMAND_SMOOTHING * l.demand.smoothed + (1.0 - DEMAND_SMOOTHING) * envelope,
+                );
             }
             if l.spec.is_exempt() {
                 let floor = l.min.max(l.demand.high_watermark);

@@ -75,7 +75,9 @@ impl PriorityLevel {
         match started {
             Started::Admitted(admitted) => {
                 if !self.exempt {
-                    description.flow.waited(true, arrived.elapsed().as_secs_f64());
+                    description
+                        .flow
+                        .waited(true, arrived.elapsed().as_secs_f64());
                 }
                 Admission::Run(Seat {
                     level: self.clone(),
@@ -85,7 +87,9 @@ impl PriorityLevel {
             }
             Started::Rejected(reason) => {
                 description.flow.rejected(reason);
-                description.flow.waited(false, arrived.elapsed().as_secs_f64());
+                description
+                    .flow
+                    .waited(false, arrived.elapsed().as_secs_f64());
                 Admission::Reject(reason)
             }
             Started::Queued { queue, id, rx } => Admission::Wait(Waiting {
@@ -104,7 +108,8 @@ impl PriorityLevel {
         let now = Instant::now();
         description.flow.executed(
             description.is_watch(),
-            now.saturating_duration_since(admitted.started).as_secs_f64(),
+            now.saturating_duration_since(admitted.started)
+                .as_secs_f64(),
         );
         let finished = self.lock().finish(now, admitted);
         if let Finished::Linger(after) = finished {
@@ -187,7 +192,11 @@ impl Waiting {
 
     /// Takes the request out of its queue for `reason`; the seats instead if it was dispatched
     /// meanwhile.
-    fn leave(&mut self, level: Arc<PriorityLevel>, reason: RejectReason) -> Result<Seat, RejectReason> {
+    fn leave(
+        &mut self,
+        level: Arc<PriorityLevel>,
+        reason: RejectReason,
+    ) -> Result<Seat, RejectReason> {
         let removed = level
             .lock()
             .cancel(Instant::now(), self.queue, self.id, reason);

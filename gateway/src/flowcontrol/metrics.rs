@@ -255,7 +255,9 @@ impl FlowMetrics {
 
     pub fn queued(&self, delta: i64, seats: u32) {
         self.inqueue_requests.get().add(delta as f64);
-        self.inqueue_seats.get().add(delta as f64 * f64::from(seats));
+        self.inqueue_seats
+            .get()
+            .add(delta as f64 * f64::from(seats));
     }
 
     pub fn queue_length(&self, len: usize) {
@@ -344,7 +346,12 @@ pub struct Adjustment {
 impl LevelMetrics {
     pub fn new(m: &Metrics, level: &Arc<str>) -> Self {
         let l = &**level;
-        let bounds = |v: &GaugeVec| [v.with_label_values(&[l, "min"]), v.with_label_values(&[l, "max"])];
+        let bounds = |v: &GaugeVec| {
+            [
+                v.with_label_values(&[l, "min"]),
+                v.with_label_values(&[l, "max"]),
+            ]
+        };
         Self {
             current_r: m.current_r.with_label_values(&[l]),
             dispatch_r: m.dispatch_r.with_label_values(&[l]),

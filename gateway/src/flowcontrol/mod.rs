@@ -17,6 +17,7 @@
 //! * `width`, `list_sizes`, `watch_tracker`: how many seats a request takes.
 //! * `conc_alloc`, `integrator`, `controller`: dividing and lending seats among levels.
 //! * `retry_after`, `metrics`, `debug`: what clients and operators see.
+//! * `source`: the configuration, from the core or kube's built-in one.
 //!
 //! On the request path: one lock-free load of the configuration, the classification, and one
 //! short lock of the request's level to start it (again to finish it). Everything that depends
@@ -38,6 +39,7 @@ pub mod retry_after;
 pub mod rules;
 pub mod seats;
 pub mod shuffle_shard;
+pub mod source;
 pub mod watch_tracker;
 pub mod width;
 
@@ -83,7 +85,10 @@ pub enum Outcome {
     /// Queued: await the seat (or the refusal).
     Wait(Waiting),
     /// Refused: answer 429 with this `Retry-After`.
-    Reject { reason: RejectReason, retry_after: i64 },
+    Reject {
+        reason: RejectReason,
+        retry_after: i64,
+    },
 }
 
 impl FlowControl {
@@ -151,6 +156,17 @@ impl FlowControl {
         }
     }
 
+    /// Lends and borrows seats among the levels every borrowing period, until the process ends.
+    pub async fn run_borrowing(self: Arc<Self>) {
+        let mut every = tokio::time::interval(controller::BORROWING_PERIOD);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        every.tick().await;
+        loop {
+            every.tick().await;
+            self.controller.adjust_borrowing();
+        }
+    }
+
     /// `dump_priority_levels`.
     pub fn dump_priority_levels(&self) -> String {
         debug::priority_levels(&self.controller.levels())
@@ -169,3 +185,27 @@ impl FlowControl {
 
 #[cfg(test)]
 mod tests;
+
+/// Helpers shared by the unit tests of the pieces.
+#[cfg(test)]
+pub(crate) mod testing {
+    use http::Method;
+
+    use crate::identity::UserInfo;
+    use crate::request_info::{parse, RequestInfo};
+
+    /// The attributes of `method target` (`target` with its query).
+    pub fn info(method: Method, target: &str) -> RequestInfo {
+        let (path, query) = target.split_once('?').unwrap_or((target, ""));
+        parse(&method, path, query).unwrap()
+    }
+
+    /// A user with exactly these groups.
+    pub fn user(name: &str, groups: &[&str]) -> UserInfo {
+        UserInfo {
+            name: name.into(),
+            groups: groups.iter().map(|g| (*g).into()).collect(),
+            ..Default::default()
+        }
+    }
+}

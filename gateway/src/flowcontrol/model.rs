@@ -13,6 +13,7 @@
 
 use std::sync::Arc;
 
+use apiservice::validation::dns1123_subdomain_errors;
 use k8s_openapi::api::flowcontrol::v1 as api;
 
 use super::bootstrap::{self, CATCH_ALL, EXEMPT};
@@ -141,7 +142,11 @@ impl LevelSpec {
                     limit_response(&l.limit_response)?,
                 )
             }
-            other => return invalid(format!("spec.type {other:?}: must be 'Exempt' or 'Limited'")),
+            other => {
+                return invalid(format!(
+                    "spec.type {other:?}: must be 'Exempt' or 'Limited'"
+                ))
+            }
         };
         if shares < 0 {
             return invalid(format!(
@@ -217,7 +222,9 @@ fn mandatory_exempt_spec(
     let mut have = spec.clone();
     have.exempt = fixed.exempt.clone();
     if have != fixed {
-        return invalid("spec of 'exempt' except its 'spec.exempt' field must equal the fixed value");
+        return invalid(
+            "spec of 'exempt' except its 'spec.exempt' field must equal the fixed value",
+        );
     }
     Ok(spec.clone())
 }
@@ -290,7 +297,10 @@ pub enum SubjectSpec {
     User(Name),
     Group(Name),
     /// `name` `Any`: every ServiceAccount of the namespace.
-    ServiceAccount { namespace: String, name: Name },
+    ServiceAccount {
+        namespace: String,
+        name: Name,
+    },
 }
 
 /// A list that is either `["*"]` (anything) or values compared exactly (kube's
@@ -511,10 +521,9 @@ fn subject(s: &api::Subject) -> Result<SubjectSpec, Invalid> {
             }
             _ => invalid("serviceAccount.name is required when kind is 'ServiceAccount'"),
         },
-        "User" | "Group" | "ServiceAccount" => invalid(format!(
-            "only the member for kind {:?} may be set",
-            s.kind
-        )),
+        "User" | "Group" | "ServiceAccount" => {
+            invalid(format!("only the member for kind {:?} may be set", s.kind))
+        }
         other => invalid(format!(
             "kind {other:?}: must be 'Group', 'ServiceAccount' or 'User'"
         )),
@@ -527,7 +536,9 @@ fn wildcard_alone(field: &str, v: &[String]) -> Result<Set, Invalid> {
         return invalid(format!("{field} must contain at least one value"));
     }
     if v.len() > 1 && v.iter().any(|x| x == "*") {
-        return invalid(format!("{field}: if '*' is present, it must be the only value"));
+        return invalid(format!(
+            "{field}: if '*' is present, it must be the only value"
+        ));
     }
     Ok(Set::new(v))
 }
@@ -561,7 +572,9 @@ fn resource_rule(r: &api::ResourcePolicyRule) -> Result<ResourceRule, Invalid> {
     let listed = r.namespaces.as_deref().unwrap_or_default();
     let namespaces = if listed.is_empty() {
         if !cluster_scope {
-            return invalid("resource rules that are not cluster scoped must supply at least one namespace");
+            return invalid(
+                "resource rules that are not cluster scoped must supply at least one namespace",
+            );
         }
         Set::Of(Vec::new())
     } else {
@@ -623,17 +636,13 @@ fn non_resource_url_valid(path: &str) -> Result<(), Invalid> {
     Ok(())
 }
 
+/// apimachinery's `IsDNS1123Label` (what a namespace name is).
 fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
+    s.len() <= 63 && !s.contains('.') && is_dns_subdomain(s)
 }
 
 fn is_dns_subdomain(s: &str) -> bool {
-    s.len() <= 253 && s.split('.').all(is_dns_label)
+    dns1123_subdomain_errors(s).is_empty()
 }
 
 #[cfg(test)]
@@ -734,8 +743,10 @@ mod tests {
             assert!(err.contains(want), "{json}: {err}");
         }
         // exempt may change its own shares, nothing else.
-        let pl = level(serde_json::json!({"metadata": {"name": "exempt"}, "spec": {"type": "Exempt",
-            "exempt": {"nominalConcurrencyShares": 10, "lendablePercent": 50}}}))
+        let pl = level(
+            serde_json::json!({"metadata": {"name": "exempt"}, "spec": {"type": "Exempt",
+            "exempt": {"nominalConcurrencyShares": 10, "lendablePercent": 50}}}),
+        )
         .unwrap();
         assert_eq!((pl.nominal_shares, pl.lendable_percent), (10, 50));
 
@@ -744,15 +755,42 @@ mod tests {
                 "priorityLevelConfiguration": {"name": "p"}, "rules": [r]}}))
         };
         let cases = [
-            (serde_json::json!({"subjects": [], "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}]}), "subjects must contain"),
-            (serde_json::json!({"subjects": [{"kind": "User", "group": {"name": "g"}}], "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}]}), "only the member"),
-            (serde_json::json!({"subjects": [{"kind": "Robot"}], "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}]}), "kind \"Robot\""),
-            (serde_json::json!({"subjects": [{"kind": "ServiceAccount", "serviceAccount": {"namespace": "A:b", "name": "*"}}], "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}]}), "DNS-1123 label"),
-            (serde_json::json!({"subjects": [{"kind": "User", "user": {"name": "u"}}]}), "at least one of"),
-            (serde_json::json!({"subjects": [{"kind": "User", "user": {"name": "u"}}], "resourceRules": [{"verbs": ["get", "*"], "apiGroups": ["*"], "resources": ["*"], "clusterScope": true}]}), "only value"),
-            (serde_json::json!({"subjects": [{"kind": "User", "user": {"name": "u"}}], "resourceRules": [{"verbs": ["fly"], "apiGroups": ["*"], "resources": ["*"], "clusterScope": true}]}), "unsupported verb"),
-            (serde_json::json!({"subjects": [{"kind": "User", "user": {"name": "u"}}], "resourceRules": [{"verbs": ["get"], "apiGroups": ["*"], "resources": ["*"]}]}), "not cluster scoped"),
-            (serde_json::json!({"subjects": [{"kind": "User", "user": {"name": "u"}}], "nonResourceRules": [{"verbs": ["get"], "nonResourceURLs": ["/a/*/b"]}]}), "wildcard"),
+            (
+                serde_json::json!({"subjects": [], "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}]}),
+                "subjects must contain",
+            ),
+            (
+                serde_json::json!({"subjects": [{"kind": "User", "group": {"name": "g"}}], "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}]}),
+                "only the member",
+            ),
+            (
+                serde_json::json!({"subjects": [{"kind": "Robot"}], "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}]}),
+                "kind \"Robot\"",
+            ),
+            (
+                serde_json::json!({"subjects": [{"kind": "ServiceAccount", "serviceAccount": {"namespace": "A:b", "name": "*"}}], "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}]}),
+                "DNS-1123 label",
+            ),
+            (
+                serde_json::json!({"subjects": [{"kind": "User", "user": {"name": "u"}}]}),
+                "at least one of",
+            ),
+            (
+                serde_json::json!({"subjects": [{"kind": "User", "user": {"name": "u"}}], "resourceRules": [{"verbs": ["get", "*"], "apiGroups": ["*"], "resources": ["*"], "clusterScope": true}]}),
+                "only value",
+            ),
+            (
+                serde_json::json!({"subjects": [{"kind": "User", "user": {"name": "u"}}], "resourceRules": [{"verbs": ["fly"], "apiGroups": ["*"], "resources": ["*"], "clusterScope": true}]}),
+                "unsupported verb",
+            ),
+            (
+                serde_json::json!({"subjects": [{"kind": "User", "user": {"name": "u"}}], "resourceRules": [{"verbs": ["get"], "apiGroups": ["*"], "resources": ["*"]}]}),
+                "not cluster scoped",
+            ),
+            (
+                serde_json::json!({"subjects": [{"kind": "User", "user": {"name": "u"}}], "nonResourceRules": [{"verbs": ["get"], "nonResourceURLs": ["/a/*/b"]}]}),
+                "wildcard",
+            ),
         ];
         for (json, want) in cases {
             let err = rule(json.clone()).unwrap_err().to_string();

@@ -22,12 +22,18 @@ pub fn matches_schema(digest: RequestDigest<'_>, schema: &SchemaSpec) -> bool {
 }
 
 fn matches_rule(digest: RequestDigest<'_>, rule: &Rule) -> bool {
-    if !rule.subjects.iter().any(|s| matches_subject(digest.user, s)) {
+    if !rule
+        .subjects
+        .iter()
+        .any(|s| matches_subject(digest.user, s))
+    {
         return false;
     }
     let info = digest.info;
     if info.is_resource_request {
-        rule.resource_rules.iter().any(|r| matches_resource(info, r))
+        rule.resource_rules
+            .iter()
+            .any(|r| matches_resource(info, r))
     } else {
         rule.non_resource_rules
             .iter()
@@ -76,20 +82,7 @@ mod tests {
 
     use super::*;
     use crate::flowcontrol::bootstrap;
-    use crate::request_info::parse;
-
-    pub fn info(method: Method, target: &str) -> RequestInfo {
-        let (path, query) = target.split_once('?').unwrap_or((target, ""));
-        parse(&method, path, query).unwrap()
-    }
-
-    fn user(name: &str, groups: &[&str]) -> UserInfo {
-        UserInfo {
-            name: name.into(),
-            groups: groups.iter().map(|g| (*g).into()).collect(),
-            ..Default::default()
-        }
-    }
+    use crate::flowcontrol::testing::{info, user};
 
     fn schema(name: &str) -> SchemaSpec {
         bootstrap::suggested_flow_schemas()
@@ -120,7 +113,10 @@ mod tests {
         assert!(matches_schema(d(&pods, &node), &schema("system-nodes")));
 
         // Leases are namespaced: the leader-election rule is not cluster scoped.
-        let sa = user("system:serviceaccount:kube-system:ctrl", &["system:serviceaccounts"]);
+        let sa = user(
+            "system:serviceaccount:kube-system:ctrl",
+            &["system:serviceaccounts"],
+        );
         let election = schema("system-leader-election");
         assert!(matches_schema(d(&leases, &sa), &election));
         let cluster_lease = info(Method::GET, "/apis/coordination.k8s.io/v1/leases");
@@ -132,10 +128,19 @@ mod tests {
         let probes = schema("probes");
         let anon = user("system:anonymous", &["system:unauthenticated"]);
         for path in ["/healthz", "/readyz", "/livez", "/healthz/etcd"] {
-            assert!(matches_schema(d(&info(Method::GET, path), &anon), &probes), "{path}");
+            assert!(
+                matches_schema(d(&info(Method::GET, path), &anon), &probes),
+                "{path}"
+            );
         }
-        assert!(!matches_schema(d(&info(Method::POST, "/healthz"), &anon), &probes));
-        assert!(!matches_schema(d(&info(Method::GET, "/metrics"), &anon), &probes));
+        assert!(!matches_schema(
+            d(&info(Method::POST, "/healthz"), &anon),
+            &probes
+        ));
+        assert!(!matches_schema(
+            d(&info(Method::GET, "/metrics"), &anon),
+            &probes
+        ));
         // Resource requests never match non-resource rules.
         assert!(!matches_schema(
             d(&info(Method::GET, "/api/v1/namespaces/healthz/pods"), &anon),

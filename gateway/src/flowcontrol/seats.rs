@@ -92,10 +92,8 @@ pub struct CompletedWork {
 
 impl CompletedWork {
     pub fn new(estimate: WorkEstimate, service: Duration) -> Self {
-        let final_work = SeatSeconds::seats_times(
-            f64::from(estimate.final_seats),
-            estimate.additional_latency,
-        );
+        let final_work =
+            SeatSeconds::seats_times(f64::from(estimate.final_seats), estimate.additional_latency);
         let initial = SeatSeconds::seats_times(f64::from(estimate.initial_seats), service);
         Self {
             estimate,

@@ -137,9 +137,16 @@ mod tests {
         ];
         for (deck, hand, hash, want) in cases {
             let dealer = Dealer::new(*deck, *hand).unwrap();
-            assert_eq!(deal(&dealer, *hash), *want, "deck {deck} hand {hand} hash {hash:#x}");
+            assert_eq!(
+                deal(&dealer, *hash),
+                *want,
+                "deck {deck} hand {hand} hash {hash:#x}"
+            );
         }
-        assert_eq!(hash_flow_id("global-default", "alice"), 0xf4de_3bd4_2ccd_f6b7);
+        assert_eq!(
+            hash_flow_id("global-default", "alice"),
+            0xf4de_3bd4_2ccd_f6b7
+        );
         assert_eq!(
             hash_flow_id("service-accounts", "system:serviceaccount:quiet:reader"),
             0x6a0f_db9d_0419_8c7c

@@ -36,10 +36,7 @@ fn slots(group: &str, resource: &str, namespace: &str, name: &str) -> Slots {
     let mut h = DefaultHasher::new();
     (group, resource, namespace, name).hash(&mut h);
     let v = h.finish();
-    Slots(
-        (v as usize) % SLOTS,
-        ((v >> 32) as usize) % SLOTS,
-    )
+    Slots((v as usize) % SLOTS, ((v >> 32) as usize) % SLOTS)
 }
 
 /// A watch counted until dropped.
@@ -144,7 +141,8 @@ mod tests {
         let all = register("/api/v1/configmaps?watch=1");
         let ns = register("/api/v1/namespaces/x/configmaps?watch=1");
         let other_ns = register("/api/v1/namespaces/y/configmaps?watch=1");
-        let one = register("/api/v1/namespaces/x/configmaps?watch=1&fieldSelector=metadata.name%3Dc");
+        let one =
+            register("/api/v1/namespaces/x/configmaps?watch=1&fieldSelector=metadata.name%3Dc");
         assert!(register("/api/v1/namespaces/x/configmaps").is_none());
         // A kubelet's watch of its own pods is not counted.
         assert!(register("/api/v1/pods?watch=1&fieldSelector=spec.nodeName%3Dn1").is_none());

@@ -157,6 +157,13 @@ mod tests {
         e.estimate(&parse(&method, path, query).unwrap(), query, level_max)
     }
 
+    /// The initial seats of `GET target`.
+    fn list_seats(e: &Estimator, target: &str, level_max: u32) -> u32 {
+        estimate(e, Method::GET, target, level_max)
+            .work
+            .initial_seats
+    }
+
     #[test]
     fn lists_take_seats_for_the_bytes_their_answers_held() {
         let e = Estimator::default();
@@ -164,43 +171,43 @@ mod tests {
         // Nothing seen yet: one seat.
         let first = estimate(&e, Method::GET, list, 8);
         assert_eq!(first.work, WorkEstimate::seats(1));
-        e.record_list(first.list.unwrap(), 750_000);
-        assert_eq!(estimate(&e, Method::GET, list, 8).work.initial_seats, 8);
-        assert_eq!(estimate(&e, Method::GET, list, 0).work.initial_seats, 8);
-        assert_eq!(estimate(&e, Method::GET, list, 4).work.initial_seats, 4);
-        // From the watch cache at most 1 MB is held.
-        e.record_list(first.list.unwrap(), 5_000_000);
-        e.record_list(first.list.unwrap(), 5_000_000);
-        assert_eq!(estimate(&e, Method::GET, list, 0).work.initial_seats, 40);
-        assert_eq!(
-            estimate(&e, Method::GET, &format!("{list}?resourceVersion=0"), 0).work.initial_seats,
-            10
-        );
+        let key = first.list.unwrap();
+        e.record_list(key, 750_000);
+        assert_eq!(list_seats(&e, list, 8), 8);
+        assert_eq!(list_seats(&e, list, 0), 8);
+        assert_eq!(list_seats(&e, list, 4), 4);
+        e.record_list(key, 5_000_000);
+        e.record_list(key, 5_000_000);
+        assert_eq!(list_seats(&e, list, 0), 40);
+        // From the watch cache at most 1 MB is held at once.
+        assert_eq!(list_seats(&e, &format!("{list}?resourceVersion=0"), 0), 10);
         // Another page size, another namespace, a single object: not this answer.
-        assert_eq!(estimate(&e, Method::GET, &format!("{list}?limit=500"), 0).work.initial_seats, 1);
-        assert_eq!(estimate(&e, Method::GET, "/api/v1/namespaces/y/configmaps", 0).work.initial_seats, 1);
-        assert_eq!(
-            estimate(&e, Method::GET, &format!("{list}?fieldSelector=metadata.name%3Dc"), 0)
-                .work
-                .initial_seats,
-            1
-        );
+        for other in [
+            format!("{list}?limit=500"),
+            "/api/v1/namespaces/y/configmaps".to_owned(),
+            format!("{list}?fieldSelector=metadata.name%3Dc"),
+        ] {
+            assert_eq!(list_seats(&e, &other, 0), 1, "{other}");
+        }
         // A watch that starts with the current state costs that state, as from the cache.
-        assert_eq!(estimate(&e, Method::GET, &format!("{list}?watch=1"), 0).work.initial_seats, 10);
+        assert_eq!(list_seats(&e, &format!("{list}?watch=1"), 0), 10);
         assert_eq!(
-            estimate(&e, Method::GET, &format!("{list}?watch=1&resourceVersion=42"), 0).work,
-            WorkEstimate::seats(1)
+            list_seats(
+                &e,
+                &format!("{list}?watch=1&resourceVersion=42&sendInitialEvents=true"),
+                0
+            ),
+            10
         );
         assert_eq!(
             estimate(
                 &e,
                 Method::GET,
-                &format!("{list}?watch=1&resourceVersion=42&sendInitialEvents=true"),
+                &format!("{list}?watch=1&resourceVersion=42"),
                 0
             )
-            .work
-            .initial_seats,
-            10
+            .work,
+            WorkEstimate::seats(1)
         );
     }
 
@@ -208,7 +215,10 @@ mod tests {
     fn writes_watched_by_many_hold_final_seats_for_their_events() {
         let e = Estimator::default();
         let cm = "/api/v1/namespaces/x/configmaps/c";
-        assert_eq!(estimate(&e, Method::PUT, cm, 0).work, WorkEstimate::seats(1));
+        assert_eq!(
+            estimate(&e, Method::PUT, cm, 0).work,
+            WorkEstimate::seats(1)
+        );
         let (path, query) = ("/api/v1/namespaces/x/configmaps", "watch=1");
         let info = parse(&Method::GET, path, query).unwrap();
         let watches: Vec<_> = (0..35)
@@ -224,10 +234,19 @@ mod tests {
         assert_eq!(narrow.final_seats, 2);
         assert_eq!(narrow.additional_latency, Duration::from_millis(10));
         assert_eq!(
-            estimate(&e, Method::POST, "/api/v1/namespaces/x/serviceaccounts/s/token", 0).work,
+            estimate(
+                &e,
+                Method::POST,
+                "/api/v1/namespaces/x/serviceaccounts/s/token",
+                0
+            )
+            .work,
             WorkEstimate::seats(1)
         );
         drop(watches);
-        assert_eq!(estimate(&e, Method::PUT, cm, 0).work, WorkEstimate::seats(1));
+        assert_eq!(
+            estimate(&e, Method::PUT, cm, 0).work,
+            WorkEstimate::seats(1)
+        );
     }
 }

@@ -573,8 +573,8 @@ impl QueueSet {
         let dt = now.saturating_duration_since(self.last_sync);
         self.last_sync = now;
         if self.active_queues > 0 {
-            let demand = (self.seats_in_queues + self.seats_waiting)
-                .min(u64::from(self.concurrency_limit));
+            let demand =
+                (self.seats_in_queues + self.seats_waiting).min(u64::from(self.concurrency_limit));
             let rate = demand as f64 / f64::from(self.active_queues);
             let before = self.current_r;
             self.current_r = before.wrapping_add(SeatSeconds::seats_times(rate, dt));

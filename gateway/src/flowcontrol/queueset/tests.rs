@@ -13,6 +13,15 @@ fn metrics() -> (Arc<Metrics>, Arc<LevelMetrics>) {
     (m, l)
 }
 
+/// A queue set of `limit` with `concurrency` seats, and the time it starts at.
+fn queue_set(limit: Limit, concurrency: u32) -> (Arc<Metrics>, QueueSet, Instant) {
+    let (m, l) = metrics();
+    let now = Instant::now();
+    let mut qs = QueueSet::new("test".into(), limit, l, now);
+    qs.set_concurrency_limit(concurrency, now);
+    (m, qs, now)
+}
+
 fn queuing(queues: u32, hand_size: u32, queue_length_limit: u32) -> Limit {
     Limit::Queue(Queuing {
         queues,
@@ -204,7 +213,10 @@ fn a_wide_flow_gets_fewer_requests_through_for_the_same_seats() {
     let narrow = sim.order.iter().filter(|f| **f == "narrow").count();
     // Equal seat-seconds while both wait: about four narrow requests per wide one.
     assert!(sim.qs.waiting() > 0);
-    assert!((3 * wide..=5 * wide).contains(&narrow), "wide {wide} narrow {narrow}");
+    assert!(
+        (3 * wide..=5 * wide).contains(&narrow),
+        "wide {wide} narrow {narrow}"
+    );
 }
 
 #[test]
@@ -271,10 +283,7 @@ fn a_wide_request_at_the_head_is_not_overtaken() {
 
 #[test]
 fn final_seats_are_held_until_released() {
-    let (m, l) = metrics();
-    let now = Instant::now();
-    let mut qs = QueueSet::new("test".into(), queuing(8, 2, 10), l, now);
-    qs.set_concurrency_limit(2, now);
+    let (m, mut qs, now) = queue_set(queuing(8, 2, 10), 2);
     let estimate = WorkEstimate {
         initial_seats: 1,
         final_seats: 2,
@@ -283,7 +292,8 @@ fn final_seats_are_held_until_released() {
     let Started::Admitted(a) = qs.start(now, 1, estimate, description(&m, "w")) else {
         panic!("not admitted");
     };
-    let Started::Queued { mut rx, .. } = qs.start(now, 2, WorkEstimate::seats(1), description(&m, "r"))
+    let Started::Queued { mut rx, .. } =
+        qs.start(now, 2, WorkEstimate::seats(1), description(&m, "r"))
     else {
         panic!("not queued");
     };
@@ -302,14 +312,14 @@ fn final_seats_are_held_until_released() {
 
 #[test]
 fn a_cancelled_request_leaves_its_queue() {
-    let (m, l) = metrics();
-    let now = Instant::now();
-    let mut qs = QueueSet::new("test".into(), queuing(8, 2, 10), l, now);
-    qs.set_concurrency_limit(1, now);
-    let Started::Admitted(a) = qs.start(now, 1, WorkEstimate::seats(1), description(&m, "f")) else {
+    let (m, mut qs, now) = queue_set(queuing(8, 2, 10), 1);
+    let Started::Admitted(a) = qs.start(now, 1, WorkEstimate::seats(1), description(&m, "f"))
+    else {
         panic!()
     };
-    let Started::Queued { queue, id, rx } = qs.start(now, 1, WorkEstimate::seats(1), description(&m, "f")) else {
+    let Started::Queued { queue, id, rx } =
+        qs.start(now, 1, WorkEstimate::seats(1), description(&m, "f"))
+    else {
         panic!()
     };
     assert!(qs.cancel(now, queue, id, RejectReason::TimeOut));
@@ -324,10 +334,7 @@ fn a_cancelled_request_leaves_its_queue() {
 
 #[test]
 fn fewer_queues_take_effect_as_the_surplus_drains() {
-    let (m, l) = metrics();
-    let now = Instant::now();
-    let mut qs = QueueSet::new("test".into(), queuing(16, 2, 10), l, now);
-    qs.set_concurrency_limit(1, now);
+    let (m, mut qs, now) = queue_set(queuing(16, 2, 10), 1);
     let mut running = Vec::new();
     let mut waiting = Vec::new();
     // Queue requests until one waits beyond the fourth queue.
