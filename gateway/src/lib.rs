@@ -40,7 +40,6 @@ pub mod body;
 pub mod conditional;
 pub mod error;
 pub mod extensions;
-pub mod flowcontrol;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod health_check;

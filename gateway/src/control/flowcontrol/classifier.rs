@@ -118,11 +118,11 @@ mod tests {
     use http::Method;
 
     use super::*;
-    use crate::flowcontrol::bootstrap;
-    use crate::flowcontrol::model::{
+    use crate::control::flowcontrol::bootstrap;
+    use crate::control::flowcontrol::model::{
         NonResourceRule, NonResourceUrl, ResourceRule, ResourceSet, Rule, Set,
     };
-    use crate::flowcontrol::testing::{info, user};
+    use crate::control::flowcontrol::testing::{info, user};
     use crate::identity::UserInfo;
 
     /// kube's order: matchingPrecedence, then name.

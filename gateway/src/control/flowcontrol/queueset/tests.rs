@@ -3,9 +3,9 @@ use std::collections::HashMap;
 use prometheus::Registry;
 
 use super::*;
-use crate::flowcontrol::metrics::Metrics;
-use crate::flowcontrol::model::Queuing;
-use crate::flowcontrol::shuffle_shard::hash_flow_id;
+use crate::control::flowcontrol::metrics::Metrics;
+use crate::control::flowcontrol::model::Queuing;
+use crate::control::flowcontrol::shuffle_shard::hash_flow_id;
 
 fn metrics() -> (Arc<Metrics>, Arc<LevelMetrics>) {
     let m = Metrics::new(&Registry::new());

@@ -81,8 +81,8 @@ mod tests {
     use http::Method;
 
     use super::*;
-    use crate::flowcontrol::bootstrap;
-    use crate::flowcontrol::testing::{info, user};
+    use crate::control::flowcontrol::bootstrap;
+    use crate::control::flowcontrol::testing::{info, user};
 
     fn schema(name: &str) -> SchemaSpec {
         bootstrap::suggested_flow_schemas()

@@ -3,9 +3,9 @@ use std::time::Duration;
 use prometheus::Registry;
 
 use super::*;
-use crate::flowcontrol::dispatch::Admission;
-use crate::flowcontrol::queueset::Description;
-use crate::flowcontrol::seats::WorkEstimate;
+use crate::control::flowcontrol::dispatch::Admission;
+use crate::control::flowcontrol::queueset::Description;
+use crate::control::flowcontrol::seats::WorkEstimate;
 use crate::identity::UserInfo;
 use crate::request_info::RequestInfo;
 
@@ -62,7 +62,7 @@ fn classify(c: &Controller, user: &str) -> String {
     let config = c.current();
     let s = config
         .classifier
-        .classify(crate::flowcontrol::rules::RequestDigest {
+        .classify(crate::control::flowcontrol::rules::RequestDigest {
             info: &info,
             user: &user,
         });

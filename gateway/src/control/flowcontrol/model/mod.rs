@@ -34,7 +34,7 @@ fn invalid<T>(msg: impl Into<String>) -> Result<T, Invalid> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::flowcontrol::bootstrap;
+    use crate::control::flowcontrol::bootstrap;
 
     #[test]
     fn the_built_in_objects_are_valid() {
