@@ -92,8 +92,8 @@ pub enum Outcome {
 }
 
 impl FlowControl {
-    /// `server_limit` seats in all; a queued request waits at most `wait_limit` (kube: a
-    /// quarter of the request timeout, at most a minute).
+    /// `server_limit` seats in all; a queued request without a time limit of its own waits at
+    /// most `wait_limit` (kube: a quarter of the request timeout, at most a minute).
     pub fn new(server_limit: u32, wait_limit: Duration, registry: &prometheus::Registry) -> Self {
         Self {
             controller: Controller::new(server_limit, metrics::Metrics::new(registry)),
@@ -110,9 +110,25 @@ impl FlowControl {
         &self.estimator
     }
 
+    /// How long a request may wait in its queue (kube's `getRequestWaitContext`): a quarter of
+    /// its own time limit when it has one (`timeout`), else the server's default; never more
+    /// than a minute.
+    pub fn wait_limit(&self, timeout: Option<Duration>) -> Duration {
+        timeout
+            .map_or(self.wait_limit, |t| t / 4)
+            .min(Duration::from_secs(60))
+    }
+
     /// Classifies the request of `user` described by `info` (with its raw `query`) and asks its
-    /// level for seats.
-    pub fn admit(&self, user: &Arc<UserInfo>, info: &RequestInfo, query: &str) -> Decision {
+    /// level for seats. `timeout` is the request's own time limit, if it has one (a watch has
+    /// none): it waits in a queue for a quarter of that at most.
+    pub fn admit(
+        &self,
+        user: &Arc<UserInfo>,
+        info: &RequestInfo,
+        query: &str,
+        timeout: Option<Duration>,
+    ) -> Decision {
         let config = self.controller.current();
         let schema = Arc::clone(config.classifier.classify(RequestDigest { info, user }));
         drop(config);
@@ -138,17 +154,18 @@ impl FlowControl {
             user: user.clone(),
             info: info.clone(),
         });
-        let outcome = match schema
-            .level
-            .start(hash, estimate.work, description, self.wait_limit)
-        {
-            Admission::Run(seat) => Outcome::Run(seat),
-            Admission::Wait(waiting) => Outcome::Wait(waiting),
-            Admission::Reject(reason) => Outcome::Reject {
-                reason,
-                retry_after: schema.level.retry_after.refused(),
-            },
-        };
+        let outcome =
+            match schema
+                .level
+                .start(hash, estimate.work, description, self.wait_limit(timeout))
+            {
+                Admission::Run(seat) => Outcome::Run(seat),
+                Admission::Wait(waiting) => Outcome::Wait(waiting),
+                Admission::Reject(reason) => Outcome::Reject {
+                    reason,
+                    retry_after: schema.level.retry_after.refused(),
+                },
+            };
         Decision {
             schema,
             estimate,
