@@ -87,6 +87,8 @@ struct Columns {
     age: usize,
 }
 
+// === impl Columns ===
+
 impl Columns {
     /// The chart CRD's columns, by name; `None` for any other Table.
     fn find(definitions: &[Value]) -> Option<Columns> {
@@ -260,6 +262,8 @@ struct WatchTables {
     passthrough: bool,
     done: bool,
 }
+
+// === impl WatchTables ===
 
 impl WatchTables {
     fn new(inner: Body) -> Self {

@@ -95,6 +95,8 @@ pub struct Fetched {
     pub body: Bytes,
 }
 
+// === impl Fetched ===
+
 impl Fetched {
     pub fn etag(&self) -> Option<String> {
         self.headers
@@ -122,6 +124,8 @@ pub enum Source {
     Core(Arc<CoreBackend>),
     Remote(Arc<RemoteBackend>),
 }
+
+// === impl Source ===
 
 impl Source {
     pub async fn get(
@@ -196,6 +200,8 @@ pub enum RootDocument {
         etag: Option<String>,
     },
 }
+
+// === impl RootDocument ===
 
 impl RootDocument {
     /// The ETag to revalidate with: only a root we hold can be revalidated.

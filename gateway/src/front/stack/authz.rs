@@ -72,6 +72,8 @@ pub struct Authorizer {
     flow_control_dumps: bool,
 }
 
+// === impl Authorizer ===
+
 impl Authorizer {
     /// `flow_control_dumps`: the gateway serves the debug dumps of API Priority and Fairness.
     pub fn new(
@@ -152,6 +154,8 @@ pub struct Authz<S> {
     /// `None`: authorization is off (`--authorization-webhook=false` and no `--authorize-metrics`).
     authorizer: Option<Arc<Authorizer>>,
 }
+
+// === impl Authz ===
 
 impl<S> Authz<S> {
     pub fn layer(authorizer: Option<Arc<Authorizer>>) -> impl Layer<S, Service = Self> + Clone {

@@ -39,6 +39,8 @@ struct Slots {
     used: AtomicU32,
 }
 
+// === impl Slots ===
+
 impl Slots {
     fn try_take(self: &Arc<Self>) -> Option<SlotGuard> {
         if self.limit == 0 {
@@ -58,6 +60,8 @@ impl Slots {
 /// headers are sent: a large list still occupies the server while it streams.
 struct SlotGuard(Arc<Slots>);
 
+// === impl SlotGuard ===
+
 impl Drop for SlotGuard {
     fn drop(&mut self) {
         self.0.used.fetch_sub(1, Ordering::AcqRel);
@@ -68,6 +72,8 @@ struct InflightGuard {
     _slot: SlotGuard,
     gauge: Gauge,
 }
+
+// === impl InflightGuard ===
 
 impl Drop for InflightGuard {
     fn drop(&mut self) {
@@ -90,6 +96,8 @@ struct Shared {
     routing: Option<Arc<Routing>>,
     metrics: Arc<Metrics>,
 }
+
+// === impl Shared ===
 
 impl Shared {
     /// The body limit for `req` (0: none): the remote one when the routing snapshot sends it to
@@ -122,6 +130,8 @@ pub struct LimitsService<S> {
     inner: S,
     limits: Shared,
 }
+
+// === impl LimitsService ===
 
 impl<S> LimitsService<S> {
     /// `routing` tells requests to remote APIServices apart (their body limit is
@@ -262,6 +272,8 @@ pin_project_lite::pin_project! {
         seen: Arc<AtomicBool>,
     }
 }
+
+// === impl OverflowSeen ===
 
 impl<B> http_body::Body for OverflowSeen<B>
 where
