@@ -96,9 +96,9 @@ async fn a_flooding_user_cannot_starve_a_quiet_service_account() {
     )
     .await;
     let core = core_client();
-    // The core alone is slow under the flood: as many of the 40 GETs as 10 s allow.
+    // The core alone is slow under the flood: as many of the 40 GETs as 5 s allow.
     let (direct, direct_flood) =
-        under_flood(&s.core.url(), &core, &core, Duration::from_secs(10)).await;
+        under_flood(&s.core.url(), &core, &core, Duration::from_secs(5)).await;
     let (through, flood) = under_flood(&s.gateway.url(), &alice, &quiet, Duration::MAX).await;
     let figures = format!(
         "quiet ServiceAccount: unloaded through the gateway {}; under the flood: directly {}, \
