@@ -66,7 +66,13 @@ async fn objects_by_uid(real: &Real, resource: &str) -> BTreeMap<String, (String
 pub async fn classifies_as_kube_apiserver(real: &Real) {
     let admin = real.plane.admin();
     admin
-        .run_ok(&["create", "serviceaccount", "pf-quiet", "--namespace", "default"])
+        .run_ok(&[
+            "create",
+            "serviceaccount",
+            "pf-quiet",
+            "--namespace",
+            "default",
+        ])
         .await;
     let service_account = admin
         .run_ok(&["create", "token", "pf-quiet", "--namespace", "default"])
@@ -122,7 +128,8 @@ pub async fn classifies_as_kube_apiserver(real: &Real) {
     }
     for expected in [("exempt", "exempt"), ("global-default", "global-default")] {
         assert!(
-            seen.iter().any(|(s, l)| (s.as_str(), l.as_str()) == expected),
+            seen.iter()
+                .any(|(s, l)| (s.as_str(), l.as_str()) == expected),
             "kube-apiserver classified differently than expected: {seen:?}"
         );
     }
