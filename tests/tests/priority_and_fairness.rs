@@ -6,13 +6,12 @@
 
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use e2e::harness::{self, HttpClient};
 use e2e::scenario::{
-    core_client, create_on_core, Flood, Quiet, Scenario, QUIET_GROUPS, QUIET_SERVICE_ACCOUNT,
+    core_client, create_on_core, created_on_core, Flood, Quiet, Scenario, QUIET_GROUPS,
+    QUIET_SERVICE_ACCOUNT,
 };
-use http::{HeaderMap, Request, StatusCode};
-use http_body_util::Full;
+use http::{HeaderMap, StatusCode};
 use serde_json::{json, Value};
 
 const FLOW_SCHEMA_UID: &str = "x-kubernetes-pf-flowschema-uid";
@@ -150,18 +149,7 @@ async fn classified(s: &Scenario, client: &HttpClient) -> HeaderMap {
 
 /// Creates `object` in the core's `resource` and returns its UID.
 async fn create_flowcontrol(s: &Scenario, resource: &str, object: Value) -> String {
-    let req = Request::post(format!("{}{FLOWCONTROL}/{resource}", s.core.url()))
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(object.to_string())))
-        .unwrap();
-    let (status, _, body) = harness::send(&core_client(), req).await.unwrap();
-    assert_eq!(
-        status,
-        StatusCode::CREATED,
-        "{}",
-        String::from_utf8_lossy(&body)
-    );
-    let created: Value = serde_json::from_slice(&body).unwrap();
+    let created = created_on_core(&s.core, &format!("{FLOWCONTROL}/{resource}"), object).await;
     created["metadata"]["uid"].as_str().unwrap().to_owned()
 }
 
