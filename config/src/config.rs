@@ -141,7 +141,10 @@ pub struct LeaderElection {
 
 #[derive(Debug, Clone)]
 pub struct Limits {
-    /// 0 = unlimited.
+    /// `--enable-priority-and-fairness`: the two in-flight limits add up to the seats API
+    /// Priority and Fairness shares out; otherwise each applies on its own.
+    pub priority_and_fairness: bool,
+    /// 0 = unlimited (without priority and fairness).
     pub max_readonly_inflight: u32,
     pub max_mutating_inflight: u32,
     pub request_timeout: Duration,

@@ -187,10 +187,19 @@ options! {
         pub services: Option<Vec<StaticService>>,
 
         // ---- limits ----
-        /// Maximum in-flight non-mutating requests; 0 = unlimited [default: 400].
+        /// API Priority and Fairness, as kube-apiserver's: requests are classified by the
+        /// FlowSchemas and PriorityLevelConfigurations of the core (kube's built-in ones when it
+        /// serves none) and share --max-requests-inflight plus --max-mutating-requests-inflight
+        /// seats by priority level, fairly between users; false: the two limits apply apart,
+        /// first come first served [default: true].
+        #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+        pub enable_priority_and_fairness: Option<bool>,
+        /// Maximum in-flight non-mutating requests; 0 = unlimited. With priority and fairness,
+        /// part of the server's seats [default: 400].
         #[arg(long, value_name = "N")]
         pub max_requests_inflight: Option<u32>,
-        /// Maximum in-flight mutating requests; 0 = unlimited [default: 200].
+        /// Maximum in-flight mutating requests; 0 = unlimited. With priority and fairness, part
+        /// of the server's seats [default: 200].
         #[arg(long, value_name = "N")]
         pub max_mutating_requests_inflight: Option<u32>,
         /// Timeout for ordinary requests; watch, exec, attach, portforward, log and proxy are

@@ -21,6 +21,7 @@ const SCENARIOS: &[&str] = &[
     "resident memory",
     "start to ready",
     "overload",
+    "priority and fairness",
     "openapi v2",
 ];
 

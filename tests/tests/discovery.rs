@@ -30,12 +30,12 @@ const KUBECTL_1_29: &str =
 
 /// The order of the session's groups: `apiregistration.k8s.io` first; the core's other groups
 /// as the core fixture publishes them (apps, discovery.k8s.io, authentication.k8s.io,
-/// authorization.k8s.io, coordination.k8s.io: not kube-apiserver 1.33's order, which has
-/// discovery.k8s.io last);
+/// authorization.k8s.io, coordination.k8s.io, flowcontrol.apiserver.k8s.io: not kube-apiserver
+/// 1.33's order, which has discovery.k8s.io last);
 /// legacy.example.com's APIService (17700) ranks above what a core group without an APIService
 /// counts as (1000, a CRD's), so it comes before them; wardle.example.com (1000) ties and comes
 /// after them.
-const GROUPS: [&str; 8] = [
+const GROUPS: [&str; 9] = [
     "apiregistration.k8s.io",
     LEGACY,
     "apps",
@@ -43,6 +43,7 @@ const GROUPS: [&str; 8] = [
     "authentication.k8s.io",
     "authorization.k8s.io",
     "coordination.k8s.io",
+    "flowcontrol.apiserver.k8s.io",
     WARDLE,
 ];
 
@@ -379,6 +380,7 @@ async fn kubectl_lists_every_group_version_and_revalidates_its_cache() {
             "authorization.k8s.io/v1",
             "coordination.k8s.io/v1",
             "discovery.k8s.io/v1",
+            "flowcontrol.apiserver.k8s.io/v1",
             "legacy.example.com/v1",
             "v1",
             "wardle.example.com/v1",

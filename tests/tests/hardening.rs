@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use e2e::harness::{self, Gateway, HttpClient};
-use e2e::scenario::{core_and_gateway, Scenario};
+use e2e::scenario::{core_and_gateway, Quiet, Scenario, QUIET_GROUPS, QUIET_SERVICE_ACCOUNT};
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
@@ -76,11 +76,16 @@ fn h2_get(gateway: &Gateway, path: &str) -> Request<()> {
 
 /// An HTTP/2 client that announces a zero window holds every read-only slot with responses it
 /// never takes: the probes still answer meanwhile (they are exempt, as kube-apiserver's are),
-/// and once the request timeout has passed the streams are reset and the slots come back.
+/// and once the request timeout has passed the streams are reset and the slots come back. (With
+/// kube's older in-flight filter, one pool for everyone; priority and fairness below.)
 #[tokio::test]
 async fn a_zero_window_http2_client_holds_slots_only_until_the_request_timeout() {
-    let (_core, gateway) =
-        core_and_gateway(&["--max-requests-inflight=3", "--request-timeout=3s"]).await;
+    let (_core, gateway) = core_and_gateway(&[
+        "--enable-priority-and-fairness=false",
+        "--max-requests-inflight=3",
+        "--request-timeout=3s",
+    ])
+    .await;
     ready(&gateway).await;
     let mut zero_window = h2::client::Builder::new();
     zero_window.initial_window_size(0);
@@ -128,11 +133,16 @@ async fn a_zero_window_http2_client_holds_slots_only_until_the_request_timeout()
 }
 
 /// HTTP/1.1 clients that request a large body and read nothing hold their slots until the
-/// request timeout, then their connections are closed; probes answer throughout.
+/// request timeout, then their connections are closed; probes answer throughout. (Kube's older
+/// in-flight filter, as above.)
 #[tokio::test]
 async fn slow_http1_readers_hold_slots_only_until_the_request_timeout() {
-    let (_core, gateway) =
-        core_and_gateway(&["--max-requests-inflight=2", "--request-timeout=3s"]).await;
+    let (_core, gateway) = core_and_gateway(&[
+        "--enable-priority-and-fairness=false",
+        "--max-requests-inflight=2",
+        "--request-timeout=3s",
+    ])
+    .await;
     ready(&gateway).await;
     let ca = gateway.ca_pem().unwrap();
     let started = Instant::now();
@@ -182,6 +192,66 @@ async fn slow_http1_readers_hold_slots_only_until_the_request_timeout() {
         .await;
         assert!(closed.is_ok(), "a slow reader's connection stayed open");
     }
+}
+
+/// With priority and fairness (the default), the same attacks from anonymous clients (one HTTP/2
+/// connection holding as many zero-window streams as it is answered, and slow HTTP/1.1 readers,
+/// each holding a seat until the request timeout) take the seats of anonymous callers' priority
+/// level and no others: a ServiceAccount keeps being served, and so do the probes. (Users who
+/// share `global-default` with anonymous callers, as kube's built-in FlowSchema puts them, share
+/// those seats with the attacker, as in kube-apiserver.)
+#[tokio::test]
+async fn anonymous_attackers_keep_no_service_account_at_429() {
+    // 60 seats, so that 100 slow readers and a connection's streams outnumber what anonymous
+    // callers' level may hold with everything the others lend it.
+    let s = Scenario::builder()
+        .gateway_args(&[
+            "--max-requests-inflight=40",
+            "--max-mutating-requests-inflight=20",
+        ])
+        .start()
+        .await;
+    let endpoint = e2e::bench::load::Endpoint {
+        addr: s.gateway.addr,
+        ca_pem: Some(s.gateway.ca_pem().unwrap().into()),
+        client_cert: None,
+    };
+    let started = Instant::now();
+    let attack = e2e::bench::overload::attack(&endpoint, 100, "/fixture/bytes?n=1073741824")
+        .await
+        .unwrap();
+    eprintln!(
+        "the attack: {} zero-window streams answered, 100 slow readers, in {:?}",
+        attack.held_by_zero_window,
+        started.elapsed()
+    );
+    assert!(
+        attack.held_by_zero_window > 0,
+        "no zero-window stream was answered"
+    );
+    let ca = s.gateway.ca_pem().unwrap();
+    let anonymous = harness::http1_client(&ca, None).unwrap();
+    // Its own 4 s timeout: refused after waiting a quarter of that in its queue.
+    let refused = status_of(&anonymous, &s.gateway, "/api/v1/namespaces?timeout=4s").await;
+    assert_eq!(
+        refused,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the attack should hold every seat anonymous callers get"
+    );
+    assert_probes_answer(&anonymous, &s.gateway, "while attacked").await;
+
+    let user = s.user(QUIET_SERVICE_ACCOUNT, &QUIET_GROUPS);
+    let service_account = harness::http1_client(&ca, Some(&user)).unwrap();
+    let url = format!("{}/api/v1/namespaces/default/configmaps", s.gateway.url());
+    let quiet = Quiet::run(&service_account, &url, 40).await;
+    assert!(
+        quiet.ok_share() >= 0.95,
+        "the ServiceAccount while attacked: {}\n{}",
+        quiet.summary(),
+        s.logs()
+    );
+    eprintln!("the ServiceAccount while attacked: {}", quiet.summary());
+    drop(attack);
 }
 
 // ---- 11.3: connections are bounded --------------------------------------------------------------

@@ -13,9 +13,16 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+/// Kube's older in-flight filter (`--enable-priority-and-fairness=false`): read-only and mutating
+/// requests counted apart, first come first served (priority and fairness has its own suite,
+/// `priority_and_fairness.rs`).
 #[tokio::test]
 async fn in_flight_limit_answers_429_while_watches_keep_streaming() {
-    let (core, gateway) = core_and_gateway(&["--max-requests-inflight=2"]).await;
+    let (core, gateway) = core_and_gateway(&[
+        "--enable-priority-and-fairness=false",
+        "--max-requests-inflight=2",
+    ])
+    .await;
     let ca = gateway.ca_pem().unwrap();
     let client = harness::http1_client(&ca, None).unwrap();
     let mut watch = watch_configmaps(&client, &gateway).await;

@@ -78,7 +78,15 @@ async fn a_declared_subresource_streams_past_the_request_timeout() {
             "aggregation-gateway.io/long-running-subresources",
             "console",
         )],
-        &["--request-timeout", "2s", "--max-requests-inflight", "1"],
+        // One in-flight slot for everyone (kube's older filter), so a console that took one
+        // would show.
+        &[
+            "--request-timeout",
+            "2s",
+            "--enable-priority-and-fairness=false",
+            "--max-requests-inflight",
+            "1",
+        ],
     )
     .await;
     let client = harness::http2_client(&s.gateway.ca_pem().unwrap(), Some(&alice)).unwrap();

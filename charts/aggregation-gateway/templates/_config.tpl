@@ -26,6 +26,7 @@ tests run `aggregation-gateway --check-config` on what this renders. extraConfig
   "authorizationWebhookCacheAuthorizedTtl" $v.authorization.webhook.cacheAuthorizedTTL
   "authorizationWebhookCacheUnauthorizedTtl" $v.authorization.webhook.cacheUnauthorizedTTL
   "authorizeMetrics" $v.authorization.authorizeMetrics
+  "enablePriorityAndFairness" $v.limits.enablePriorityAndFairness
   "maxRequestsInflight" (int $v.limits.maxRequestsInflight)
   "maxMutatingRequestsInflight" (int $v.limits.maxMutatingRequestsInflight)
   "requestTimeout" $v.limits.requestTimeout

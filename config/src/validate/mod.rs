@@ -265,6 +265,7 @@ impl Options {
         }
 
         let limits = Limits {
+            priority_and_fairness: self.enable_priority_and_fairness.unwrap_or(true),
             max_readonly_inflight: self.max_requests_inflight.unwrap_or(400),
             max_mutating_inflight: self.max_mutating_requests_inflight.unwrap_or(200),
             request_timeout: secs(self.request_timeout, 60),
@@ -273,6 +274,16 @@ impl Options {
             header_read_timeout: secs(self.header_read_timeout, 10),
             max_header_bytes: self.max_header_bytes.unwrap_or(1024 * 1024),
         };
+        if limits.priority_and_fairness
+            && limits.max_readonly_inflight == 0
+            && limits.max_mutating_inflight == 0
+        {
+            // kube-apiserver refuses this too: priority and fairness shares out their sum.
+            return Err(ConfigError::new(
+                "max-requests-inflight",
+                "with --enable-priority-and-fairness, --max-requests-inflight and --max-mutating-requests-inflight must add up to more than 0",
+            ));
+        }
         if limits.request_timeout.is_zero() {
             return Err(ConfigError::new(
                 "request-timeout",

@@ -111,6 +111,14 @@ mod unit {
                 "invalid configuration: --request-timeout (requestTimeout): must be greater than 0s",
             ),
             (
+                "priority and fairness with no seats to share out",
+                "maxRequestsInflight: 0\nmaxMutatingRequestsInflight: 0\n",
+                "max-requests-inflight",
+                "invalid configuration: --max-requests-inflight (maxRequestsInflight): with \
+                 --enable-priority-and-fairness, --max-requests-inflight and \
+                 --max-mutating-requests-inflight must add up to more than 0",
+            ),
+            (
                 "headers too small for a Kubernetes request",
                 "maxHeaderBytes: 100\n",
                 "max-header-bytes",
@@ -129,6 +137,29 @@ mod unit {
             assert_eq!(err.flag, flag, "{case}");
             assert_eq!(err.to_string(), want, "{case}");
         }
+    }
+
+    /// Without priority and fairness, 0 still means unlimited, as kube's old filter read it.
+    #[test]
+    fn unlimited_in_flight_is_allowed_without_priority_and_fairness() {
+        let limits = opts(
+            "enablePriorityAndFairness: false\nmaxRequestsInflight: 0\nmaxMutatingRequestsInflight: 0\n",
+        )
+        .validate()
+        .unwrap()
+        .limits;
+        assert!(!limits.priority_and_fairness);
+        assert_eq!(
+            (limits.max_readonly_inflight, limits.max_mutating_inflight),
+            (0, 0)
+        );
+        assert!(
+            Options::default()
+                .validate()
+                .unwrap()
+                .limits
+                .priority_and_fairness
+        );
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! Step 3, controllers: the loops that publish what the request path reads, and the health
-//! checks they keep. Each runs in a task and a span of its own; what the router needs of them
+//! Step 3, controllers: the loops that publish what the request path reads (routes, discovery,
+//! trust, leadership, readiness, API Priority and Fairness), and the health checks they keep. Each runs in a task and a span of its own; what the router needs of them
 //! is gathered in one [`Gateway`].
 //!
 //! The checks are registered in the order `/readyz?verbose` lists them: `core-server`,
@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use gateway_config::Config;
+use gateway_config::{ApiServiceSource, Config};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::Instrument;
@@ -19,6 +19,7 @@ use super::StartError;
 use crate::control::apiservices::{ProxyIdentity, Routing};
 use crate::control::discovery::openapi_v2::OpenApiV2Controller;
 use crate::control::discovery::{readiness, DiscoveryCache, DiscoveryController};
+use crate::control::flowcontrol::{self, FlowControl};
 use crate::control::leader_election::{LeaderElector, Leadership};
 use crate::control::{core_readiness, trust};
 use crate::handlers::health::{self, Health};
@@ -100,12 +101,17 @@ impl Controllers {
         )?;
 
         let discovery = start_discovery(config, clients, &routing, metrics, &mut health);
+        let flow_control = config
+            .limits
+            .priority_and_fairness
+            .then(|| start_flow_control(config, clients, metrics));
         let gateway = Arc::new(Gateway {
             core: clients.core.clone(),
             health,
             metrics: metrics.clone(),
             routing,
             discovery,
+            flow_control,
         });
         tokio::spawn(
             core_readiness::run(gateway.core.clone(), core_check)
@@ -137,6 +143,35 @@ fn start_leader_election(
             .instrument(tracing::info_span!("leader_election")),
     );
     Some((Leader { stop, task }, leadership))
+}
+
+/// API Priority and Fairness: kube's built-in configuration at once, then, with the kube
+/// APIService source, the core's FlowSchemas and PriorityLevelConfigurations as they change (the
+/// `file` and `none` sources keep the built-in one: their core need not be kube-apiserver); and
+/// the loop that lends seats between levels.
+fn start_flow_control(config: &Config, clients: &Clients, metrics: &Metrics) -> Arc<FlowControl> {
+    let limits = &config.limits;
+    let flow_control = Arc::new(FlowControl::new(
+        limits
+            .max_readonly_inflight
+            .saturating_add(limits.max_mutating_inflight),
+        limits.request_timeout / 4,
+        metrics.registry(),
+    ));
+    flowcontrol::source::use_built_in(&flow_control);
+    if matches!(config.apiservices.source, ApiServiceSource::Kube { .. }) {
+        tokio::spawn(flowcontrol::source::run(
+            clients.kube(),
+            flow_control.clone(),
+        ));
+    }
+    tokio::spawn(
+        flow_control
+            .clone()
+            .run_borrowing()
+            .instrument(tracing::info_span!("flowcontrol_borrowing")),
+    );
+    flow_control
 }
 
 /// The discovery controller (merged discovery and OpenAPI v3) and the OpenAPI v2 loop, with the

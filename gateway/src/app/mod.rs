@@ -122,9 +122,13 @@ pub async fn run(config: Config) -> Result<(), StartError> {
     Ok(())
 }
 
-/// The metrics registry, with the configured in-flight limits published.
+/// The metrics registry, with the configured in-flight limits published (kube's older filter
+/// only: priority and fairness publishes its seats by priority level instead).
 fn metrics(limits: &Limits) -> Arc<Metrics> {
     let metrics = Arc::new(Metrics::new());
+    if limits.priority_and_fairness {
+        return metrics;
+    }
     for (kind, limit) in [
         ("readOnly", limits.max_readonly_inflight),
         ("mutating", limits.max_mutating_inflight),

@@ -19,6 +19,7 @@ use crate::front::stack::{
     authn::Authn,
     authz::{Authorizer, Authz},
     limits::LimitsService,
+    priority_and_fairness::PriorityAndFairness,
     request_info::RequestInfoService,
     rescue::Rescue,
     timeout::TimeoutService,
@@ -47,6 +48,7 @@ pub fn build(
             kube_client::client(gateway.core.clone()),
             gateway.routing.clone(),
             &config.authz,
+            gateway.flow_control.is_some(),
         ))
     });
     Ok(ServiceBuilder::new()
@@ -65,6 +67,9 @@ pub fn build(
             metrics,
         ))
         .layer(TimeoutService::layer(config.limits.request_timeout))
+        .option_layer(gateway.flow_control.clone().map(|fc| {
+            PriorityAndFairness::layer(fc, config.limits.request_timeout, &gateway.metrics)
+        }))
         .layer(Authz::layer(authorizer))
         .service(Router::new(gateway)))
 }

@@ -9,12 +9,16 @@
 //!   ([`discovery::DiscoveryCache`]);
 //! * [`trust`]: kube-system/extension-apiserver-authentication kept current;
 //! * [`leader_election`]: the Lease that decides which replica writes APIService status;
-//! * [`core_readiness`]: the `core-server` readiness check.
+//! * [`core_readiness`]: the `core-server` readiness check;
+//! * [`flowcontrol`]: API Priority and Fairness: the FlowSchemas and PriorityLevelConfigurations
+//!   (the core's, or kube's built-in ones) digested into the classification and the priority
+//!   levels (seats and queues) the front's `priority_and_fairness` layer admits requests by.
 //!
 //! Imports from: the backends (the clients the loops fetch and probe with) and the bottom.
 
 pub mod apiservices;
 pub mod core_readiness;
 pub mod discovery;
+pub mod flowcontrol;
 pub mod leader_election;
 pub mod trust;

@@ -15,10 +15,12 @@ use crate::body::BoxFuture;
 use crate::body::{full, BoxError, Request, Response};
 use crate::control::apiservices::{Routes, Routing, Target};
 use crate::control::discovery::DiscoveryCache;
+use crate::control::flowcontrol::FlowControl;
 use crate::error::GatewayError;
 use crate::extensions::{ConnInfo, RoutedTo};
 use crate::handlers::apiservice_printing;
 use crate::handlers::health::Health;
+use crate::handlers::priority_and_fairness;
 use crate::identity::UserInfo;
 use crate::metrics::Metrics;
 use crate::request_info::RequestInfo;
@@ -31,6 +33,9 @@ pub struct Gateway {
     pub routing: Arc<Routing>,
     /// Merged discovery and OpenAPI v3 snapshots (`/api`, `/apis`, `/apis/<g>`, `/openapi/v3`).
     pub discovery: Arc<DiscoveryCache>,
+    /// API Priority and Fairness, unless `--enable-priority-and-fairness=false`: the front's
+    /// layer admits requests by it, and its debug dumps are answered here.
+    pub flow_control: Option<Arc<FlowControl>>,
 }
 
 #[derive(Clone)]
@@ -85,6 +90,11 @@ impl Service<Request> for Router {
             let path = req.uri().path();
             if req.method() == Method::GET || req.method() == Method::HEAD {
                 if let Some(resp) = gw.health.respond(path, req.uri().query().unwrap_or("")) {
+                    return Ok(tagged(resp, RoutedTo::Gateway));
+                }
+                if let Some(resp) = gw.flow_control.as_ref().and_then(|fc| {
+                    priority_and_fairness::respond(fc, path, req.uri().query().unwrap_or(""))
+                }) {
                     return Ok(tagged(resp, RoutedTo::Gateway));
                 }
                 if path == "/metrics" {

@@ -238,6 +238,12 @@ impl Metrics {
             .observe(seconds);
     }
 
+    /// The registry, for families registered elsewhere (`apiserver_flowcontrol_*`), so that one
+    /// `/metrics` answer carries them all.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
     pub fn encode(&self) -> String {
         TextEncoder::new()
             .encode_to_string(&self.registry.gather())

@@ -32,7 +32,8 @@
 //!
 //! Route-table and discovery rebuilds ([`rebuild`]) are timed in process with the gateway's own
 //! `apiservice` types (no sockets). Memory and CPU come from `/proc` ([`memory`]); start-up time is
-//! [`ready`]; what hostile clients cost the gateway and everyone else is [`overload`].
+//! [`ready`]; what hostile clients cost the gateway and everyone else is [`overload`]; what API
+//! Priority and Fairness costs per request is [`fairness`].
 //!
 //! [`openapi`] runs a gateway of its own in front of many remote APIServices with large OpenAPI
 //! v2 specs: the merge after one spec changes, serving the cached merge beside the same bytes
@@ -40,6 +41,7 @@
 
 pub mod backend;
 pub mod documents;
+pub mod fairness;
 pub mod load;
 pub mod memory;
 pub mod openapi;

@@ -27,15 +27,18 @@ use super::{median, BoxError, Settings};
 pub const NAME: &str = "overload";
 
 /// What the attackers hold open; dropping it closes their connections.
-struct Attack {
+pub struct Attack {
     _slow_readers: Vec<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>,
     _zero_window: Vec<h2::RecvStream>,
-    held_by_zero_window: usize,
+    /// Streams of the zero-window connection answered 200 (each holds its response unread).
+    pub held_by_zero_window: usize,
 }
 
-/// Opens `slow` HTTP/1.1 connections that each ask for 1 MiB and read nothing, and one HTTP/2
-/// connection with a zero window that opens as many such streams as the gateway allows.
-async fn attack(endpoint: &Endpoint, slow: usize) -> Result<Attack, BoxError> {
+/// Opens `slow` HTTP/1.1 connections that each ask for `path` (a large answer) and read
+/// nothing, and one HTTP/2 connection with a zero window that opens as many such streams as the
+/// gateway answers (up to its stream limit), as the endpoint's caller (anonymous without a
+/// client certificate).
+pub async fn attack(endpoint: &Endpoint, slow: usize, path: &str) -> Result<Attack, BoxError> {
     let ca = endpoint.ca_pem.as_deref().ok_or("TLS endpoint")?;
     let name = rustls::pki_types::ServerName::IpAddress(endpoint.addr.ip().into());
     // The zero-window connection first, so its streams hold slots rather than collect 429s.
@@ -55,30 +58,33 @@ async fn attack(endpoint: &Endpoint, slow: usize) -> Result<Attack, BoxError> {
         let ready = tokio::time::timeout(Duration::from_millis(500), sender.ready()).await;
         let Ok(Ok(ready)) = ready else { break };
         sender = ready;
-        let req = http::Request::get(format!("https://{}/bench/1mib", endpoint.addr)).body(())?;
+        let req = http::Request::get(format!("https://{}{path}", endpoint.addr)).body(())?;
         let (response, _) = sender.send_request(req, true)?;
-        match tokio::time::timeout(Duration::from_secs(5), response).await {
+        // Not answered at once: the stream waits for a seat (or a 429); the attack holds what it
+        // holds.
+        match tokio::time::timeout(Duration::from_secs(2), response).await {
             Ok(Ok(resp)) if resp.status() == StatusCode::OK => zero_window.push(resp.into_body()),
             _ => break,
         }
     }
     let h1 = client_tls(ca, Proto::H1)?;
-    let mut slow_readers = Vec::with_capacity(slow);
-    for _ in 0..slow {
-        let tcp = tokio::net::TcpStream::connect(endpoint.addr).await?;
-        let mut tls = tokio_rustls::TlsConnector::from(h1.clone())
-            .connect(name.clone(), tcp)
-            .await?;
-        tls.write_all(
-            format!(
-                "GET /bench/1mib HTTP/1.1\r\nHost: {}\r\n\r\n",
-                endpoint.addr
+    // All at once: one after the other, the first would have been cut by the request timeout
+    // before the last is in.
+    let slow_readers = futures::future::try_join_all((0..slow).map(|_| {
+        let (h1, name) = (h1.clone(), name.clone());
+        async move {
+            let tcp = tokio::net::TcpStream::connect(endpoint.addr).await?;
+            let mut tls = tokio_rustls::TlsConnector::from(h1)
+                .connect(name, tcp)
+                .await?;
+            tls.write_all(
+                format!("GET {path} HTTP/1.1\r\nHost: {}\r\n\r\n", endpoint.addr).as_bytes(),
             )
-            .as_bytes(),
-        )
-        .await?;
-        slow_readers.push(tls);
-    }
+            .await?;
+            Ok::<_, BoxError>(tls)
+        }
+    }))
+    .await?;
 
     Ok(Attack {
         held_by_zero_window: zero_window.len(),
@@ -169,7 +175,7 @@ async fn measure(
         .map_err(|e| format!("load without attackers: {e}"))?;
 
     let sampler = RssSampler::start(vec![gateway]);
-    let attack = attack(&via, slow)
+    let attack = attack(&via, slow, "/bench/1mib")
         .await
         .map_err(|e| format!("opening the attack: {e}"))?;
     tokio::time::sleep(Duration::from_secs(1)).await;

@@ -22,7 +22,8 @@ use e2e::bench::memory::{mb, raise_nofile_limit, rss_bytes, RssSampler};
 use e2e::bench::report::{self, Results, Row};
 use e2e::bench::setup::{self, Setup};
 use e2e::bench::{
-    backend, openapi, overload, peers, ready, real, rebuild, throughput, watch, BoxError, Settings,
+    backend, fairness, openapi, overload, peers, ready, real, rebuild, throughput, watch, BoxError,
+    Settings,
 };
 use e2e::certs::install_crypto;
 use e2e::harness;
@@ -141,6 +142,9 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
 
     // Before the watch and overload scenarios, which leave thousands of sockets closing behind
     // them; after the RSS sampler, so the peers' load does not count as the gateway's peak.
+    if settings.wants(fairness::NAME) {
+        fairness::run(&settings, &setup, &mut results).await?;
+    }
     if settings.wants(peers::NAME) {
         peers::run(&settings, &setup, &mut results).await?;
     }

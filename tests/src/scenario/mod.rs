@@ -50,6 +50,7 @@ pub fn path_arg(p: &Path) -> String {
 
 mod apiservice;
 mod configmaps;
+mod fairness;
 mod on_core;
 mod pki;
 mod requests;
@@ -57,6 +58,7 @@ mod session;
 
 pub use apiservice::*;
 pub use configmaps::*;
+pub use fairness::*;
 pub use on_core::*;
 pub use pki::*;
 pub use requests::*;

@@ -16,6 +16,23 @@ pub async fn create_on_core(core: &FixtureCore, path: &str, object: Value) -> St
     harness::send(&core_client(), req).await.unwrap().0
 }
 
+/// Creates `object` at `path` on the core, asserts 201 (with the core's answer if not), and
+/// returns the object as the core stored it (with its UID).
+pub async fn created_on_core(core: &FixtureCore, path: &str, object: Value) -> Value {
+    let req = Request::post(format!("{}{path}", core.url()))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(object.to_string())))
+        .unwrap();
+    let (status, _, body) = harness::send(&core_client(), req).await.unwrap();
+    assert_eq!(
+        status,
+        StatusCode::CREATED,
+        "POST {path}: {}",
+        String::from_utf8_lossy(&body)
+    );
+    serde_json::from_slice(&body).unwrap()
+}
+
 /// The requests the core recorded since the last [`clear_core_requests`], oldest first.
 pub async fn core_requests(core: &FixtureCore) -> Vec<Value> {
     let (_, _, body) = harness::get(&core_client(), &format!("{}/fixture/requests", core.url()))

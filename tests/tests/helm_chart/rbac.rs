@@ -63,6 +63,21 @@ fn create_subjectaccessreviews() -> PolicyRule {
     rule("authorization.k8s.io", "subjectaccessreviews", &["create"])
 }
 
+/// API Priority and Fairness reads the core's configuration, with the kube source.
+fn watch_flowcontrol() -> PolicyRule {
+    PolicyRule {
+        resources: Some(vec![
+            "flowschemas".to_owned(),
+            "prioritylevelconfigurations".to_owned(),
+        ]),
+        ..rule(
+            "flowcontrol.apiserver.k8s.io",
+            "",
+            &["get", "list", "watch"],
+        )
+    }
+}
+
 fn every_rule() -> Vec<PolicyRule> {
     vec![
         watch_crds(),
@@ -72,6 +87,7 @@ fn every_rule() -> Vec<PolicyRule> {
         watch_endpointslices(),
         create_tokenreviews(),
         create_subjectaccessreviews(),
+        watch_flowcontrol(),
     ]
 }
 
@@ -128,6 +144,7 @@ fn rbac_grants_exactly_the_verbs_the_gateway_uses_where_its_identity_is_authoriz
                 watch_services(),
                 watch_endpointslices(),
                 create_subjectaccessreviews(),
+                watch_flowcontrol(),
             ],
         },
         Case {
@@ -188,7 +205,18 @@ fn rbac_grants_exactly_the_verbs_the_gateway_uses_where_its_identity_is_authoriz
                 watch_apiservices(),
                 write_apiservice_status(),
                 create_tokenreviews(),
+                watch_flowcontrol(),
             ],
+            core: none(),
+        },
+        Case {
+            name: "priority and fairness off: the core's FlowSchemas are not read",
+            example: None,
+            sets: &["limits.enablePriorityAndFairness=false"],
+            host: every_rule()
+                .into_iter()
+                .filter(|r| *r != watch_flowcontrol())
+                .collect(),
             core: none(),
         },
         // The ServiceAccount is never presented, so it gets nothing.

@@ -23,6 +23,7 @@ mod chart;
 mod crds;
 mod discovery;
 mod file_source;
+mod flowcontrol;
 mod flunders;
 mod leader_election;
 mod openapi_v2_proto;
@@ -91,6 +92,8 @@ async fn session_against_the_real_control_plane() {
                 "flunders created, listed, watched, patched and deleted" => flunders::crud_and_watch,
                 "a 403 for flunders reads as kube-apiserver's" => flunders::forbidden_like_kube,
                 "kubectl get apiservices shows the status written" => status::get_apiservices,
+                "priority and fairness classifies as kube-apiserver, from its FlowSchemas" =>
+                    flowcontrol::classifies_as_kube_apiserver,
                 "the gateway and kube-apiserver do not fight over status" => status::no_status_fight,
                 "two replicas elect one Lease holder, and hand over when it is killed" =>
                     leader_election::one_holder_and_a_handover,

@@ -13,7 +13,10 @@
 //!   must not read through the gateway what the core would refuse. Such a path may still fall
 //!   through to the core (legacy `/api`, the core's own OpenAPI documents); it is then reviewed
 //!   twice, which the decision cache makes cheap;
-//! - `/metrics` (non-resource URL, verb `get`) with `--authorize-metrics`.
+//! - `/metrics` (non-resource URL, verb `get`) with `--authorize-metrics`;
+//! - the debug dumps of API Priority and Fairness (`/debug/api_priority_and_fairness/dump_*`,
+//!   non-resource URLs, verb `get`) whenever the gateway authorizes anything and serves them:
+//!   kube-apiserver authorizes them as any other path, and they name users and what they ask.
 //!
 //! Health endpoints and everything else routed to the core pass through untouched. The layer
 //! sits last before the router (after the timeout, so a hung SubjectAccessReview is bounded by
@@ -42,6 +45,7 @@ use crate::body::{BoxError, Request, Response};
 use crate::control::apiservices::{Routing, Target};
 use crate::error::without_addresses;
 use crate::handlers::discovery::classify;
+use crate::handlers::priority_and_fairness;
 use crate::handlers::router::PinnedRoutes;
 use crate::identity::UserInfo;
 use crate::request_info::RequestInfo;
@@ -64,15 +68,19 @@ pub struct Authorizer {
     remote: bool,
     /// Authorize `/metrics` (`--authorize-metrics`).
     metrics: bool,
+    /// Authorize the debug dumps of API Priority and Fairness (the gateway serves them).
+    flow_control_dumps: bool,
 }
 
 // === impl Authorizer ===
 
 impl Authorizer {
+    /// `flow_control_dumps`: the gateway serves the debug dumps of API Priority and Fairness.
     pub fn new(
         client: kube::Client,
         routing: Arc<Routing>,
         config: &gateway_config::AuthzConfig,
+        flow_control_dumps: bool,
     ) -> Self {
         Self {
             client,
@@ -84,6 +92,7 @@ impl Authorizer {
             routing,
             remote: config.webhook,
             metrics: config.authorize_metrics,
+            flow_control_dumps,
         }
     }
 
@@ -98,16 +107,20 @@ impl Authorizer {
         if path == "/metrics" {
             return self.metrics && matches!(*req.method(), Method::GET | Method::HEAD);
         }
+        let dump = self.flow_control_dumps
+            && priority_and_fairness::is_dump(path)
+            && matches!(*req.method(), Method::GET | Method::HEAD);
         if !self.remote {
-            return false;
+            return dump;
         }
         let table = self.routing.load_full();
-        let applies = match table.lookup(path) {
-            Lookup::GroupVersion(route) | Lookup::LegacyCore(route) => {
-                !matches!(route.backend.target, Target::Local)
-            }
-            Lookup::Group(_) | Lookup::None => is_discovery_document(req.method(), path),
-        };
+        let applies = dump
+            || match table.lookup(path) {
+                Lookup::GroupVersion(route) | Lookup::LegacyCore(route) => {
+                    !matches!(route.backend.target, Target::Local)
+                }
+                Lookup::Group(_) | Lookup::None => is_discovery_document(req.method(), path),
+            };
         req.extensions_mut().insert(PinnedRoutes(table));
         applies
     }
@@ -341,6 +354,7 @@ mod tests {
             routing: routing.clone(),
             remote: true,
             metrics: false,
+            flow_control_dumps: true,
         };
         let reached = Arc::new(AtomicUsize::new(0));
         let mut authz = Authz::layer(Some(Arc::new(authorizer))).layer(Inner {
@@ -361,6 +375,7 @@ mod tests {
             "/api",
             "/apis/wardle.example.com",
             "/openapi/v3",
+            "/debug/api_priority_and_fairness/dump_requests",
             "/openapi/v3/apis/wardle.example.com/v1alpha1",
         ] {
             let resp = authz.call(get(path, None)).await.unwrap();
@@ -377,7 +392,7 @@ mod tests {
             let resp = authz.call(get(path, alice())).await.unwrap();
             assert_eq!(resp.status(), StatusCode::OK, "alice {path}");
         }
-        assert_eq!(reached.load(Ordering::SeqCst), 5, "only alice got through");
+        assert_eq!(reached.load(Ordering::SeqCst), 6, "only alice got through");
         let last = reviews.lock().unwrap().last().cloned().unwrap();
         assert_eq!(
             last["nonResourceAttributes"],

@@ -2,6 +2,10 @@
 //! --max-mutating-requests-inflight) answered with 429 and `Retry-After`, and the request body
 //! limit answered with 413.
 //!
+//! The in-flight limits are kube's older filter, in force only with
+//! `--enable-priority-and-fairness=false`, as in kube; by default `priority_and_fairness` shares
+//! their sum out instead and this layer keeps the body limit alone.
+//!
 //! Not counted: long-running requests (they would hold slots for hours), and the probes
 //! (`GET`/`HEAD` of `/livez`, `/readyz`, `/healthz` and their checks), which kube-apiserver serves
 //! at its `exempt` priority level so that a kubelet's probe is never refused for load.
@@ -80,6 +84,8 @@ impl Drop for InflightGuard {
 /// The limits and their counters, shared by every clone of the service.
 #[derive(Clone)]
 struct Shared {
+    /// Without priority and fairness: the two in-flight limits.
+    inflight: bool,
     readonly: Arc<Slots>,
     mutating: Arc<Slots>,
     /// 0: no limit.
@@ -142,6 +148,7 @@ impl<S> LimitsService<S> {
             })
         };
         let limits = Shared {
+            inflight: !limits.priority_and_fairness,
             readonly: slots(limits.max_readonly_inflight),
             mutating: slots(limits.max_mutating_inflight),
             max_body: limits.max_request_body_bytes,
@@ -195,21 +202,13 @@ where
         if max_body > 0 && declared.is_some_and(|n| n > max_body) {
             return too_large(max_body);
         }
-        let (slots, kind, kind_name) = if mutating {
-            (&limits.mutating, "mutating", "mutating")
+        let guard = if limits.inflight {
+            match limits.take_slot(mutating) {
+                Ok(guard) => Some(guard),
+                Err(refused) => return Box::pin(async move { Err(refused.into()) }),
+            }
         } else {
-            (&limits.readonly, "readOnly", "read-only")
-        };
-        let Some(guard) = slots.try_take() else {
-            return Box::pin(async move {
-                Err(GatewayError::TooManyRequests { kind: kind_name }.into())
-            });
-        };
-        let gauge = limits.metrics.inflight.with_label_values(&[kind]);
-        gauge.inc();
-        let guard = InflightGuard {
-            _slot: guard,
-            gauge,
+            None
         };
         // A chunked body has no length up front: it is cut at the limit, and the failure it
         // causes downstream (the backend's request fails) is answered as the 413 it is.
@@ -232,7 +231,31 @@ where
                 drop(result);
                 return too_large(max_body).await;
             }
-            Ok(result?.map(|b| body::with_guard(b, guard)))
+            let resp = result?;
+            Ok(match guard {
+                Some(guard) => resp.map(|b| body::with_guard(b, guard)),
+                None => resp,
+            })
+        })
+    }
+}
+
+impl Shared {
+    /// An in-flight slot of the request's kind, or the 429 refusing it.
+    fn take_slot(&self, mutating: bool) -> Result<InflightGuard, GatewayError> {
+        let (slots, kind, kind_name) = if mutating {
+            (&self.mutating, "mutating", "mutating")
+        } else {
+            (&self.readonly, "readOnly", "read-only")
+        };
+        let Some(guard) = slots.try_take() else {
+            return Err(GatewayError::TooManyRequests { kind: kind_name });
+        };
+        let gauge = self.metrics.inflight.with_label_values(&[kind]);
+        gauge.inc();
+        Ok(InflightGuard {
+            _slot: guard,
+            gauge,
         })
     }
 }
@@ -299,6 +322,7 @@ mod tests {
 
     fn limits(readonly: u32, max_body: u64) -> gateway_config::Limits {
         gateway_config::Limits {
+            priority_and_fairness: false,
             max_readonly_inflight: readonly,
             max_mutating_inflight: 1,
             request_timeout: Duration::from_secs(60),

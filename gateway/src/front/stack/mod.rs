@@ -11,24 +11,30 @@
 //! 4. `rescue`: any error (and any panic) becomes a `metav1.Status`.
 //! 5. `request_info` (kube's `WithRequestInfo` filter): parses verb/group/resource once; everything below decides on it.
 //! 6. `authn`, then the audit capture.
-//! 7. `limits`: in-flight limits (429) and request body size (413); long-running requests are
-//!    not counted, so a thousand watches never starve ordinary requests.
+//! 7. `limits`: request body size (413); with `--enable-priority-and-fairness=false` also kube's
+//!    older in-flight limits (429). Long-running requests are not counted, so a thousand
+//!    watches never starve ordinary requests.
 //! 8. `timeout`: 504 for ordinary requests; watch/exec/attach/portforward/log/proxy are exempt.
-//! 9. `authz`: SubjectAccessReview for requests to remote APIServices, the discovery and
-//!    OpenAPI documents the gateway serves, and `/metrics`; it pins the routing snapshot it
-//!    decided on for the router. Last, so only admitted requests cost a review and a hung
-//!    review is bounded by the timeout.
-//! 10. the router (`crate::handlers::router`).
+//! 9. `priority_and_fairness` (kube's `WithPriorityAndFairness`, on by default): classifies the
+//!    caller's effective identity and request into a priority level and a flow, and runs, queues
+//!    or refuses (429) the request by its level's seats. Inside the timeout, as kube's filter
+//!    is: queueing is part of a request's time.
+//! 10. `authz`: SubjectAccessReview for requests to remote APIServices, the discovery and
+//!     OpenAPI documents the gateway serves, `/metrics` and the APF debug dumps; it pins the
+//!     routing snapshot it decided on for the router. Last, so only admitted requests cost a
+//!     review and a hung review is bounded by the timeout.
+//! 11. the router (`crate::handlers::router`).
 //!
 //! Every layer forwards `poll_ready` to the one below it, and the router at the bottom is always
-//! ready: back-pressure is an answer (429 from `limits`), not a stalled `poll_ready`, because a
-//! stalled connection is worse for an API server than a fast refusal.
+//! ready: back-pressure is an answer (429, or a place in a fair queue), not a stalled
+//! `poll_ready`, because a stalled connection is worse for an API server than a fast refusal.
 
 pub mod access_log;
 pub mod audit;
 pub mod authn;
 pub mod authz;
 pub mod limits;
+pub mod priority_and_fairness;
 pub mod request_info;
 pub mod rescue;
 pub mod timeout;

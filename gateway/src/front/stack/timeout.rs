@@ -129,6 +129,12 @@ fn client_timeout(query: &str) -> Option<Duration> {
         .filter(|d| !d.is_zero())
 }
 
+/// An ordinary request's time limit: `limit` (`--request-timeout`), shortened by its own
+/// `?timeout=`.
+pub(super) fn request_limit(limit: Duration, query: &str) -> Duration {
+    client_timeout(query).map_or(limit, |d| d.min(limit))
+}
+
 impl<S> Service<Request> for TimeoutService<S>
 where
     S: Service<Request, Response = Response, Error = BoxError> + Send + 'static,
@@ -150,8 +156,7 @@ where
         {
             return Box::pin(self.inner.call(req));
         }
-        let limit = client_timeout(req.uri().query().unwrap_or(""))
-            .map_or(self.limit, |d| d.min(self.limit));
+        let limit = request_limit(self.limit, req.uri().query().unwrap_or(""));
         let deadline = Instant::now() + limit;
         let fut = self.inner.call(req);
         Box::pin(async move {

@@ -1,0 +1,300 @@
+//! API Priority and Fairness, as users and operators see it through the gateway: one user's flood
+//! takes that user's share of the seats and no more (the quiet ServiceAccount beside it is served
+//! as if nothing happened, the flooder gets kube's 429), the core's FlowSchemas rule and a change
+//! to them is in force within a second (a broken one ignored and logged), and the debug dumps
+//! answer those allowed to read them.
+
+use std::time::{Duration, Instant};
+
+use e2e::harness::{self, HttpClient};
+use e2e::scenario::{
+    core_client, create_on_core, created_on_core, Flood, Quiet, Scenario, QUIET_GROUPS,
+    QUIET_SERVICE_ACCOUNT,
+};
+use http::{HeaderMap, StatusCode};
+use serde_json::{json, Value};
+
+const FLOW_SCHEMA_UID: &str = "x-kubernetes-pf-flowschema-uid";
+const PRIORITY_LEVEL_UID: &str = "x-kubernetes-pf-prioritylevel-uid";
+const FLOWCONTROL: &str = "/apis/flowcontrol.apiserver.k8s.io/v1";
+const CONFIGMAPS: &str = "/api/v1/namespaces/default/configmaps";
+
+/// The flood's LIST: this many ConfigMaps of about 1 kB each (a ~140 kB answer), enough to keep
+/// the fixture core busy with a flood of them.
+const FLOOD_OBJECTS: usize = 100;
+/// Connections of the flood: more than `global-default`'s seats serve within the wait limit, so
+/// the flood is refused as well as queued, as the issue's 600 connections were.
+const FLOOD_CONNECTIONS: usize = 80;
+/// The gateway's limits, scaled down with the flood: 15 seats (`global-default` gets 2,
+/// `workload-low` 7); a queued request waits a quarter of the 2 s timeout.
+const GATEWAY_LIMITS: [&str; 3] = [
+    "--max-requests-inflight=10",
+    "--max-mutating-requests-inflight=5",
+    "--request-timeout=2s",
+];
+/// The issue's quiet caller: 40 small GETs, one after the other.
+const QUIET_GETS: usize = 40;
+
+fn client(s: &Scenario, user: &e2e::certs::CertifiedPair) -> HttpClient {
+    harness::http1_client(&s.gateway.ca_pem().unwrap(), Some(user)).unwrap()
+}
+
+async fn seed_configmaps(s: &Scenario) {
+    let data = "x".repeat(1000);
+    for i in 0..FLOOD_OBJECTS {
+        let cm = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": format!("flood-{i:04}")}, "data": {"payload": data}});
+        assert_eq!(
+            create_on_core(&s.core, CONFIGMAPS, cm).await,
+            StatusCode::CREATED
+        );
+    }
+    let quiet = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "quiet"}, "data": {"k": "v"}});
+    assert_eq!(
+        create_on_core(&s.core, CONFIGMAPS, quiet).await,
+        StatusCode::CREATED
+    );
+}
+
+/// Runs the quiet ServiceAccount's GETs at `base` while `flooder` floods `base`'s LIST (after a
+/// moment for the flood to fill the queues), for `budget` at most; returns both sides' results.
+async fn under_flood(
+    base: &str,
+    flooder: &HttpClient,
+    quiet: &HttpClient,
+    budget: Duration,
+) -> (Quiet, e2e::scenario::FloodTally) {
+    let flood = Flood::start(flooder, &format!("{base}{CONFIGMAPS}"), FLOOD_CONNECTIONS);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let url = format!("{base}{CONFIGMAPS}/quiet");
+    let quiet = Quiet::run_within(quiet, &url, QUIET_GETS, budget).await;
+    (quiet, flood.stop().await)
+}
+
+/// The issue's experiment on the fixtures. Directly against the core (which has no priority
+/// and fairness of its own) the flood slows everyone; through the gateway alice's flood is held
+/// to `global-default`'s seats and queues while the ServiceAccount is served from
+/// `workload-low`'s: at least 95 % of its GETs answered 200, with a p90 no more than twice what
+/// it got from the core directly under the same flood. Alice is refused with kube's 429.
+// Two threads: on one, the quiet caller's answers would wait behind the flood's in this process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flooding_user_cannot_starve_a_quiet_service_account() {
+    let s = Scenario::builder()
+        .gateway_args(&GATEWAY_LIMITS)
+        .start()
+        .await;
+    seed_configmaps(&s).await;
+    let alice = client(&s, &s.user("alice", &[]));
+    let quiet = client(&s, &s.user(QUIET_SERVICE_ACCOUNT, &QUIET_GROUPS));
+
+    let unloaded = Quiet::run(
+        &quiet,
+        &format!("{}{CONFIGMAPS}/quiet", s.gateway.url()),
+        QUIET_GETS,
+    )
+    .await;
+    let core = core_client();
+    // The core alone is slow under the flood: as many of the 40 GETs as 5 s allow.
+    let (direct, direct_flood) =
+        under_flood(&s.core.url(), &core, &core, Duration::from_secs(5)).await;
+    let (through, flood) = under_flood(&s.gateway.url(), &alice, &quiet, Duration::MAX).await;
+    let figures = format!(
+        "quiet ServiceAccount: unloaded through the gateway {}; under the flood: directly {}, \
+         through the gateway {}\nflood directly: {:?} in {:?}; through the gateway: {:?} in {:?}",
+        unloaded.summary(),
+        direct.summary(),
+        through.summary(),
+        direct_flood.answers,
+        direct_flood.elapsed,
+        flood.answers,
+        flood.elapsed,
+    );
+    eprintln!("{figures}");
+
+    assert_eq!(through.requests.len(), QUIET_GETS, "{figures}");
+    assert!(through.ok_share() >= 0.95, "{figures}");
+    assert!(
+        through.p90() <= direct.p90() * 2,
+        "the quiet ServiceAccount's p90 through the gateway is more than twice the direct one\n{figures}"
+    );
+    assert!(flood.count(200) > 0, "alice was never served\n{figures}");
+    assert!(flood.count(429) > 0, "alice was never refused\n{figures}");
+    let refusal = flood.refusal.as_ref().unwrap();
+    let served = flood.served.as_ref().unwrap();
+    assert!(refusal.contains_key("retry-after"), "{refusal:?}");
+    for header in [FLOW_SCHEMA_UID, PRIORITY_LEVEL_UID] {
+        assert!(!refusal[header].is_empty(), "{header}: {refusal:?}");
+        assert_eq!(refusal[header], served[header], "{header}");
+    }
+
+    // Operators see the same in kube's metrics.
+    let metrics = e2e::scenario::metrics(&s.gateway).await;
+    let rejected = metrics.lines().any(|l| {
+        l.starts_with("apiserver_flowcontrol_rejected_requests_total{")
+            && l.contains(r#"flow_schema="global-default""#)
+            && l.contains(r#"priority_level="global-default""#)
+    });
+    assert!(rejected, "no rejections of global-default:\n{metrics}");
+}
+
+/// The headers naming where `user`'s LIST of ConfigMaps was classified.
+async fn classified(s: &Scenario, client: &HttpClient) -> HeaderMap {
+    let (status, headers, _) = harness::get(client, &format!("{}{CONFIGMAPS}", s.gateway.url()))
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::OK);
+    headers
+}
+
+/// Creates `object` in the core's `resource` and returns its UID.
+async fn create_flowcontrol(s: &Scenario, resource: &str, object: Value) -> String {
+    let created = created_on_core(&s.core, &format!("{FLOWCONTROL}/{resource}"), object).await;
+    created["metadata"]["uid"].as_str().unwrap().to_owned()
+}
+
+/// A FlowSchema sending every request of user `user` to `level`.
+fn schema_for(name: &str, user: &str, level: &str, precedence: u32) -> Value {
+    json!({"apiVersion": "flowcontrol.apiserver.k8s.io/v1", "kind": "FlowSchema",
+        "metadata": {"name": name},
+        "spec": {"priorityLevelConfiguration": {"name": level}, "matchingPrecedence": precedence,
+            "distinguisherMethod": {"type": "ByUser"},
+            "rules": [{"subjects": [{"kind": "User", "user": {"name": user}}],
+                "resourceRules": [{"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"],
+                    "namespaces": ["*"], "clusterScope": true}],
+                "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}]}]}})
+}
+
+/// Waits until `user`'s requests are classified at the level with UID `level_uid`; how long
+/// that took.
+async fn until_classified(s: &Scenario, client: &HttpClient, level_uid: &str) -> Duration {
+    let started = Instant::now();
+    let seen = harness::wait_until(Duration::from_secs(5), || async {
+        classified(s, client).await[PRIORITY_LEVEL_UID] == level_uid
+    })
+    .await;
+    assert!(seen, "never classified at {level_uid}:\n{}", s.logs());
+    started.elapsed()
+}
+
+fn configuration_changes(s: &Scenario) -> Vec<String> {
+    s.gateway
+        .process
+        .lines()
+        .into_iter()
+        .map(|l| l.text)
+        .filter(|l| l.contains("API Priority and Fairness configuration changed"))
+        .collect()
+}
+
+/// The core's FlowSchemas and PriorityLevelConfigurations rule once it serves some: a new
+/// FlowSchema is in force within a second of its creation, one line is logged per change, and
+/// a broken FlowSchema (one naming a level that does not exist, one kube's validation would
+/// refuse) is ignored, with the reason logged, while the others keep working.
+#[tokio::test]
+async fn the_cores_flowschemas_take_effect_within_a_second_and_broken_ones_are_ignored() {
+    let s = Scenario::builder().start().await;
+    let alice = client(&s, &s.user("alice", &[]));
+    // kube's built-in configuration while the core has none.
+    let built_in = classified(&s, &alice).await;
+    assert!(!built_in[PRIORITY_LEVEL_UID].is_empty(), "{built_in:?}");
+    let changes_before = configuration_changes(&s).len();
+
+    let level = json!({"apiVersion": "flowcontrol.apiserver.k8s.io/v1",
+        "kind": "PriorityLevelConfiguration", "metadata": {"name": "restricted"},
+        "spec": {"type": "Limited", "limited": {"nominalConcurrencyShares": 5,
+            "limitResponse": {"type": "Reject"}}}});
+    let restricted = create_flowcontrol(&s, "prioritylevelconfigurations", level).await;
+    let schema_uid = create_flowcontrol(
+        &s,
+        "flowschemas",
+        schema_for("alice", "alice", "restricted", 500),
+    )
+    .await;
+    let took = until_classified(&s, &alice, &restricted).await;
+    assert!(
+        took < Duration::from_secs(1),
+        "took {took:?}:\n{}",
+        s.logs()
+    );
+    assert_eq!(classified(&s, &alice).await[FLOW_SCHEMA_UID], schema_uid);
+
+    // Broken ones, both matching alice before her own: ignored.
+    create_flowcontrol(
+        &s,
+        "flowschemas",
+        schema_for("dangling", "alice", "missing", 10),
+    )
+    .await;
+    let mut invalid = schema_for("invalid", "alice", "exempt", 20);
+    invalid["spec"]["distinguisherMethod"]["type"] = json!("ByColor");
+    create_flowcontrol(&s, "flowschemas", invalid).await;
+    let logged = harness::wait_until(Duration::from_secs(5), || async {
+        configuration_changes(&s)
+            .last()
+            .is_some_and(|l| l.contains("FlowSchema invalid") && l.contains("FlowSchema dangling"))
+    })
+    .await;
+    assert!(
+        logged,
+        "the broken FlowSchemas were not logged:\n{}",
+        s.logs()
+    );
+    let headers = classified(&s, &alice).await;
+    assert_eq!(headers[PRIORITY_LEVEL_UID], restricted.as_str());
+    assert_eq!(headers[FLOW_SCHEMA_UID], schema_uid.as_str());
+
+    // One line per change, not per request or per event.
+    let changes = configuration_changes(&s);
+    assert!(
+        (3..=4).contains(&(changes.len() - changes_before)),
+        "{changes:#?}"
+    );
+}
+
+/// `/debug/api_priority_and_fairness/dump_*` need `get` on their path, as in kube-apiserver:
+/// alice is refused, an administrator reads the levels, queues and requests.
+#[tokio::test]
+async fn the_debug_dumps_answer_those_allowed_to_read_them() {
+    let policy = json!({"rules": [
+        {"group": "system:masters", "verbs": ["*"], "apiGroups": ["*"], "resources": ["*"],
+            "nonResourceURLs": ["*"]},
+        {"verbs": ["get", "list"], "apiGroups": ["*"], "resources": ["*"]},
+        {"verbs": ["get"], "nonResourceURLs": ["/api", "/api/*", "/apis", "/apis/*", "/version"]},
+    ]});
+    let s = Scenario::builder().core_policy(policy).start().await;
+    let alice = client(&s, &s.user("alice", &[]));
+    let admin = client(&s, &s.user("admin", &["system:masters"]));
+    let dump = |name: &str| format!("{}/debug/api_priority_and_fairness/{name}", s.gateway.url());
+    for name in ["dump_priority_levels", "dump_queues", "dump_requests"] {
+        let (status, _, _) = harness::get(&alice, &dump(name)).await.unwrap();
+        assert_eq!(status, StatusCode::FORBIDDEN, "alice {name}");
+    }
+    let (status, headers, body) = harness::get(&admin, &dump("dump_priority_levels"))
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["content-type"], "text/plain; charset=utf-8");
+    let text = String::from_utf8_lossy(&body);
+    assert!(text.starts_with("PriorityLevelName,"), "{text}");
+    for level in ["exempt", "global-default", "workload-low", "catch-all"] {
+        assert!(
+            text.lines().any(|l| l.starts_with(&format!("{level},"))),
+            "{level}:\n{text}"
+        );
+    }
+    // The administrator's own request is executing while the dump is taken.
+    let (_, _, body) = harness::get(
+        &admin,
+        &format!("{}?includeRequestDetails=1", dump("dump_requests")),
+    )
+    .await
+    .unwrap();
+    let text = String::from_utf8_lossy(&body);
+    assert!(
+        text.lines().any(|l| l.starts_with("exempt,")
+            && l.contains("admin")
+            && l.contains("dump_requests")),
+        "{text}"
+    );
+}
