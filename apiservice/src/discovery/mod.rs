@@ -33,6 +33,13 @@ pub use negotiate::{
 };
 pub use openapi::{merge_openapi_roots, MergedOpenApiRoot, OpenApiPath, OpenApiRoot};
 
+/// How deep a JSON document from a server may nest: serde_json's recursion limit, which every
+/// document the gateway reads from the core or a backend is parsed with (a deeper one is a parse
+/// error, never a stack overflow). Walks over parsed documents that follow their structure by
+/// recursion (the protobuf and YAML writers) are bounded by it; walks that follow references
+/// between definitions, which no parser bounds, use worklists.
+pub const MAX_JSON_DEPTH: usize = 128;
+
 /// `freshness` of a group-version whose discovery was fetched on the last attempt.
 pub const FRESHNESS_CURRENT: &str = "Current";
 /// `freshness` of a group-version whose last fetch failed (client-go then drops it).
