@@ -160,3 +160,121 @@ async fn a_spec_nested_past_the_parsers_limit_is_refused_once_and_the_last_good_
     );
     assert_eq!(lines_containing(&s, too_deep), 2, "{}", s.logs());
 }
+
+// ---- impersonation ------------------------------------------------------------------------------
+
+/// GET `/api/v1/namespaces` over HTTP/2 with `headers` (no client certificate); the status, the
+/// Status body, and the SubjectAccessReviews it cost the core.
+async fn impersonating(s: &Scenario, headers: &[(String, String)]) -> (StatusCode, Value, usize) {
+    e2e::scenario::clear_core_requests(&s.core).await;
+    let client = harness::http2_client(&s.gateway.ca_pem().unwrap(), None).unwrap();
+    let mut req = http::Request::get(format!("{}/api/v1/namespaces", s.gateway.url()));
+    for (name, value) in headers {
+        req = req.header(name, value);
+    }
+    let req = req
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let (status, _, body) = harness::send(&client, req).await.unwrap();
+    let reviews = e2e::scenario::core_posts(&s.core, "subjectaccessreviews")
+        .await
+        .len();
+    (status, e2e::scenario::json_or_null(&body), reviews)
+}
+
+fn impersonation_headers(
+    user: &str,
+    groups: impl IntoIterator<Item = String>,
+) -> Vec<(String, String)> {
+    let mut headers = vec![("impersonate-user".to_owned(), user.to_owned())];
+    headers.extend(
+        groups
+            .into_iter()
+            .map(|g| ("impersonate-group".to_owned(), g)),
+    );
+    headers
+}
+
+/// Issue 26, finding 2: one anonymous HTTP/2 request impersonating a user and a thousand random
+/// groups cost the core 1 001 SubjectAccessReviews (all asked at once, none cached). Now the
+/// attributes are checked one at a time in kube's order and the first refusal ends it, and a
+/// request asking for more than 256 is a 400 that costs the core nothing.
+#[tokio::test]
+async fn impersonation_is_checked_in_order_stops_at_the_first_refusal_and_is_capped() {
+    let s = Scenario::builder()
+        .core_policy(serde_json::json!({
+            "tokens": {"alice-token": {"username": "alice", "groups": ["dev"]}},
+            "rules": [
+                {"group": "system:authenticated", "verbs": ["get", "list"], "apiGroups": ["*"], "resources": ["*"]},
+                {"group": "system:unauthenticated", "verbs": ["get", "list"], "apiGroups": ["*"], "resources": ["*"]},
+                {"user": "alice", "verbs": ["impersonate"], "apiGroups": [""], "resources": ["users"], "resourceNames": ["carol"]},
+                {"user": "alice", "verbs": ["impersonate"], "apiGroups": [""], "resources": ["groups"], "resourceNames": ["qa"]}
+            ]
+        }))
+        .start()
+        .await;
+    // (The core keeps its last 200 requests: 150 groups stay countable on a gateway that asks
+    // about every one.)
+    let random =
+        |n: usize, tag: &'static str| (0..n).map(move |i| format!("{tag}-{i}-{}", fastrand_name()));
+
+    // Anonymous may not impersonate anybody: the user is checked first, and that is all.
+    let (status, body, reviews) =
+        impersonating(&s, &impersonation_headers("x", random(150, "g"))).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert!(
+        body["message"].as_str().unwrap().starts_with(
+            r#"users "x" is forbidden: User "system:anonymous" cannot impersonate resource "users" in API group "" at the cluster scope"#
+        ),
+        "{body}"
+    );
+    assert_eq!(reviews, 1, "one review for the user, none for the groups");
+
+    // Allowed attributes are checked in order until the first refused one.
+    let mut as_carol = impersonation_headers(
+        "carol",
+        ["qa".to_owned(), "nope".to_owned()]
+            .into_iter()
+            .chain(random(60, "after")),
+    );
+    as_carol.push(("authorization".to_owned(), "Bearer alice-token".to_owned()));
+    let (status, body, reviews) = impersonating(&s, &as_carol).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .starts_with(r#"groups "nope" is forbidden: User "alice""#),
+        "{body}"
+    );
+    assert_eq!(
+        reviews, 3,
+        "carol, qa and nope; none of the 60 groups after nope"
+    );
+
+    // More than 256 attributes: refused before any review, saying what to send instead.
+    let mut too_many = impersonation_headers("carol", random(300, "many"));
+    too_many.push(("authorization".to_owned(), "Bearer alice-token".to_owned()));
+    let (status, body, reviews) = impersonating(&s, &too_many).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["kind"], "Status");
+    assert_eq!(body["reason"], "BadRequest");
+    assert_eq!(
+        body["message"],
+        "requested impersonation of 301 attributes (the user, its UID, each Impersonate-Group \
+         and each Impersonate-Extra-* value); at most 256 are allowed, send fewer groups or \
+         extra values"
+    );
+    assert_eq!(reviews, 0);
+}
+
+/// A name no earlier request used, so no decision is cached for it.
+fn fastrand_name() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!("{nanos:x}{}", NEXT.fetch_add(1, Ordering::Relaxed))
+}
