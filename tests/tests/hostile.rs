@@ -278,3 +278,53 @@ fn fastrand_name() -> String {
         .subsec_nanos();
     format!("{nanos:x}{}", NEXT.fetch_add(1, Ordering::Relaxed))
 }
+
+// ---- redirects ----------------------------------------------------------------------------------
+
+/// Issue 26, finding 3: an aggregated server answering its OpenAPI v3 document with `302
+/// Location: https://attacker.example/...` had that 302 passed to the client (client-go follows
+/// it with its credentials) although `--aggregator-reject-forwarding-redirect` is on. Now it is
+/// the proxy path's 502; the stale-hash 301 to the same document still passes, as client-go
+/// needs it.
+#[tokio::test]
+async fn a_backend_redirecting_its_openapi_v3_document_elsewhere_gets_a_502() {
+    let s = Scenario::wardle()
+        .apiservice(WARDLE_GROUP, "v1alpha1", "wardle")
+        .start()
+        .await;
+    let alice = s.user("alice", &["dev"]);
+    let document = "/openapi/v3/apis/wardle.example.com/v1alpha1";
+    let listed = harness::wait_until(Duration::from_secs(20), || async {
+        let (_, root) = get_json(&s, &alice, "/openapi/v3").await;
+        root["paths"]["apis/wardle.example.com/v1alpha1"].is_object()
+    })
+    .await;
+    assert!(listed, "{}", s.logs());
+
+    let stale = format!("{document}?hash=STALE");
+    let (status, headers, _) = e2e::scenario::get_raw(&s.gateway, &alice, &stale, &[]).await;
+    assert_eq!(status, StatusCode::MOVED_PERMANENTLY);
+    let location = headers["location"].to_str().unwrap();
+    assert!(
+        location.starts_with(&format!("{document}?hash=")),
+        "{location}"
+    );
+
+    s.pki
+        .set_backend_hostility(s.backend("wardle"), "wardle", &[Hostile::OpenapiV3Redirect])
+        .await;
+    for path in [document.to_owned(), stale] {
+        let (status, headers, body) = e2e::scenario::get_raw(&s.gateway, &alice, &path, &[]).await;
+        assert_eq!(status, StatusCode::BAD_GATEWAY, "{path}: {headers:?}");
+        assert!(headers.get("location").is_none(), "{path}: {headers:?}");
+        let status: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(status["kind"], "Status");
+        assert!(
+            status["message"]
+                .as_str()
+                .unwrap()
+                .contains("the backend attempted to redirect this request"),
+            "{status}"
+        );
+    }
+}

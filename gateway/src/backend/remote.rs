@@ -238,6 +238,12 @@ impl RemoteBackend {
         self
     }
 
+    /// Whether a backend's redirect is refused (see [`is_forwarding_redirect`]): documents the
+    /// gateway passes on for itself follow the same rule.
+    pub fn rejects_forwarding_redirects(&self) -> bool {
+        self.reject_forwarding_redirects
+    }
+
     /// Connection failures on this Service's connections ask `queue` to re-check the
     /// APIServices sending on them.
     pub fn reporting_failures_to(self, queue: Queue<String>) -> Self {
