@@ -328,3 +328,58 @@ async fn a_backend_redirecting_its_openapi_v3_document_elsewhere_gets_a_502() {
         );
     }
 }
+
+// ---- request bodies -----------------------------------------------------------------------------
+
+/// Issue 26, finding 5: curl sends `Expect: 100-continue` with a large body by itself. A chunked
+/// POST over a 1 MiB limit then got `100 Continue` and a reset, not its 413: the gateway closed
+/// the connection with the rest of the body unread, and the kernel answered the bytes still
+/// arriving with a reset, which fails the client's upload before it reads the answer. Now, as
+/// Go's server does, the gateway stops reading, sends the 413, closes its side and drains what
+/// still arrives for a moment: the client finishes writing and reads why.
+#[tokio::test]
+async fn a_chunked_upload_over_the_limit_after_100_continue_gets_its_413() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let (_core, gateway) =
+        e2e::scenario::core_and_gateway(&["--max-request-body-bytes=1048576"]).await;
+    let ca = gateway.ca_pem().unwrap();
+    for attempt in 0..3 {
+        let mut tls = harness::tls_connect(gateway.addr, &ca).await.unwrap();
+        tls.write_all(
+            b"POST /api/v1/namespaces/default/configmaps HTTP/1.1\r\n\
+              Host: gateway\r\n\
+              Content-Type: application/json\r\n\
+              Transfer-Encoding: chunked\r\n\
+              Expect: 100-continue\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        let mut head = [0u8; 25];
+        tls.read_exact(&mut head).await.unwrap();
+        assert_eq!(&head[..], b"HTTP/1.1 100 Continue\r\n\r\n");
+        // 16 MiB in 16 KiB chunks, then the answer: a client that reads once it has sent.
+        let chunk = [b"4000\r\n".as_slice(), &[b'x'; 16 << 10], b"\r\n"].concat();
+        let mut sent = 0;
+        let mut failed = None;
+        while sent < 16 << 20 {
+            if let Err(e) = tls.write_all(&chunk).await {
+                failed = Some(e);
+                break;
+            }
+            sent += 16 << 10;
+        }
+        if failed.is_none() {
+            let _ = tls.write_all(b"0\r\n\r\n").await;
+        }
+        let mut answer = Vec::new();
+        let read =
+            tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut answer)).await;
+        let text = String::from_utf8_lossy(&answer);
+        assert!(
+            failed.is_none() && text.starts_with("HTTP/1.1 413"),
+            "attempt {attempt}: upload failed after {sent} bytes ({failed:?}); read {read:?}: {text:?}"
+        );
+        assert!(text.contains("RequestEntityTooLarge"), "{text}");
+    }
+}
