@@ -3,7 +3,7 @@
 //!
 //! `APIService` as it arrives (from a watch or a manifest) is all `Option`s and `i32`s; every
 //! consumer would have to re-check the same invariants. [`RegisteredAPIService`] is built once,
-//! through [`validate`], and carries only what routing, discovery and
+//! through [`crate::validation::validate`], and carries only what routing, discovery and
 //! the backend clients need, with defaults applied (service port 443). The condition helpers
 //! follow kube-aggregator's `apiregistration/v1/helper` so the `Available` condition we write
 //! behaves as kube's does (its `lastTransitionTime` moves only when the status changes).
@@ -16,7 +16,6 @@ pub use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::{
 };
 
 use crate::traffic::TrafficPolicy;
-use crate::validation::{validate, ValidationErrors};
 
 /// Port kube-aggregator defaults `spec.service.port` to.
 pub const DEFAULT_SERVICE_PORT: u16 = 443;
@@ -137,7 +136,7 @@ pub enum Backend {
 /// A validated APIService, owned and with defaults applied.
 ///
 /// Build it with `RegisteredAPIService::try_from(&api_service)`, which runs
-/// [`validate`]; the fields are public for reading and for tests,
+/// [`crate::validation::validate`]; the fields are public for reading and for tests,
 /// and a value built by hand skips that validation (the route table still rejects duplicates).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RegisteredAPIService {
@@ -173,46 +172,6 @@ impl RegisteredAPIService {
             Backend::Local => None,
             Backend::Remote(r) => Some(&r.service),
         }
-    }
-}
-
-impl TryFrom<&APIService> for RegisteredAPIService {
-    type Error = ValidationErrors;
-
-    fn try_from(api: &APIService) -> Result<Self, Self::Error> {
-        validate(api)?;
-        // Validation guarantees a spec exists (a missing one fails on the version) and that every
-        // field used below is present and in range; the fallbacks are never taken.
-        let spec = api.spec.as_ref().cloned().unwrap_or_default();
-        let backend = match spec.service {
-            None => Backend::Local,
-            Some(svc) => Backend::Remote(RemoteBackendSpec {
-                service: ServiceRef {
-                    namespace: svc.namespace.unwrap_or_default(),
-                    name: svc.name.unwrap_or_default(),
-                    port: svc
-                        .port
-                        .and_then(|p| u16::try_from(p).ok())
-                        .unwrap_or(DEFAULT_SERVICE_PORT),
-                },
-                ca_bundle: spec.ca_bundle.map(|b| b.0).filter(|b| !b.is_empty()),
-                insecure_skip_tls_verify: spec.insecure_skip_tls_verify.unwrap_or(false),
-            }),
-        };
-        Ok(Self {
-            name: api.metadata.name.clone().unwrap_or_default(),
-            group: spec.group.unwrap_or_default(),
-            version: spec.version.unwrap_or_default(),
-            group_priority_minimum: spec.group_priority_minimum,
-            version_priority: spec.version_priority,
-            backend,
-            traffic: api
-                .metadata
-                .annotations
-                .as_ref()
-                .map(TrafficPolicy::from_annotations)
-                .unwrap_or_default(),
-        })
     }
 }
 

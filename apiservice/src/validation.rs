@@ -12,7 +12,11 @@
 
 use std::fmt;
 
-use crate::model::{APIService, APIServiceSpec, APIServiceStatus};
+use crate::model::{
+    APIService, APIServiceSpec, APIServiceStatus, Backend, RegisteredAPIService, RemoteBackendSpec,
+    ServiceRef, DEFAULT_SERVICE_PORT,
+};
+use crate::traffic::TrafficPolicy;
 
 /// The APIService API's own group: always the core server's.
 pub const APIREGISTRATION_GROUP: &str = "apiregistration.k8s.io";
@@ -172,6 +176,47 @@ const DNS1035_LABEL_MSG: &str = "a DNS-1035 label must consist of lower case alp
     characters or '-', start with an alphabetic character, and end with an alphanumeric \
     character (e.g. 'my-name',  or 'abc-123', regex used for validation is \
     '[a-z]([-a-z0-9]*[a-z0-9])?')";
+
+/// The validated form of an APIService: [`validate`], then defaults applied.
+impl TryFrom<&APIService> for RegisteredAPIService {
+    type Error = ValidationErrors;
+
+    fn try_from(api: &APIService) -> Result<Self, Self::Error> {
+        validate(api)?;
+        // Validation guarantees a spec exists (a missing one fails on the version) and that every
+        // field used below is present and in range; the fallbacks are never taken.
+        let spec = api.spec.as_ref().cloned().unwrap_or_default();
+        let backend = match spec.service {
+            None => Backend::Local,
+            Some(svc) => Backend::Remote(RemoteBackendSpec {
+                service: ServiceRef {
+                    namespace: svc.namespace.unwrap_or_default(),
+                    name: svc.name.unwrap_or_default(),
+                    port: svc
+                        .port
+                        .and_then(|p| u16::try_from(p).ok())
+                        .unwrap_or(DEFAULT_SERVICE_PORT),
+                },
+                ca_bundle: spec.ca_bundle.map(|b| b.0).filter(|b| !b.is_empty()),
+                insecure_skip_tls_verify: spec.insecure_skip_tls_verify.unwrap_or(false),
+            }),
+        };
+        Ok(Self {
+            name: api.metadata.name.clone().unwrap_or_default(),
+            group: spec.group.unwrap_or_default(),
+            version: spec.version.unwrap_or_default(),
+            group_priority_minimum: spec.group_priority_minimum,
+            version_priority: spec.version_priority,
+            backend,
+            traffic: api
+                .metadata
+                .annotations
+                .as_ref()
+                .map(TrafficPolicy::from_annotations)
+                .unwrap_or_default(),
+        })
+    }
+}
 
 /// Validates an APIService as kube-aggregator does on create and update.
 ///

@@ -5,8 +5,8 @@
 use std::path::Path;
 
 use crate::config::Config;
+use crate::error::{yaml_key, ConfigError};
 use crate::options::Options;
-use crate::validate::{yaml_key, ConfigError};
 
 /// Reads `--config` (if any) and merges the flags over it.
 pub fn load(cli: crate::Cli) -> Result<(Options, Config), ConfigError> {

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use crate::config::{ApiServiceSource, LeaderElection};
-use crate::validate::ConfigError;
+use crate::error::ConfigError;
 use crate::GoDuration;
 
 /// client-go's `JitterFactor`: a retry waits up to 1.2 retry periods.

@@ -4,6 +4,7 @@
 
 pub mod config;
 pub mod duration;
+mod error;
 mod file;
 mod leader_election;
 pub mod options;
@@ -18,7 +19,7 @@ pub use config::{
     LoggingConfig, ServingConfig, TrustConfig,
 };
 pub use duration::GoDuration;
+pub use error::ConfigError;
 pub use file::load;
 pub use options::{Cli, Options, StaticService};
 pub use tracing_config::TracingConfig;
-pub use validate::ConfigError;

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::validate::ConfigError;
+use crate::error::ConfigError;
 
 /// The flag every refusal here names.
 const FLAG: &str = "tracing-config-file";

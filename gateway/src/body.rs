@@ -1,8 +1,10 @@
 //! One body type for the whole request path. Boxing costs an allocation per message, but it lets
 //! every layer, the core client and the remote clients share one `Request`/`Response` type. It is
 //! a newtype rather than an alias so that service bounds name a plain struct (rustc cannot prove
-//! `Send` for futures generic over a type that has a `dyn Error` inside).
+//! `Send` for futures generic over a type that has a `dyn Error` inside). Beside it, the boxed
+//! future the services return.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -14,6 +16,7 @@ use http_body_util::{BodyExt, Empty, Full};
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 pub type Request = http::Request<Body>;
 pub type Response = http::Response<Body>;
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 pub struct Body(UnsyncBoxBody<Bytes, BoxError>);
 

@@ -13,6 +13,20 @@ pub const ANONYMOUS: &str = "system:anonymous";
 pub const UNAUTHENTICATED: &str = "system:unauthenticated";
 pub const AUTHENTICATED: &str = "system:authenticated";
 
+/// Who the availability probe and discovery fetches are: kube-aggregator's identity for them
+/// (`remote_available_controller.go`, `handler_discovery.go`).
+pub static DISCOVERY_USER: LazyLock<UserInfo> = LazyLock::new(|| UserInfo {
+    name: "system:kube-aggregator".into(),
+    groups: vec!["system:masters".into()],
+    ..Default::default()
+});
+
+/// Who OpenAPI fetches are: kube's OpenAPI aggregation controllers' identity.
+pub static OPENAPI_USER: LazyLock<UserInfo> = LazyLock::new(|| UserInfo {
+    name: "system:aggregator".into(),
+    ..Default::default()
+});
+
 /// The authenticated (and, when impersonating, the impersonated) caller.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct UserInfo {

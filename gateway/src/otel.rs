@@ -2,7 +2,9 @@
 //! (component-base/tracing `NewProvider`): OTLP over gRPC to the configured collector without TLS,
 //! spans batched before export, and a parent-based sampler that samples
 //! `samplingRatePerMillion` of the requests no sampled caller vouches for (none at 0). The spans
-//! themselves are made by the `trace` layer (`crate::stack::trace`).
+//! themselves are made by the `trace` layer (`crate::front::stack::trace`); the trace context they hand to
+//! backends ([`RequestTrace`], [`propagate`]) lives here, below the stack and the backends, so
+//! that proxying a request does not reach up into the stack.
 //!
 //! Why gRPC and not OTLP/HTTP: kube's `endpoint` is a gRPC target (`host:port`, default
 //! `localhost:4317`), so the same file pointed at the same collector must work for both. The
@@ -11,13 +13,20 @@
 //! already compiles.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use gateway_config::TracingConfig;
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
+use opentelemetry::trace::{SpanContext, TraceContextExt};
 use opentelemetry_otlp::WithExportConfig;
 use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider, SpanData, SpanExporter};
 use opentelemetry_sdk::Resource;
+
+use crate::body::Request;
 
 /// The `service.name` of the gateway's spans.
 pub const SERVICE_NAME: &str = "aggregation-gateway";
@@ -111,5 +120,76 @@ impl<E: SpanExporter> SpanExporter for LoggedExporter<E> {
 
     fn set_resource(&mut self, resource: &Resource) {
         self.inner.set_resource(resource)
+    }
+}
+
+// === The W3C trace context a request carries to its backend ===
+
+/// The gateway's span of a request, in its extensions: the parent the backend is told about,
+/// and when the request was handed to it.
+#[derive(Clone)]
+pub struct RequestTrace(Arc<Shared>);
+
+impl RequestTrace {
+    pub fn new(span: SpanContext) -> Self {
+        Self(Arc::new(Shared {
+            span,
+            sent: OnceLock::new(),
+        }))
+    }
+
+    /// When the request went to its backend or the core, if it did.
+    pub fn sent(&self) -> Option<Instant> {
+        self.0.sent.get().copied()
+    }
+}
+
+struct Shared {
+    span: SpanContext,
+    /// Set by [`propagate`] when the request is first prepared for a backend or the core.
+    sent: OnceLock<Instant>,
+}
+
+/// Writes the gateway's span into `req` as its `traceparent` (and `tracestate`), replacing the
+/// caller's, and notes the time the request goes to its backend. Does nothing for a request
+/// that is not traced.
+pub fn propagate(req: &mut Request) {
+    let Some(trace) = req.extensions().get::<RequestTrace>().cloned() else {
+        return;
+    };
+    let _ = trace.0.sent.set(Instant::now());
+    let cx = opentelemetry::Context::new().with_remote_span_context(trace.0.span.clone());
+    TraceContextPropagator::new().inject_context(&cx, &mut HeaderInjector(req.headers_mut()));
+}
+
+/// Reads the W3C headers of a request.
+pub struct HeaderExtractor<'a>(pub &'a HeaderMap);
+
+impl Extractor for HeaderExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(HeaderName::as_str).collect()
+    }
+}
+
+/// Writes them; an empty value (no `tracestate`) removes what the caller sent.
+struct HeaderInjector<'a>(&'a mut HeaderMap);
+
+impl Injector for HeaderInjector<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        let Ok(name) = HeaderName::from_bytes(key.as_bytes()) else {
+            return;
+        };
+        match HeaderValue::from_str(&value) {
+            Ok(v) if !value.is_empty() => {
+                self.0.insert(name, v);
+            }
+            _ => {
+                self.0.remove(name);
+            }
+        }
     }
 }

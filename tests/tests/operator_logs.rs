@@ -85,7 +85,7 @@ async fn a_flapping_backend_is_one_warning_per_state_change() {
         .filter(|l| {
             !l["target"]
                 .as_str()
-                .is_some_and(|t| t.starts_with("aggregation_gateway::discovery"))
+                .is_some_and(|t| t.starts_with("aggregation_gateway::control::discovery"))
         })
         .collect();
     eprintln!(

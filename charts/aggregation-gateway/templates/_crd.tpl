@@ -38,7 +38,7 @@ spec:
       # "False (Reason)": joined cells, where a CRD's printer column is one JSON path. So these
       # print the parts, with the namespace and the reason at priority 1 (shown by -o wide), and
       # the gateway joins them into the built-in API's four columns when kubectl asks through it.
-      # The names are what the gateway looks for: change them together with apiservice_table.rs.
+      # The names are what the gateway looks for: change them together with handlers/apiservice_printing.rs.
       additionalPrinterColumns:
         - name: Service
           type: string

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::config::{CertKeyPair, CoreEndpoint};
 
-use super::ConfigError;
+use crate::error::ConfigError;
 
 pub(super) fn secs(d: Option<crate::GoDuration>, default: u64) -> Duration {
     d.map(|d| d.0).unwrap_or(Duration::from_secs(default))

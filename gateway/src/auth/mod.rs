@@ -50,10 +50,10 @@ use http::{HeaderMap, StatusCode};
 
 use crate::body::{Request, Response};
 use crate::error::without_addresses;
+use crate::extensions::ConnInfo;
 use crate::identity::{
     strip_identity_headers, UserInfo, ANONYMOUS, AUTHENTICATED, UNAUTHENTICATED,
 };
-use crate::request::ConnInfo;
 use crate::status::{status_response, StatusDetails};
 
 use self::sar::{cached_review, Attributes, DecisionCache};
@@ -439,7 +439,10 @@ mod tests {
             assert!(is_health_probe(&Method::HEAD, p), "{p}");
             // Whatever is exempt, the gateway answers itself: nothing unauthenticated reaches
             // a backend.
-            assert!(crate::health::Endpoint::from_path(p).is_some(), "{p}");
+            assert!(
+                crate::handlers::health::Endpoint::from_path(p).is_some(),
+                "{p}"
+            );
         }
         for method in [
             Method::POST,

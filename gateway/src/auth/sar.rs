@@ -1,6 +1,6 @@
 //! SubjectAccessReview against the core (`authorization.k8s.io/v1`), with a decision cache.
 //!
-//! **Shared by request authorization (`stack::authz`) and impersonation checks
+//! **Shared by request authorization (`front::stack::authz`) and impersonation checks
 //! (`auth::impersonation`).** Describe the question as [`Attributes`] (who: a `UserInfo`; what:
 //! an [`Action`]) and call [`cached_review`] with a [`DecisionCache`]; [`review`] is the uncached
 //! call.

@@ -30,10 +30,10 @@ use super::retry;
 use super::unix::UnixConnector;
 use crate::auth::onward::{prepare_core_request, CoreCredentials};
 use crate::auth::Authenticated;
+use crate::backend::proxy::{self, Upstream};
 use crate::body::{Body, Request, Response};
 use crate::error::GatewayError;
 use crate::identity::ANONYMOUS;
-use crate::proxy::{self, Upstream};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CoreSetupError {
@@ -77,7 +77,7 @@ impl HttpClient {
             };
             match (sent, again.take()) {
                 (Err(e), Some(copy))
-                    if attempt < retry::MAX_ATTEMPTS && retry::refused_unprocessed(&e) =>
+                    if attempt < retry::MAX_ATTEMPTS && super::pool::refused_unprocessed(&e) =>
                 {
                     tracing::debug!(error = %e, attempt, "the core refused the request unprocessed; sending again");
                     again = retry::resendable(&copy);

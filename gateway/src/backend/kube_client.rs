@@ -8,8 +8,8 @@ use std::task::{Context, Poll};
 use tower::Service;
 
 use super::core::CoreBackend;
+use crate::body::BoxFuture;
 use crate::body::{self, BoxError};
-use crate::request::BoxFuture;
 
 #[derive(Clone)]
 pub struct CoreTransport(pub Arc<CoreBackend>);

@@ -1,13 +1,13 @@
 //! The targets a request can be proxied to: the core server (everything no APIService claims)
-//! and, per APIService, a remote aggregated server. Both share `crate::proxy`.
+//! and, per APIService, a remote aggregated server. Both share `crate::backend::proxy`.
 
 pub mod balance;
 pub mod core;
-pub mod core_readiness;
 pub mod failures;
 pub mod kube_client;
 pub mod pool;
 pub mod probe;
+pub mod proxy;
 pub mod remote;
 pub mod retry;
 pub mod unix;

@@ -11,7 +11,7 @@
 //! - OpenAPI: `system:aggregator` without groups (the OpenAPI aggregation controllers).
 
 use std::net::SocketAddr;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use apiservice::model::{RegisteredAPIService, RemoteBackendSpec};
@@ -32,26 +32,13 @@ use super::failures::{FailureSignal, Watched};
 use super::pool::{Connector, PoolError, PoolSettings, ServiceConnections};
 use super::probe::Probe;
 use super::retry::{self, Failure, Replay};
+use crate::backend::proxy::{self, Upstream};
 use crate::body::{self, Body, Request, Response};
 use crate::error::GatewayError;
-use crate::identity::{set_identity_headers, UserInfo};
-use crate::proxy::{self, Upstream};
+use crate::identity::{set_identity_headers, UserInfo, DISCOVERY_USER, OPENAPI_USER};
 
 /// kube-aggregator's limit for `/apis/<group>/<version>` discovery through the proxy.
 const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Who the availability probe and discovery fetches are (see the module docs).
-pub(super) static DISCOVERY_USER: LazyLock<UserInfo> = LazyLock::new(|| UserInfo {
-    name: "system:kube-aggregator".into(),
-    groups: vec!["system:masters".into()],
-    ..Default::default()
-});
-
-/// Who OpenAPI fetches are (see the module docs).
-static OPENAPI_USER: LazyLock<UserInfo> = LazyLock::new(|| UserInfo {
-    name: "system:aggregator".into(),
-    ..Default::default()
-});
 
 /// The identity for a GET the gateway makes for itself: OpenAPI documents as kube's OpenAPI
 /// controllers, everything else (discovery) as its discovery manager.

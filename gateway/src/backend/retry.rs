@@ -26,7 +26,7 @@ use bytes::Bytes;
 use http::{HeaderMap, Method, Uri, Version};
 use http_body_util::BodyExt;
 
-use super::pool::PoolError;
+use super::pool::{refused_unprocessed, PoolError};
 use crate::body::{self, Request};
 
 /// Sends of one request at most.
@@ -153,31 +153,6 @@ pub fn resendable(req: &Request) -> Option<Request> {
     *copy.version_mut() = req.version();
     *copy.headers_mut() = req.headers().clone();
     Some(copy)
-}
-
-/// Whether `e` (or an error it wraps) says the server never processed the request: hyper
-/// cancelled it before sending (its connection closed first), the stream was above the last
-/// one the server's graceful GOAWAY (NO_ERROR) accepted, or the server reset it with
-/// REFUSED_STREAM. A GOAWAY with an error code is also sent to the streams below its last
-/// stream id, which the server may have processed, so it does not count.
-pub fn refused_unprocessed(e: &(dyn Error + 'static)) -> bool {
-    let mut next = Some(e);
-    while let Some(err) = next {
-        if err
-            .downcast_ref::<hyper::Error>()
-            .is_some_and(hyper::Error::is_canceled)
-        {
-            return true;
-        }
-        if let Some(h2) = err.downcast_ref::<h2::Error>() {
-            return (h2.is_go_away()
-                && h2.is_remote()
-                && h2.reason() == Some(h2::Reason::NO_ERROR))
-                || (h2.is_reset() && h2.reason() == Some(h2::Reason::REFUSED_STREAM));
-        }
-        next = err.source();
-    }
-    false
 }
 
 /// Whether a transport error came from the request body the caller sent (it failed, or was

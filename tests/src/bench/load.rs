@@ -15,8 +15,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{json, Value};
 use tokio::net::TcpStream;
 
-use super::report::round;
-use super::{BoxError, Io, ONE_MIB};
+use super::{round, BoxError, Io, ONE_MIB};
 use crate::harness;
 
 /// How the table and BENCHMARKS.md describe this generator.

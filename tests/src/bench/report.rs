@@ -8,7 +8,7 @@ use std::process::Command;
 use serde_json::{json, Value};
 
 use super::load::LOAD_GENERATOR;
-use super::{BoxError, Settings};
+use super::{round, BoxError, Settings};
 
 /// What the scenarios add to: the table's rows and, by scenario, the raw figures behind them.
 #[derive(Default)]
@@ -112,12 +112,6 @@ impl Row {
             "met": self.met, "note": self.note,
         })
     }
-}
-
-/// `v` rounded to `digits` decimals, for the JSON.
-pub fn round(v: f64, digits: i32) -> f64 {
-    let f = 10f64.powi(digits);
-    (v * f).round() / f
 }
 
 fn fmt_value(v: Option<f64>, unit: &str) -> String {

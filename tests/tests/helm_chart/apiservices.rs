@@ -89,7 +89,7 @@ fn the_apiservice_crd_is_rendered_for_the_core_only_with_status_and_printer_colu
                     ),
                     ("Age", ".metadata.creationTimestamp"),
                     // The parts the gateway joins into kube's SERVICE and AVAILABLE cells
-                    // (gateway/src/apiservice_table.rs looks for these names).
+                    // (gateway/src/handlers/apiservice_printing.rs looks for these names).
                     ("Service Namespace", ".spec.service.namespace"),
                     (
                         "Reason",

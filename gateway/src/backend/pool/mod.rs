@@ -23,6 +23,7 @@
 //! client, which opens a connection per concurrent request anyway.
 
 use std::collections::HashMap;
+use std::error::Error;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
@@ -44,7 +45,6 @@ use self::goaway::GoAwayWatch;
 use super::balance::{Balancer, ProbeFn};
 use super::failures::{FailureSignal, Watched, WatchedStream};
 use super::probe::Probe;
-use super::retry::refused_unprocessed;
 use crate::body::{self, Body, BoxError, Request};
 
 /// Dials with TLS over TCP connections that report their failures (see `failures`).
@@ -144,6 +144,31 @@ impl PoolError {
             Self::Http2(_) | Self::Exhausted { .. } => false,
         }
     }
+}
+
+/// Whether `e` (or an error it wraps) says the server never processed the request: hyper
+/// cancelled it before sending (its connection closed first), the stream was above the last
+/// one the server's graceful GOAWAY (NO_ERROR) accepted, or the server reset it with
+/// REFUSED_STREAM. A GOAWAY with an error code is also sent to the streams below its last
+/// stream id, which the server may have processed, so it does not count.
+pub fn refused_unprocessed(e: &(dyn Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(err) = next {
+        if err
+            .downcast_ref::<hyper::Error>()
+            .is_some_and(hyper::Error::is_canceled)
+        {
+            return true;
+        }
+        if let Some(h2) = err.downcast_ref::<h2::Error>() {
+            return (h2.is_go_away()
+                && h2.is_remote()
+                && h2.reason() == Some(h2::Reason::NO_ERROR))
+                || (h2.is_reset() && h2.reason() == Some(h2::Reason::REFUSED_STREAM));
+        }
+        next = err.source();
+    }
+    false
 }
 
 /// The connections to one backend Service; see the module documentation.
@@ -393,7 +418,7 @@ fn endpoint_probe(probe: Arc<Probe>, failures: Arc<FailureSignal>) -> ProbeFn {
                 .check(
                     || Ok(authority.clone()),
                     &path,
-                    &super::remote::DISCOVERY_USER,
+                    &crate::identity::DISCOVERY_USER,
                 )
                 .await
                 .is_ok()

@@ -1,0 +1,132 @@
+//! Step 3, controllers, for APIServices: where they come from (the core, a directory, nowhere),
+//! how a Service becomes addresses (the core's EndpointSlices, a static map, or both), and the
+//! route and availability controllers. Their only output is the routing snapshot (and, with
+//! the kube source, status writes to the core).
+
+use std::sync::Arc;
+
+use apiservice::resolve::{ChainResolver, KubeResolver, ServiceResolver, StaticResolver};
+use gateway_config::{ApiServiceConfig, ApiServiceSource};
+use tokio::sync::watch;
+use tracing::Instrument;
+
+use super::StartError;
+use crate::control::apiservices::remote_available_controller::{
+    AvailabilitySettings, StatusWrites, AVAILABILITY_BACKOFF, UNAVAILABLE_RECHECK,
+};
+use crate::control::apiservices::{
+    AvailabilityController, AvailabilityMap, BackendFactory, ProxyIdentity, RouteController,
+    Routing,
+};
+use crate::control::leader_election::Leadership;
+use crate::health_check::Check;
+use crate::metrics::Metrics;
+
+/// What the availability controller gets besides the APIService settings.
+pub struct ApiServiceExtras {
+    /// With leader election: status is written only while this replica leads.
+    pub leadership: Option<Leadership>,
+    /// The readiness check `aggregated-apiservice-reachable`, when asked for.
+    pub reachable: Option<Arc<Check>>,
+}
+
+/// Starts the APIService source, Service resolution, and the route and availability
+/// controllers. Their only output is the routing snapshot (and, with the kube source, status
+/// writes to the core).
+pub fn start(
+    api: &ApiServiceConfig,
+    proxy_identity: ProxyIdentity,
+    kube: kube::Client,
+    routing: Arc<Routing>,
+    metrics: Arc<Metrics>,
+    drain: watch::Receiver<bool>,
+    extras: ApiServiceExtras,
+) -> Result<(), StartError> {
+    let (set_tx, set_rx) = apiservice::source::channel();
+    let (results_tx, results_rx) = watch::channel(AvailabilityMap::default());
+
+    let kube_source = matches!(api.source, ApiServiceSource::Kube { .. });
+    let resolver = resolver(api, &kube, kube_source)?;
+    start_source(api, &kube, set_tx);
+
+    let availability = AvailabilityController::new(
+        routing.clone(),
+        results_tx,
+        AvailabilitySettings {
+            interval: api.availability_interval,
+            backoff: AVAILABILITY_BACKOFF,
+            unavailable_recheck: UNAVAILABLE_RECHECK,
+            resolver: resolver.clone(),
+            kube: kube_source.then(|| StatusWrites {
+                client: kube,
+                stored: set_rx.clone(),
+                leader: extras.leadership,
+            }),
+            reachable: extras.reachable,
+        },
+        metrics.clone(),
+    );
+    let factory = BackendFactory {
+        proxy_identity,
+        resolver,
+        drain,
+        failures: Some(availability.rechecks()),
+        reject_forwarding_redirect: api.reject_forwarding_redirect,
+    };
+    tokio::spawn(
+        RouteController::new(routing, set_rx, results_rx, factory, metrics)
+            .run()
+            .instrument(tracing::info_span!("route_controller")),
+    );
+    tokio::spawn(
+        availability
+            .run()
+            .instrument(tracing::info_span!("availability_controller")),
+    );
+    Ok(())
+}
+
+/// How a Service becomes addresses: the static `services:` map, the core's Services and
+/// EndpointSlices, or the static map first and then the core.
+fn resolver(
+    api: &ApiServiceConfig,
+    kube: &kube::Client,
+    kube_source: bool,
+) -> Result<Arc<dyn ServiceResolver>, StartError> {
+    let mut resolvers: Vec<Arc<dyn ServiceResolver>> = Vec::new();
+    if !api.static_services.is_empty() {
+        resolvers.push(Arc::new(StaticResolver::new(&api.static_services)?));
+    }
+    // Services and EndpointSlices are watched on the core when APIServices come from it, or when
+    // no static map says where backends are.
+    if kube_source || api.static_services.is_empty() {
+        let (resolver, run) = KubeResolver::start(kube.clone(), api.endpoint_routing);
+        // apiservice's futures carry their own spans (`service_resolver`, `apiservice_source`).
+        tokio::spawn(run);
+        resolvers.push(Arc::new(resolver));
+    }
+    Ok(Arc::new(ChainResolver(resolvers)))
+}
+
+/// Where APIServices come from: a watch on the core, a directory of manifests, or nowhere.
+fn start_source(
+    api: &ApiServiceConfig,
+    kube: &kube::Client,
+    set_tx: apiservice::source::SetSender,
+) {
+    match &api.source {
+        ApiServiceSource::Kube { label_selector } => {
+            tokio::spawn(apiservice::source::kube::run(
+                kube.clone(),
+                label_selector.clone(),
+                set_tx,
+            ));
+        }
+        ApiServiceSource::File { dir } => {
+            tokio::spawn(apiservice::source::file::run(dir.clone(), set_tx));
+        }
+        ApiServiceSource::None => {
+            let _ = set_tx.send(Some(Arc::default()));
+        }
+    }
+}

@@ -1,0 +1,53 @@
+//! Step 2, clients: the core server's client (with the proxy client certificate it presents for
+//! certificate users, followed as it rotates), the kube client that rides on its transport, and
+//! the authenticator (TokenReview and SubjectAccessReview on the core, client CAs watched).
+
+use std::sync::Arc;
+
+use gateway_config::Config;
+use tokio::sync::watch;
+use tracing::Instrument;
+
+use super::tls::ProxyIdentityReload;
+use super::StartError;
+use crate::auth::Authenticator;
+use crate::backend::core::CoreBackend;
+use crate::backend::kube_client;
+
+pub struct Clients {
+    pub core: Arc<CoreBackend>,
+    pub authenticator: Arc<Authenticator>,
+    /// The client CA files' watcher; dropping it stops their reloads.
+    _ca_watch: Option<notify::RecommendedWatcher>,
+}
+
+impl Clients {
+    pub async fn start(
+        config: &Config,
+        proxy_identity: &ProxyIdentityReload,
+        drain: watch::Receiver<bool>,
+    ) -> Result<Self, StartError> {
+        // The core gets the proxy client certificate too: certificate users reach it as
+        // X-Remote-*. One reloading source feeds the core and every remote backend.
+        let identity = proxy_identity.receiver();
+        let first = identity.borrow().clone();
+        let core = Arc::new(CoreBackend::new(&config.core, first.as_deref(), drain).await?);
+        tokio::spawn(
+            core.clone()
+                .follow_proxy_identity(identity)
+                .instrument(tracing::info_span!("proxy_identity")),
+        );
+        let (authenticator, ca_watch) =
+            crate::auth::start(config, kube_client::client(core.clone()))?;
+        Ok(Self {
+            core,
+            authenticator,
+            _ca_watch: ca_watch,
+        })
+    }
+
+    /// A kube-rs client on the core backend's transport, with the gateway's own credentials.
+    pub fn kube(&self) -> kube::Client {
+        kube_client::client(self.core.clone())
+    }
+}

@@ -1,0 +1,177 @@
+//! Step 3, controllers: the loops that publish what the request path reads, and the health
+//! checks they keep. Each runs in a task and a span of its own; what the router needs of them
+//! is gathered in one [`Gateway`].
+//!
+//! The checks are registered in the order `/readyz?verbose` lists them: `core-server`,
+//! `shutdown`, `apiservice-sources-synced`, `aggregated-apiservice-reachable` (when asked for),
+//! and the discovery controller's.
+
+use std::sync::Arc;
+
+use gateway_config::Config;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::Instrument;
+
+use super::apiservices::{self, ApiServiceExtras};
+use super::clients::Clients;
+use super::StartError;
+use crate::control::apiservices::{ProxyIdentity, Routing};
+use crate::control::discovery::openapi_v2::OpenApiV2Controller;
+use crate::control::discovery::{readiness, DiscoveryCache, DiscoveryController};
+use crate::control::leader_election::{LeaderElector, Leadership};
+use crate::control::{core_readiness, trust};
+use crate::handlers::health::{self, Health};
+use crate::handlers::router::Gateway;
+use crate::health_check::Check;
+use crate::metrics::Metrics;
+
+pub struct Controllers {
+    /// What the router reads on every request.
+    pub gateway: Arc<Gateway>,
+    /// Fails at shutdown: `/readyz` turns unready before the listener stops.
+    pub shutdown_check: Arc<Check>,
+    /// The leader elector, when APIService status is written by one replica only.
+    pub leader: Option<Leader>,
+}
+
+/// A running leader elector and how to make it release the Lease.
+pub struct Leader {
+    pub stop: watch::Sender<bool>,
+    pub task: JoinHandle<()>,
+}
+
+impl Controllers {
+    pub fn start(
+        config: &Config,
+        clients: &Clients,
+        proxy_identity: ProxyIdentity,
+        metrics: &Arc<Metrics>,
+        drain: watch::Receiver<bool>,
+    ) -> Result<Self, StartError> {
+        let mut health = Health::new();
+        let core_check = Check::unhealthy("core server not checked yet");
+        health.register("core-server", health::READY, core_check.clone());
+        let shutdown_check = Check::healthy();
+        health.register("shutdown", health::READY_ONLY, shutdown_check.clone());
+        let routing = Routing::new();
+        health.register(
+            "apiservice-sources-synced",
+            health::READY,
+            routing.synced.clone(),
+        );
+
+        if config.trust.manage {
+            trust::start(
+                clients.kube(),
+                trust::TrustSources {
+                    client_ca_file: config.authn.client_ca_file.clone(),
+                    proxy_client_ca_file: config.trust.proxy_client_ca_file.clone(),
+                    proxy_identity: proxy_identity.clone(),
+                },
+            );
+        }
+
+        // Asked for by validation only with the kube source, the one that writes status.
+        let (leader, leadership) = match start_leader_election(config, clients, metrics) {
+            Some((leader, leadership)) => (Some(leader), Some(leadership)),
+            None => (None, None),
+        };
+        let reachable = config.apiservices.readyz_reachable.then(|| {
+            let check = Check::healthy();
+            health.register(
+                "aggregated-apiservice-reachable",
+                health::READY_ONLY,
+                check.clone(),
+            );
+            check
+        });
+        apiservices::start(
+            &config.apiservices,
+            proxy_identity,
+            clients.kube(),
+            routing.clone(),
+            metrics.clone(),
+            drain,
+            ApiServiceExtras {
+                leadership,
+                reachable,
+            },
+        )?;
+
+        let discovery = start_discovery(config, clients, &routing, metrics, &mut health);
+        let gateway = Arc::new(Gateway {
+            core: clients.core.clone(),
+            health,
+            metrics: metrics.clone(),
+            routing,
+            discovery,
+        });
+        tokio::spawn(
+            core_readiness::run(gateway.core.clone(), core_check)
+                .instrument(tracing::info_span!("core_readiness")),
+        );
+        Ok(Self {
+            gateway,
+            shutdown_check,
+            leader,
+        })
+    }
+}
+
+/// The Lease on the core that decides which replica writes APIService status, when configured.
+fn start_leader_election(
+    config: &Config,
+    clients: &Clients,
+    metrics: &Metrics,
+) -> Option<(Leader, Leadership)> {
+    let settings = config.leader_election.clone()?;
+    let gauge = metrics
+        .leader_election_master_status
+        .with_label_values(&[settings.name.as_str()]);
+    let (elector, leadership) = LeaderElector::new(clients.kube(), settings, gauge);
+    let (stop, stop_rx) = watch::channel(false);
+    let task = tokio::spawn(
+        elector
+            .run(stop_rx)
+            .instrument(tracing::info_span!("leader_election")),
+    );
+    Some((Leader { stop, task }, leadership))
+}
+
+/// The discovery controller (merged discovery and OpenAPI v3) and the OpenAPI v2 loop, with the
+/// readiness check that waits for the first discovery of the APIServices.
+fn start_discovery(
+    config: &Config,
+    clients: &Clients,
+    routing: &Arc<Routing>,
+    metrics: &Arc<Metrics>,
+    health: &mut Health,
+) -> Arc<DiscoveryCache> {
+    let discovery = Arc::new(DiscoveryCache::new(routing.clone()));
+    let synced = Check::unhealthy("discovery controller not started yet");
+    health.register(readiness::CHECK_NAME, health::READY, synced.clone());
+    tokio::spawn(
+        DiscoveryController::new(
+            discovery.clone(),
+            clients.core.clone(),
+            routing.clone(),
+            metrics.clone(),
+            config.apiservices.discovery_refresh_interval,
+            synced,
+        )
+        .run()
+        .instrument(tracing::info_span!("discovery_controller")),
+    );
+    tokio::spawn(
+        OpenApiV2Controller::new(
+            discovery.clone(),
+            clients.core.clone(),
+            routing.clone(),
+            metrics.clone(),
+        )
+        .run()
+        .instrument(tracing::info_span!("openapi_v2")),
+    );
+    discovery
+}

@@ -1,0 +1,292 @@
+//! Proxying written once for every backend: which headers cross the gateway (RFC 9110 hop-by-hop
+//! rules, `X-Forwarded-*`), streaming bodies in both directions, and tunnelling upgraded
+//! connections (SPDY/3.1 and WebSocket for exec, attach and port-forward) after a 101.
+
+use std::net::SocketAddr;
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{StatusCode, Uri, Version};
+use hyper_util::rt::TokioIo;
+use tokio::sync::watch;
+
+use crate::body::{self, Request, Response};
+
+/// Hop-by-hop headers (RFC 9110 §7.6.1, plus the historical ones Go's proxy also drops).
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+];
+
+/// True when the client asks to switch protocols (`Connection: Upgrade` plus `Upgrade`).
+pub fn is_upgrade(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::UPGRADE)
+        && headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+}
+
+/// Removes hop-by-hop headers, including any named by `Connection`. When `keep_upgrade` is set,
+/// `Upgrade` and a `Connection: Upgrade` survive so the next hop sees the same upgrade request.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .filter(|n| !(keep_upgrade && n == header::UPGRADE))
+        .collect();
+    for name in named.iter().chain(HOP_BY_HOP.iter()) {
+        headers.remove(name);
+    }
+    if keep_upgrade {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+    } else {
+        headers.remove(header::UPGRADE);
+    }
+}
+
+/// Where a request is going: scheme and authority of the backend. The path and query are sent as
+/// the client wrote them.
+#[derive(Clone, Debug)]
+pub struct Upstream {
+    pub scheme: Scheme,
+    pub authority: Authority,
+}
+
+/// Rewrites a client request into the request for `upstream`. The client's trailers are dropped
+/// (see [`body::without_trailers`]): like `Trailer` and `TE`, they are not passed on.
+/// Points an already prepared request at another upstream (a retry on another endpoint).
+pub fn set_upstream(req: &mut Request, upstream: &Upstream) {
+    let mut parts = req.uri().clone().into_parts();
+    parts.scheme = Some(upstream.scheme.clone());
+    parts.authority = Some(upstream.authority.clone());
+    if let Ok(uri) = Uri::from_parts(parts) {
+        *req.uri_mut() = uri;
+    }
+}
+
+pub fn prepare_request(req: &mut Request, upstream: &Upstream, client: Option<SocketAddr>) {
+    let body = std::mem::take(req.body_mut());
+    *req.body_mut() = body::without_trailers(body);
+    let upgrade = is_upgrade(req.headers());
+    let original_host = req.headers().get(header::HOST).cloned().or_else(|| {
+        req.uri()
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+    });
+    let path_and_query = req
+        .uri()
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    *req.uri_mut() = Uri::builder()
+        .scheme(upstream.scheme.clone())
+        .authority(upstream.authority.clone())
+        .path_and_query(path_and_query)
+        .build()
+        .expect("scheme, authority and path are already valid");
+    // The connection decides the version on the wire (h2 when negotiated); asking for HTTP/1.1
+    // here lets the pooled client use either.
+    *req.version_mut() = Version::HTTP_11;
+
+    let headers = req.headers_mut();
+    strip_hop_by_hop(headers, upgrade);
+    headers.remove(header::HOST);
+    if let Some(addr) = client {
+        let ip = addr.ip().to_string();
+        let value = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+            Some(prior) if !prior.is_empty() => format!("{prior}, {ip}"),
+            _ => ip,
+        };
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            headers.insert("x-forwarded-for", v);
+        }
+    }
+    headers.insert("x-forwarded-proto", HeaderValue::from_static("https"));
+    if let Some(host) = original_host {
+        headers.insert("x-forwarded-host", host);
+    }
+    // The gateway's span becomes the backend's parent (only when the request is traced).
+    crate::otel::propagate(req);
+}
+
+/// Cleans a backend response for the client: hop-by-hop headers go, except on a 101 where the
+/// `Upgrade`/`Connection` pair is the answer itself.
+pub fn prepare_response(resp: &mut Response) {
+    let switching = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
+    strip_hop_by_hop(resp.headers_mut(), switching);
+}
+
+/// Sends an upgrade request with `send` and, when the backend answers 101, tunnels the client's
+/// connection to the backend's. Any other answer is passed back as is.
+pub async fn forward_upgrade<F, E>(
+    mut req: Request,
+    send: impl FnOnce(Request) -> F,
+    drain: watch::Receiver<bool>,
+) -> Result<Response, E>
+where
+    F: std::future::Future<Output = Result<hyper::Response<hyper::body::Incoming>, E>>,
+{
+    // hyper keeps the client connection's pending upgrade in the request extensions; it must stay
+    // with us while the request itself goes to the backend.
+    let mut client_req = http::Request::new(body::empty());
+    *client_req.extensions_mut() = std::mem::take(req.extensions_mut());
+    let mut resp = send(req).await?;
+    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+        tunnel(&mut client_req, &mut resp, drain);
+    }
+    let mut resp = resp.map(body::boxed);
+    prepare_response(&mut resp);
+    Ok(resp)
+}
+
+/// A backend response as the client gets it: hop-by-hop headers removed, and a long-running body
+/// ended cleanly when the gateway drains.
+pub fn client_response<B>(
+    resp: http::Response<B>,
+    long_running: bool,
+    drain: &watch::Receiver<bool>,
+) -> Response
+where
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<body::BoxError>,
+{
+    let mut resp = resp.map(|b| {
+        let b = body::boxed(b);
+        if long_running {
+            drainable(b, drain.clone())
+        } else {
+            b
+        }
+    });
+    prepare_response(&mut resp);
+    resp
+}
+
+/// After both sides agreed to switch protocols, copies bytes both ways until either side closes,
+/// or until the gateway drains long-running connections at shutdown.
+pub fn tunnel(
+    client: &mut Request,
+    upstream: &mut hyper::Response<hyper::body::Incoming>,
+    drain: watch::Receiver<bool>,
+) {
+    let client_side = hyper::upgrade::on(client);
+    let upstream_side = hyper::upgrade::on(upstream);
+    tokio::spawn(async move {
+        let (client_io, upstream_io) = match tokio::try_join!(client_side, upstream_side) {
+            Ok(pair) => pair,
+            Err(e) => {
+                tracing::debug!(error = %e, "upgrade did not complete");
+                return;
+            }
+        };
+        let mut client_io = TokioIo::new(client_io);
+        let mut upstream_io = TokioIo::new(upstream_io);
+        let mut drain = drain;
+        tokio::select! {
+            res = tokio::io::copy_bidirectional(&mut client_io, &mut upstream_io) => {
+                if let Err(e) = res {
+                    tracing::debug!(error = %e, "upgraded connection ended with an error");
+                }
+            }
+            _ = drained(&mut drain) => {
+                use tokio::io::AsyncWriteExt;
+                let _ = client_io.shutdown().await;
+                let _ = upstream_io.shutdown().await;
+            }
+        }
+    });
+}
+
+/// Ends a long-running response body cleanly when the gateway drains at shutdown, so watchers see
+/// the stream close (and re-watch elsewhere) instead of a reset.
+pub fn drainable(body: body::Body, drain: watch::Receiver<bool>) -> body::Body {
+    use futures::StreamExt;
+    use http_body_util::{BodyStream, StreamBody};
+    if *drain.borrow() {
+        return body::empty();
+    }
+    let frames = BodyStream::new(body);
+    let stream = futures::stream::unfold((frames, drain), |(mut frames, mut drain)| async move {
+        tokio::select! {
+            frame = frames.next() => frame.map(|f| (f, (frames, drain))),
+            _ = drained(&mut drain) => None,
+        }
+    });
+    body::boxed(StreamBody::new(stream))
+}
+
+/// Resolves once the gateway starts draining (or the sender is gone).
+pub async fn drained(drain: &mut watch::Receiver<bool>) {
+    let _ = drain.wait_for(|d| *d).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_util::headers;
+
+    #[test]
+    fn hop_by_hop_and_connection_named_headers_are_removed() {
+        let mut h = headers(&[
+            ("connection", "keep-alive, x-private"),
+            ("keep-alive", "timeout=5"),
+            ("x-private", "secret"),
+            ("te", "trailers"),
+            ("transfer-encoding", "chunked"),
+            ("accept", "application/json"),
+            ("audit-id", "abc"),
+        ]);
+        strip_hop_by_hop(&mut h, false);
+        let names: Vec<_> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(names, ["accept", "audit-id"]);
+    }
+
+    #[test]
+    fn upgrade_requests_keep_their_upgrade() {
+        let mut h = headers(&[
+            ("connection", "Upgrade"),
+            ("upgrade", "SPDY/3.1"),
+            ("x-stream-protocol-version", "v4.channel.k8s.io"),
+        ]);
+        assert!(is_upgrade(&h));
+        strip_hop_by_hop(&mut h, true);
+        assert_eq!(h["upgrade"], "SPDY/3.1");
+        assert_eq!(h["connection"], "Upgrade");
+        assert_eq!(h["x-stream-protocol-version"], "v4.channel.k8s.io");
+    }
+
+    #[test]
+    fn forwarded_headers_are_set_and_path_kept() {
+        let mut req = http::Request::builder()
+            .uri("/api/v1/pods?labelSelector=a%3Db&watch=1")
+            .header("host", "gateway.example:8443")
+            .header("x-forwarded-for", "10.0.0.1")
+            .body(body::empty())
+            .unwrap();
+        let upstream = Upstream {
+            scheme: Scheme::HTTP,
+            authority: "127.0.0.1:9".parse().unwrap(),
+        };
+        prepare_request(&mut req, &upstream, Some("192.0.2.7:5555".parse().unwrap()));
+        assert_eq!(
+            req.uri().to_string(),
+            "http://127.0.0.1:9/api/v1/pods?labelSelector=a%3Db&watch=1"
+        );
+        assert_eq!(req.headers()["x-forwarded-for"], "10.0.0.1, 192.0.2.7");
+        assert_eq!(req.headers()["x-forwarded-host"], "gateway.example:8443");
+        assert_eq!(req.headers()["x-forwarded-proto"], "https");
+        assert!(req.headers().get("host").is_none());
+    }
+}

@@ -1,0 +1,489 @@
+//! `/openapi/v2`: the core's Swagger spec merged with every remote APIService's, as
+//! kube-aggregator serves it, in JSON and in the protobuf form `kubectl explain` asks for.
+//!
+//! kube-aggregator's users pay for this in CPU and memory (kubernetes#105932, #101755): it
+//! re-merges large specs often. Here one loop owns it ([`OpenApiV2Controller`]):
+//! - each spec is revalidated with its ETag every [`REFRESH`], and at once when the routes
+//!   change, several backends at a time; a 304 costs nothing;
+//! - a spec is kept as the bytes the backend sent, not as a parsed tree (which takes several
+//!   times the memory): the merge (`apiservice::discovery::openapi_v2`) parses one remote spec
+//!   at a time and drops it once merged;
+//! - the merge and the encodings run only when a contributing spec or the APIService set
+//!   changed, on a blocking thread, off the request path;
+//! - requests read prepared bytes ([`OpenApiV2`]) and answer `If-None-Match` with 304. The gzip
+//!   form is made on the first request that accepts it (client-go's transport always does),
+//!   once per merged document, so a merge nobody downloads compressed costs no compression.
+//!
+//! A new spec is checked once, when it arrives ([`check_spec`]: it parses, and its protobuf
+//! form stays within its size limit), so that one backend's bad spec costs neither the merge
+//! nor anybody else's updates: it is logged once and the backend's last good spec kept.
+//!
+//! A backend that fails keeps its last spec; one that never answered is left out. Until the
+//! core's spec has been fetched once nothing is published, and `/openapi/v2` goes to the core as
+//! before.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use apiservice::discovery::openapi_v2::{aggregate_loading, RemoteSpec};
+use apiservice::discovery::{etag_for, openapi_v2_proto};
+use apiservice::model::ServiceRef;
+use bytes::Bytes;
+use futures::StreamExt;
+use http::StatusCode;
+use serde_json::Value;
+use tokio::sync::OnceCell;
+
+use super::fetch::{FetchError, Source, OPENAPI_TIMEOUT};
+use super::DiscoveryCache;
+use crate::backend::core::CoreBackend;
+use crate::control::apiservices::{Routes, Routing, Target};
+use crate::metrics::Metrics;
+
+/// How often every spec is revalidated.
+pub const REFRESH: Duration = Duration::from_secs(60);
+/// The Content-Type of the protobuf form, as kube-openapi answers it. Clients ask for it as
+/// `application/com.github.proto-openapi.spec.v2@v1.0+protobuf` (client-go's `OpenAPISchema()`)
+/// or with this name; Go's MIME parser refuses the `@` form in a Content-Type.
+pub const CONTENT_TYPE_PROTOBUF: &str =
+    "application/com.github.proto-openapi.spec.v2.v1.0+protobuf";
+const PATH: &str = "/openapi/v2";
+/// How many backends are revalidated at once: a slow one holds back only its own slot.
+const CONCURRENT_FETCHES: usize = 8;
+
+/// The merged spec as served.
+pub struct OpenApiV2 {
+    pub json: Encoded,
+    pub protobuf: Encoded,
+}
+
+impl OpenApiV2 {
+    /// The protobuf or the JSON form, with its Content-Type.
+    pub fn representation(&self, protobuf: bool) -> (&'static str, &Encoded) {
+        if protobuf {
+            (CONTENT_TYPE_PROTOBUF, &self.protobuf)
+        } else {
+            ("application/json", &self.json)
+        }
+    }
+}
+
+/// One representation of the merged spec: its bytes, ETag, and gzip form once asked for.
+pub struct Encoded {
+    pub bytes: Bytes,
+    pub etag: String,
+    gzip: OnceCell<Bytes>,
+}
+
+impl Encoded {
+    fn new(bytes: Bytes) -> Self {
+        Self {
+            etag: etag_for(&bytes),
+            bytes,
+            gzip: OnceCell::new(),
+        }
+    }
+
+    /// The gzip form, compressed on a blocking thread by the first caller; callers arriving
+    /// meanwhile wait for that one compression instead of starting their own.
+    pub async fn gzip(&self) -> Bytes {
+        self.gzip
+            .get_or_init(|| {
+                let bytes = self.bytes.clone();
+                async move {
+                    tokio::task::spawn_blocking(move || gzip(&bytes))
+                        .await
+                        .unwrap_or_default()
+                }
+            })
+            .await
+            .clone()
+    }
+}
+
+/// The fastest gzip level: the documents are large and JSON compresses well at any level;
+/// a request should not wait seconds for the last few percent.
+fn gzip(bytes: &[u8]) -> Bytes {
+    let mut encoder = flate2::write::GzEncoder::new(
+        Vec::with_capacity(bytes.len() / 8),
+        flate2::Compression::fast(),
+    );
+    // Writing into a Vec cannot fail.
+    let _ = encoder.write_all(bytes);
+    Bytes::from(encoder.finish().unwrap_or_default())
+}
+
+/// What one server last said at `/openapi/v2`.
+#[derive(Default)]
+struct SpecState {
+    /// The last good body as received (see [`check_spec`]).
+    spec: Option<Bytes>,
+    etag: Option<String>,
+    /// The last failure, to log changes only.
+    error: Option<String>,
+    /// The digest of the last body refused by [`check_spec`], and why: sent again, it is
+    /// refused again without parsing it again.
+    refused: Option<(String, String)>,
+}
+
+/// Keeps [`DiscoveryCache`]'s `/openapi/v2` current; see the module docs.
+pub struct OpenApiV2Controller {
+    cache: Arc<DiscoveryCache>,
+    core: Arc<CoreBackend>,
+    routing: Arc<Routing>,
+    metrics: Arc<Metrics>,
+}
+
+/// One remote APIService's place in the merge.
+#[derive(Clone, PartialEq)]
+struct Contributor {
+    name: String,
+    group: String,
+    version: String,
+    group_priority_minimum: i32,
+    version_priority: i32,
+    service: ServiceRef,
+}
+
+impl OpenApiV2Controller {
+    pub fn new(
+        cache: Arc<DiscoveryCache>,
+        core: Arc<CoreBackend>,
+        routing: Arc<Routing>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            cache,
+            core,
+            routing,
+            metrics,
+        }
+    }
+
+    pub async fn run(self) {
+        let mut routes = self.routing.subscribe();
+        let mut tick = tokio::time::interval(REFRESH);
+        let mut core = SpecState::default();
+        let mut remotes: HashMap<ServiceRef, SpecState> = HashMap::new();
+        let mut merged_from: Option<Vec<Contributor>> = None;
+        loop {
+            tokio::select! {
+                changed = routes.changed() => if changed.is_err() { return },
+                _ = tick.tick() => {}
+            }
+            let Some(table) = routes.borrow_and_update().clone() else {
+                continue;
+            };
+            let (contributors, backends) = contributors(&table);
+            let mut reasons: Vec<(String, &'static str)> = Vec::new();
+            remotes.retain(|svc, _| backends.contains_key(svc));
+            // Every server at once (a few at a time): the core as one of them.
+            let mut fetches: Vec<(Option<ServiceRef>, Source, String, SpecState)> = vec![(
+                None,
+                Source::Core(self.core.clone()),
+                "core".into(),
+                std::mem::take(&mut core),
+            )];
+            for (svc, backend) in &backends {
+                let state = remotes.remove(svc).unwrap_or_default();
+                let name = backend.name.to_string();
+                fetches.push((
+                    Some(svc.clone()),
+                    Source::Remote(backend.clone()),
+                    name,
+                    state,
+                ));
+            }
+            let mut done = futures::stream::iter(fetches)
+                .map(|(svc, source, name, mut state)| async move {
+                    let reason = refresh(&source, &mut state, &name).await;
+                    (svc, name, state, reason)
+                })
+                .buffer_unordered(CONCURRENT_FETCHES);
+            while let Some((svc, name, state, reason)) = done.next().await {
+                if let Some(reason) = reason {
+                    reasons.push((name, reason));
+                }
+                match svc {
+                    Some(svc) => {
+                        remotes.insert(svc, state);
+                    }
+                    None => core = state,
+                }
+            }
+            drop(done);
+            // The order the fetches finished in is not the metric's business.
+            reasons.sort();
+            let Some(core_spec) = core.spec.clone() else {
+                continue;
+            };
+            reasons.extend(set_changes(
+                merged_from.as_deref().unwrap_or_default(),
+                &contributors,
+            ));
+            if reasons.is_empty() {
+                continue;
+            }
+            let specs: Vec<(Contributor, Bytes)> = contributors
+                .iter()
+                .filter_map(|c| Some((c.clone(), remotes.get(&c.service)?.spec.clone()?)))
+                .collect();
+            let started = Instant::now();
+            let built = tokio::task::spawn_blocking(move || build(&core_spec, &specs)).await;
+            match built {
+                Ok(Ok(doc)) => {
+                    // The previous document goes with this store (once no request holds it),
+                    // and the merge's parsed trees went with `build`: hand the memory back
+                    // now rather than at the next periodic trim.
+                    self.cache.store_openapi_v2(doc);
+                    crate::memory::trim_now().await;
+                    merged_from = Some(contributors);
+                    for (apiservice, reason) in &reasons {
+                        self.metrics
+                            .openapi_v2_regeneration_count
+                            .with_label_values(&[apiservice.as_str(), reason])
+                            .inc();
+                    }
+                    let reason = reasons.first().map_or("update", |r| r.1);
+                    self.metrics
+                        .openapi_v2_regeneration_duration
+                        .with_label_values(&[reason])
+                        .set(started.elapsed().as_secs_f64());
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "cannot encode the merged /openapi/v2; serving the previous one")
+                }
+                Err(e) => tracing::error!(error = %e, "merging /openapi/v2 failed"),
+            }
+        }
+    }
+}
+
+/// How the contributing APIServices changed since the last merge, by name (the metric's
+/// `apiservice` label, as kube-aggregator counts them): added, removed, or re-ordered.
+fn set_changes(before: &[Contributor], now: &[Contributor]) -> Vec<(String, &'static str)> {
+    let mut changes = Vec::new();
+    for c in now {
+        match before.iter().find(|b| b.name == c.name) {
+            None => changes.push((c.name.clone(), "add")),
+            Some(b) if b != c => changes.push((c.name.clone(), "update")),
+            Some(_) => {}
+        }
+    }
+    for b in before
+        .iter()
+        .filter(|b| !now.iter().any(|c| c.name == b.name))
+    {
+        changes.push((b.name.clone(), "delete"));
+    }
+    changes
+}
+
+/// The remote APIServices of `table` that contribute a spec, and one backend per Service.
+fn contributors(
+    table: &Routes,
+) -> (
+    Vec<Contributor>,
+    HashMap<ServiceRef, Arc<crate::backend::remote::RemoteBackend>>,
+) {
+    let mut contributors = Vec::new();
+    let mut backends = HashMap::new();
+    for route in table.routes() {
+        let (Target::Remote(backend), Some(service)) =
+            (&route.backend.target, route.api_service.service())
+        else {
+            continue;
+        };
+        let api = &route.api_service;
+        contributors.push(Contributor {
+            name: api.name.clone(),
+            group: api.group.clone(),
+            version: api.version.clone(),
+            group_priority_minimum: api.group_priority_minimum,
+            version_priority: api.version_priority,
+            service: service.clone(),
+        });
+        backends
+            .entry(service.clone())
+            .or_insert_with(|| backend.clone());
+    }
+    contributors.sort_by(|a, b| a.name.cmp(&b.name));
+    (contributors, backends)
+}
+
+/// Revalidates one server's spec; the reason of a change (`add`, `update`, `delete`) or `None`.
+async fn refresh(source: &Source, state: &mut SpecState, name: &str) -> Option<&'static str> {
+    let fetched = source
+        .get(
+            PATH,
+            "application/json",
+            state.etag.as_deref(),
+            OPENAPI_TIMEOUT,
+        )
+        .await;
+    let outcome = match fetched {
+        Ok(answer) if answer.status == StatusCode::NOT_MODIFIED && state.spec.is_some() => Ok(None),
+        Ok(answer) if answer.status == StatusCode::OK => {
+            if state.spec.as_ref() == Some(&answer.body) {
+                state.etag = answer.etag();
+                Ok(None)
+            } else {
+                let digest = etag_for(&answer.body);
+                let checked = match &state.refused {
+                    Some((refused, why)) if *refused == digest => Err(why.clone()),
+                    _ => checked(answer.body.clone()).await,
+                };
+                match checked {
+                    Ok(()) => {
+                        let reason = if state.spec.is_none() {
+                            "add"
+                        } else {
+                            "update"
+                        };
+                        state.etag = answer.etag();
+                        state.spec = Some(answer.body);
+                        state.refused = None;
+                        Ok(Some(reason))
+                    }
+                    Err(e) => {
+                        state.refused = Some((digest, e.clone()));
+                        Err(e)
+                    }
+                }
+            }
+        }
+        Ok(answer) if answer.status == StatusCode::NOT_FOUND => {
+            state.etag = None;
+            Ok(state.spec.take().map(|_| "delete"))
+        }
+        Ok(answer) => Err(format!("GET {PATH}: {}", answer.status)),
+        Err(e) => Err(e.to_string()),
+    };
+    match outcome {
+        Ok(reason) => {
+            if state.error.take().is_some() {
+                tracing::info!(apiservice = name, "OpenAPI v2 spec fetched again");
+            }
+            reason
+        }
+        Err(e) => {
+            if state.error.as_deref() != Some(&e) {
+                tracing::warn!(apiservice = name, error = %e,
+                    "cannot fetch the OpenAPI v2 spec; keeping the last one");
+                state.error = Some(e);
+            }
+            None
+        }
+    }
+}
+
+/// [`check_spec`] on a blocking thread, one spec at a time (each is parsed whole).
+async fn checked(body: Bytes) -> Result<(), String> {
+    static ONE_AT_A_TIME: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+    let _turn = ONE_AT_A_TIME.acquire().await;
+    tokio::task::spawn_blocking(move || check_spec(&body))
+        .await
+        .unwrap_or_else(|e| Err(format!("checking the spec: {e}")))
+}
+
+/// Whether a spec can take part in the merge: a JSON object the parser takes (nested at most
+/// `MAX_JSON_DEPTH` deep) whose protobuf form is within its size limit. Checked when a new
+/// spec arrives, so that a bad one is refused once, with the server's last good spec kept,
+/// instead of being left out of (or failing) every merge after it.
+fn check_spec(body: &[u8]) -> Result<(), String> {
+    let spec: Value = serde_json::from_slice(body)
+        .map_err(|e| FetchError::decode(PATH, "OpenAPI v2 spec", e).to_string())?;
+    if !spec.is_object() {
+        return Err(format!("GET {PATH}: the body is not a JSON object"));
+    }
+    openapi_v2_proto::encode(&spec, openapi_v2_proto::size_limit(body.len()))
+        .map_err(|e| format!("GET {PATH}: {e}"))?;
+    Ok(())
+}
+
+/// The merged document in both forms. Specs are parsed here, one remote at a time.
+fn build(
+    core: &[u8],
+    specs: &[(Contributor, Bytes)],
+) -> Result<OpenApiV2, openapi_v2_proto::EncodeError> {
+    let remotes: Vec<RemoteSpec<'_, &Bytes>> = specs
+        .iter()
+        .map(|(c, spec)| RemoteSpec {
+            group: &c.group,
+            version: &c.version,
+            group_priority_minimum: c.group_priority_minimum,
+            version_priority: c.version_priority,
+            name: &c.name,
+            spec,
+        })
+        .collect();
+    // Every spec passed `check_spec` when it was fetched: each parses, and each encodes within
+    // its own size limit, so the merge (parts of them) encodes within the sum of those.
+    let limit = openapi_v2_proto::size_limit(
+        core.len() + specs.iter().map(|(_, s)| s.len()).sum::<usize>(),
+    );
+    let core: Value = serde_json::from_slice(core).unwrap_or_default();
+    let merged = aggregate_loading(core, remotes, |spec| serde_json::from_slice(spec).ok());
+    let json = Bytes::from(serde_json::to_vec(&merged).unwrap_or_default());
+    let protobuf = openapi_v2_proto::encode(&merged, limit)?;
+    Ok(OpenApiV2 {
+        json: Encoded::new(json),
+        protobuf: Encoded::new(protobuf),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    #[test]
+    fn only_json_objects_count_as_specs() {
+        assert_eq!(check_spec(b" {\"swagger\": \"2.0\"}"), Ok(()));
+        for bad in [&b"[]"[..], b"{\"swagger\": ", b"<html>"] {
+            assert!(check_spec(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn a_spec_nested_too_deep_or_encoding_too_large_is_refused_with_a_reason() {
+        let depth = apiservice::discovery::MAX_JSON_DEPTH;
+        let deep = format!(r#"{{"x-a":{}{}}}"#, "[".repeat(depth), "]".repeat(depth));
+        assert_eq!(
+            check_spec(deep.as_bytes()),
+            Err(
+                "GET /openapi/v2: the OpenAPI v2 spec nests deeper than 128 levels, which the \
+                 gateway does not parse; the server must publish a flatter document"
+                    .to_owned()
+            )
+        );
+        // 120 levels parse, but as YAML each of the 200 000 leaves sits behind 240 spaces.
+        let mut wide = String::from(r#"{"x-a":"#);
+        wide.push_str(&"[".repeat(120));
+        wide.push_str(&vec!["0"; 200_000].join(","));
+        wide.push_str(&"]".repeat(120));
+        wide.push('}');
+        let refused = check_spec(wide.as_bytes()).unwrap_err();
+        assert!(refused.contains("protobuf form would pass"), "{refused}");
+        assert_eq!(
+            check_spec(br#"{"paths": []}"#).unwrap_err(),
+            "GET /openapi/v2: openapi v2 spec: /paths must be an object"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_gzip_form_is_made_once_and_decodes_to_the_document() {
+        let doc = Encoded::new(Bytes::from(vec![b'x'; 100_000]));
+        let first = doc.gzip().await;
+        assert!(first.len() < 1_000, "{}", first.len());
+        let again = doc.gzip().await;
+        assert_eq!(first.as_ptr(), again.as_ptr(), "compressed once");
+        let mut plain = Vec::new();
+        flate2::read::GzDecoder::new(&first[..])
+            .read_to_end(&mut plain)
+            .unwrap();
+        assert_eq!(plain, doc.bytes);
+    }
+}

@@ -1,0 +1,73 @@
+//! The request and response extensions the listener and the router set for the layers around
+//! them: the connection a request came on ([`ConnInfo`]) and where the router sent it
+//! ([`RoutedTo`]). They sit below the listener, the stack and the router, so none of those
+//! imports from a layer above it. (kube's request attributes, another extension, are
+//! `crate::request_info`'s; the caller's identity is `crate::auth::Authenticated`.)
+
+use std::sync::Arc;
+
+/// Where the router sent a request; set on the response for the access log, metrics and audit.
+#[derive(Clone, Debug)]
+pub enum RoutedTo {
+    Gateway,
+    Core,
+    /// A remote APIService's route, carrying its label `apiservice/<name>`. The label is built
+    /// once per route (see `control::apiservices::RouteTarget`), so tagging a response only clones an `Arc`.
+    ApiService(Arc<str>),
+    /// A local APIService's route (served by the core), labelled the same way.
+    LocalApiService(Arc<str>),
+}
+
+impl RoutedTo {
+    /// The tag of an APIService's route; `local` when the core serves it.
+    pub fn api_service(name: &str, local: bool) -> Self {
+        let label = format!("apiservice/{name}").into();
+        if local {
+            Self::LocalApiService(label)
+        } else {
+            Self::ApiService(label)
+        }
+    }
+
+    /// kube's `component` label: what kube-aggregator proxies is recorded as the aggregator's,
+    /// everything else as the apiserver's.
+    pub fn component(&self) -> &'static str {
+        match self {
+            Self::ApiService(_) => crate::metrics::AGGREGATOR,
+            Self::Gateway | Self::Core | Self::LocalApiService(_) => crate::metrics::APISERVER,
+        }
+    }
+
+    /// The `routed` field of the access log and the metrics label.
+    pub fn label(&self) -> &str {
+        match self {
+            Self::Gateway => "gateway",
+            Self::Core => "core",
+            Self::ApiService(label) | Self::LocalApiService(label) => label,
+        }
+    }
+}
+
+/// Connection facts the listener attaches to every request.
+#[derive(Clone, Debug)]
+pub struct ConnInfo {
+    pub remote: std::net::SocketAddr,
+    /// The verified client certificate chain, when the client presented one, with what
+    /// authentication last concluded from it (shared by the connection's requests).
+    pub peer_certs: Option<Arc<crate::auth::x509::PeerCertificates>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_name_the_route() {
+        assert_eq!(RoutedTo::Gateway.label(), "gateway");
+        assert_eq!(RoutedTo::Core.label(), "core");
+        assert_eq!(
+            RoutedTo::api_service("v1alpha1.wardle.example.com", false).label(),
+            "apiservice/v1alpha1.wardle.example.com"
+        );
+    }
+}

@@ -1,0 +1,107 @@
+//! One access-log line per request (method, path, status, duration, where it was routed) and the
+//! request metrics. Measured to response headers: for a watch that is when the stream starts.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use tower::layer::layer_fn;
+use tower::{Layer, Service};
+
+use crate::body::BoxFuture;
+use crate::body::{Request, Response};
+use crate::control::discovery::DiscoveryCache;
+use crate::error::Terminated;
+use crate::extensions::RoutedTo;
+use crate::metrics::{Metrics, Observed, RequestLabels, APISERVER};
+
+#[derive(Clone)]
+pub struct AccessLog<S> {
+    inner: S,
+    metrics: Arc<Metrics>,
+    /// Where the names the metrics may carry come from (see `metrics::known_resources`).
+    discovery: Arc<DiscoveryCache>,
+}
+
+impl<S> AccessLog<S> {
+    pub fn layer(
+        metrics: Arc<Metrics>,
+        discovery: Arc<DiscoveryCache>,
+    ) -> impl Layer<S, Service = Self> + Clone {
+        layer_fn(move |inner| Self {
+            inner,
+            metrics: metrics.clone(),
+            discovery: discovery.clone(),
+        })
+    }
+}
+
+impl<S> Service<Request> for AccessLog<S>
+where
+    S: Service<Request, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<Response, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request) -> Self::Future {
+        let start = Instant::now();
+        let method = req.method().clone();
+        // Cloning the path and query only bumps a reference count; the log line formats it if it
+        // is written. (HTTP/2 requests carry an absolute URI; the log shows the path either way.)
+        let uri = req.uri().path_and_query().cloned();
+        let client = req
+            .extensions()
+            .get::<crate::extensions::ConnInfo>()
+            .map(|c| c.remote);
+        let version = req.version();
+        // Parsed once for the labels and the request-info layer below (see `Parsed`).
+        crate::request_info::ensure_parsed(&mut req);
+        let info = req
+            .extensions()
+            .get::<crate::request_info::Parsed>()
+            .and_then(|p| p.0.as_ref().ok());
+        let labels = RequestLabels::of_parsed(
+            req.method(),
+            info,
+            req.uri().query().unwrap_or(""),
+            req.headers(),
+            &self.discovery.known_resources(),
+        );
+        let fut = self.inner.call(req);
+        let metrics = self.metrics.clone();
+        Box::pin(async move {
+            let Ok(resp) = fut.await;
+            let elapsed = start.elapsed();
+            let routed = resp.extensions().get::<RoutedTo>();
+            let target = routed.map_or("gateway", RoutedTo::label);
+            let code = resp.status().as_u16();
+            metrics.observe(Observed {
+                labels: &labels,
+                component: routed.map_or(APISERVER, RoutedTo::component),
+                target,
+                code: resp.status(),
+                elapsed,
+                terminated: resp.extensions().get::<Terminated>().is_some(),
+            });
+            tracing::info!(
+                target: "access",
+                method = %method,
+                uri = uri.as_ref().map_or("", |p| p.as_str()),
+                status = code,
+                duration_ms = elapsed.as_secs_f64() * 1000.0,
+                routed = %target,
+                client = ?client,
+                protocol = ?version,
+                "request"
+            );
+            Ok(resp)
+        })
+    }
+}

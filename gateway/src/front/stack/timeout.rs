@@ -1,0 +1,262 @@
+//! The request timeout (kube-apiserver's --request-timeout, 60 s) bounds the whole exchange of an
+//! ordinary request, writing the response to the client included: a request without response
+//! headers by then gets 504, and a response the client has not taken in by then is cut off (the
+//! HTTP/2 stream is reset, the HTTP/1.1 connection closed), which frees its in-flight slot and its
+//! buffers. Without the second half, a client that stops reading (an HTTP/2 connection that
+//! announces a zero flow-control window, an HTTP/1.1 client that reads nothing) would hold slots
+//! and memory forever, because hyper polls a response body only as fast as the client takes it.
+//! A client's own `?timeout=` shortens the limit, never extends it. Long-running requests (watch,
+//! exec, attach, portforward, log, proxy) are exempt, and so is a 101's tunnel.
+//!
+//! The cut itself is the listener's: it runs every exchange under an [`ExchangeDeadline`] (each
+//! HTTP/2 stream in a task of its own, an HTTP/1.1 connection one exchange at a time) and ends it
+//! when the deadline this layer armed passes. The deadline reaches this layer as a task-local
+//! because hyper polls an HTTP/2 stream's service future in the stream's task, which nothing in the
+//! request can name.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tower::layer::layer_fn;
+use tower::{Layer, Service};
+
+use crate::body::BoxFuture;
+use crate::body::{BoxError, Request, Response};
+use crate::error::GatewayError;
+use crate::request_info::RequestInfo;
+
+/// After a 504, how long the client has to read that Status before the exchange is cut.
+const TIMEOUT_STATUS_GRACE: Duration = Duration::from_secs(5);
+
+tokio::task_local! {
+    static EXCHANGE: ExchangeDeadline;
+}
+
+// === impl ExchangeDeadline ===
+
+/// The deadline of the exchange being served, armed by [`TimeoutService`] and enforced by the
+/// listener. Unarmed (long-running requests, requests not yet past the timeout layer) it never
+/// expires.
+#[derive(Clone, Default)]
+pub struct ExchangeDeadline(Arc<DeadlineState>);
+
+#[derive(Default)]
+struct DeadlineState {
+    at: Mutex<Option<Instant>>,
+    changed: Notify,
+}
+
+impl ExchangeDeadline {
+    /// Polls `f` with this deadline as the current exchange's, for one poll.
+    pub fn poll_within<R>(&self, f: impl FnOnce() -> R) -> R {
+        EXCHANGE.sync_scope(self.clone(), f)
+    }
+
+    /// Runs `fut` with this deadline as the current exchange's.
+    pub async fn scope<F: Future>(self, fut: F) -> F::Output {
+        EXCHANGE.scope(self, fut).await
+    }
+
+    /// The exchange being served by this task, if the listener runs it under a deadline.
+    fn current() -> Option<Self> {
+        EXCHANGE.try_with(Clone::clone).ok()
+    }
+
+    fn arm(&self, at: Instant) {
+        *self.0.at.lock().unwrap_or_else(|e| e.into_inner()) = Some(at);
+        self.0.changed.notify_waiters();
+    }
+
+    /// The exchange is over (its response was written or dropped): nothing to enforce until
+    /// the next one arms it.
+    pub fn disarm(&self) {
+        *self.0.at.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        self.0.changed.notify_waiters();
+    }
+
+    fn armed(&self) -> Option<Instant> {
+        *self.0.at.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Resolves once an armed deadline has passed while still armed.
+    pub async fn expired(&self) {
+        loop {
+            let changed = self.0.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            match self.armed() {
+                None => changed.await,
+                Some(at) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(at) => {
+                            if self.armed().is_some_and(|now| now <= Instant::now()) {
+                                return;
+                            }
+                        }
+                        _ = changed => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct TimeoutService<S> {
+    inner: S,
+    limit: Duration,
+}
+
+impl<S> TimeoutService<S> {
+    pub fn layer(limit: Duration) -> impl Layer<S, Service = Self> + Clone {
+        layer_fn(move |inner| Self { inner, limit })
+    }
+}
+
+/// `?timeout=` as a Go duration, when present and valid; read (decoded, first value) as the
+/// backend's `URL.Query().Get("timeout")` reads it.
+fn client_timeout(query: &str) -> Option<Duration> {
+    let raw = crate::request_info::query_value(query, "timeout")?;
+    std::str::from_utf8(&raw)
+        .ok()?
+        .parse::<gateway_config::GoDuration>()
+        .ok()
+        .map(|d| d.0)
+        .filter(|d| !d.is_zero())
+}
+
+impl<S> Service<Request> for TimeoutService<S>
+where
+    S: Service<Request, Response = Response, Error = BoxError> + Send + 'static,
+    S::Future: Send,
+{
+    type Response = Response;
+    type Error = BoxError;
+    type Future = BoxFuture<Result<Response, BoxError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request) -> Self::Future {
+        if req
+            .extensions()
+            .get::<RequestInfo>()
+            .is_some_and(|i| i.long_running)
+        {
+            return Box::pin(self.inner.call(req));
+        }
+        let limit = client_timeout(req.uri().query().unwrap_or(""))
+            .map_or(self.limit, |d| d.min(self.limit));
+        let deadline = Instant::now() + limit;
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            // Read on the first poll: that runs in the exchange's own task (see the module docs).
+            let exchange = ExchangeDeadline::current();
+            let arm = |at| {
+                if let Some(exchange) = &exchange {
+                    exchange.arm(at);
+                }
+            };
+            match tokio::time::timeout_at(deadline, fut).await {
+                Ok(Ok(resp)) if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS => Ok(resp),
+                Ok(result) => {
+                    arm(deadline);
+                    result
+                }
+                Err(_) => {
+                    arm(Instant::now() + TIMEOUT_STATUS_GRACE);
+                    Err(GatewayError::Timeout(limit).into())
+                }
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http::header::{CONNECTION, UPGRADE};
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    use super::*;
+    use crate::body;
+    use crate::front::stack::request_info::RequestInfoService;
+
+    #[test]
+    fn client_timeout_is_parsed() {
+        assert_eq!(client_timeout("timeout=32s"), Some(Duration::from_secs(32)));
+        assert_eq!(
+            client_timeout("limit=500&timeout=1m"),
+            Some(Duration::from_secs(60))
+        );
+        assert_eq!(client_timeout("timeoutSeconds=5"), None);
+        assert_eq!(client_timeout("timeout=bogus"), None);
+        assert_eq!(
+            client_timeout("%74imeout=%33s"),
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(
+            client_timeout("timeout=2s&timeout=1s"),
+            Some(Duration::from_secs(2))
+        );
+    }
+
+    fn request(method: &str, uri: &str) -> Request {
+        http::Request::builder()
+            .method(method)
+            .uri(uri)
+            .header(CONNECTION, "Upgrade")
+            .header(UPGRADE, "SPDY/3.1")
+            .body(body::empty())
+            .unwrap()
+    }
+
+    /// request_info then the timeout over `inner`, as in the real stack.
+    fn stack<S>(inner: S) -> RequestInfoService<TimeoutService<S>> {
+        RequestInfoService::layer(None).layer(TimeoutService::layer(LIMIT).layer(inner))
+    }
+
+    const LIMIT: Duration = Duration::from_secs(60);
+
+    #[tokio::test(start_paused = true)]
+    async fn an_upgrade_to_an_ordinary_resource_is_timed_out() {
+        let hung = tower::service_fn(|_req: Request| std::future::pending());
+        let Err(err) = stack(hung)
+            .oneshot(request("GET", "/api/v1/namespaces/x/configmaps"))
+            .await
+        else {
+            panic!("a hung ordinary request got an answer");
+        };
+        let err = err.downcast_ref::<GatewayError>().unwrap();
+        assert_eq!(err.code(), http::StatusCode::GATEWAY_TIMEOUT);
+
+        // exec is long-running by its subresource: never cut.
+        let hung = tower::service_fn(|_req: Request| std::future::pending());
+        let exec = stack(hung).oneshot(request("POST", "/api/v1/namespaces/x/pods/p/exec"));
+        assert!(tokio::time::timeout(LIMIT * 10, exec).await.is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_101_is_not_cut_once_its_headers_are_in() {
+        let switching = tower::service_fn(|_req: Request| async {
+            let stream =
+                futures::stream::pending::<Result<http_body::Frame<bytes::Bytes>, BoxError>>();
+            let mut resp = Response::new(body::boxed(http_body_util::StreamBody::new(stream)));
+            *resp.status_mut() = http::StatusCode::SWITCHING_PROTOCOLS;
+            Ok::<_, BoxError>(resp)
+        });
+        let resp = stack(switching)
+            .oneshot(request("GET", "/api/v1/namespaces/x/configmaps"))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), http::StatusCode::SWITCHING_PROTOCOLS);
+        let mut body = resp.into_body();
+        let still_open = tokio::time::timeout(LIMIT * 10, body.frame()).await;
+        assert!(still_open.is_err(), "the deadline reached past the 101");
+    }
+}
