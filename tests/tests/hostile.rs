@@ -383,3 +383,45 @@ async fn a_chunked_upload_over_the_limit_after_100_continue_gets_its_413() {
         assert!(text.contains("RequestEntityTooLarge"), "{text}");
     }
 }
+
+/// Issue 26, finding 6: proxied `/apis/<g>/<v>` discovery was bounded 5 s on its headers only,
+/// so a backend sending its body a byte a second held the client for 40 s (up to the request
+/// timeout). kube-aggregator's 5 s covers the whole exchange; so does the gateway's now: the
+/// answer is cut off at 5 s.
+#[tokio::test]
+async fn proxied_group_version_discovery_is_cut_off_after_5s_body_included() {
+    let s = Scenario::wardle()
+        .apiservice(WARDLE_GROUP, "v1alpha1", "wardle")
+        .start()
+        .await;
+    let alice = s.user("alice", &["dev"]);
+    let discovery = "/apis/wardle.example.com/v1alpha1";
+    let served = harness::wait_until(Duration::from_secs(20), || async {
+        get_json(&s, &alice, discovery).await.0 == StatusCode::OK
+    })
+    .await;
+    assert!(served, "{}", s.logs());
+    s.pki
+        .set_backend_hostility(s.backend("wardle"), "wardle", &[Hostile::SlowDiscovery])
+        .await;
+
+    let started = std::time::Instant::now();
+    let answer = e2e::scenario::try_get(&s.gateway, Some(&alice), discovery, &[]).await;
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(8),
+        "the trickling discovery answer held the client {took:?}: {answer:?}"
+    );
+    assert!(
+        answer.is_err(),
+        "a 40-byte answer sent a byte a second cannot be complete after {took:?}: {answer:?}"
+    );
+    // Everything else is served meanwhile.
+    let (status, _) = get_json(
+        &s,
+        &alice,
+        "/apis/wardle.example.com/v1alpha1/namespaces/default/flunders",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+}

@@ -303,8 +303,11 @@ impl RemoteBackend {
         // and every other caller's requests share that connection.
         let http1 = user.name == crate::identity::ANONYMOUS;
         let send = self.send(req, &endpoints, first, http1);
+        // kube-aggregator bounds the whole exchange of group-version discovery, body included:
+        // a backend trickling its answer must not hold the client for the request timeout.
+        let discovery_deadline = tokio::time::Instant::now() + DISCOVERY_TIMEOUT;
         let resp = if discovery {
-            tokio::time::timeout(DISCOVERY_TIMEOUT, send)
+            tokio::time::timeout_at(discovery_deadline, send)
                 .await
                 .map_err(|_| self.unavailable("discovery did not answer within 5s"))?
         } else {
@@ -318,6 +321,15 @@ impl RemoteBackend {
         }
         let mut resp = proxy::client_response(resp, long_running, &self.drain);
         remove_cors_grants(resp.headers_mut());
+        if discovery {
+            resp = resp.map(|b| {
+                body::until(
+                    b,
+                    discovery_deadline,
+                    "discovery did not complete within 5s",
+                )
+            });
+        }
         Ok(resp)
     }
 
