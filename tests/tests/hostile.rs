@@ -384,6 +384,74 @@ async fn a_chunked_upload_over_the_limit_after_100_continue_gets_its_413() {
     }
 }
 
+/// Issue 26, finding 4: a POST that declares `content-length: 200000` and ends after 32 KiB
+/// made the gateway's own HTTP/2 client reset its stream to the backend; that was filed as the
+/// backend's failure, so healthy endpoints of the Service were ejected and the caller got 503.
+/// A failure the caller's body caused is the caller's: a 400 saying so, no ejection, and
+/// everybody else served on. (Over HTTP/2 the gateway's server resets the lying stream itself;
+/// an HTTP/1.1 client that closes its side early waits for the answer, so it is the one used.)
+#[tokio::test]
+async fn a_callers_broken_body_is_a_400_and_ejects_no_endpoint() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let s = Scenario::with_pki(e2e::scenario::Pki::for_services(&["wardle", "wardle2"]))
+        .backend("wardle", WARDLE_GROUP, "v1alpha1", &[])
+        .backend("wardle2", WARDLE_GROUP, "v1alpha1", &[])
+        .without_static_services()
+        .service_alias("wardle", "api", "wardle")
+        .service_alias("wardle", "api", "wardle2")
+        .apiservice(WARDLE_GROUP, "v1alpha1", "wardle")
+        .start()
+        .await;
+    let alice = s.user("alice", &["system:masters"]);
+    let flunders = "/apis/wardle.example.com/v1alpha1/namespaces/default/flunders";
+    let served = harness::wait_until(Duration::from_secs(20), || async {
+        get_json(&s, &alice, flunders).await.0 == StatusCode::OK
+    })
+    .await;
+    assert!(served, "{}", s.logs());
+
+    let config =
+        harness::tls_client_config(&s.gateway.ca_pem().unwrap(), Some(&alice), &[b"http/1.1"])
+            .unwrap();
+    for attempt in 0..3 {
+        let mut tls = harness::tls_connect_with(s.gateway.addr, config.clone())
+            .await
+            .unwrap();
+        let head = format!(
+            "POST {flunders} HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n\
+             Content-Length: 200000\r\n\r\n"
+        );
+        tls.write_all(head.as_bytes()).await.unwrap();
+        tls.write_all(&vec![b' '; 32 << 10]).await.unwrap();
+        // Once the gateway is sending it on, the client is done: 167 968 bytes short.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        tls.shutdown().await.unwrap();
+        let mut answer = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut answer)).await;
+        let text = String::from_utf8_lossy(&answer);
+        assert!(
+            text.starts_with("HTTP/1.1 400"),
+            "attempt {attempt}: {text}\n{}",
+            s.logs()
+        );
+        assert!(
+            text.contains("the request body could not be read to its end"),
+            "{text}"
+        );
+    }
+    // Both endpoints still take requests, and neither was ejected.
+    for _ in 0..4 {
+        let (status, body) = get_json(&s, &alice, flunders).await;
+        assert_eq!(status, StatusCode::OK, "{body}\n{}", s.logs());
+    }
+    assert!(
+        !s.logs().contains("backend endpoint ejected"),
+        "{}",
+        s.logs()
+    );
+}
+
 /// Issue 26, finding 6: proxied `/apis/<g>/<v>` discovery was bounded 5 s on its headers only,
 /// so a backend sending its body a byte a second held the client for 40 s (up to the request
 /// timeout). kube-aggregator's 5 s covers the whole exchange; so does the gateway's now: the

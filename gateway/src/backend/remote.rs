@@ -356,9 +356,10 @@ impl RemoteBackend {
         http1: bool,
     ) -> Result<http::Response<Body>, GatewayError> {
         let method = req.method().clone();
-        let (mut req, replay) = Replay::keep(req)
+        let (req, replay) = Replay::keep(req)
             .await
             .map_err(|e| GatewayError::BadRequest(format!("reading the request body: {e}")))?;
+        let (mut req, caller_body) = retry::watch_body(req);
         let mut picked = first;
         let mut sent_again_after_sending = false;
         for attempt in 1..=retry::MAX_ATTEMPTS {
@@ -374,6 +375,16 @@ impl RemoteBackend {
                 }
                 Err(e) => e,
             };
+            // The caller's body failed (it ended before its Content-Length, or its stream was
+            // reset): the backend had nothing to do with it, and the request cannot be sent
+            // again. The caller's own 400, and no mark against the endpoint.
+            if let Some(why) = caller_body.failure() {
+                tracing::debug!(error = %e, %why, "the request body failed while being sent");
+                return Err(GatewayError::BadRequest(format!(
+                    "the request body could not be read to its end ({why}); send a body that \
+                     matches its Content-Length"
+                )));
+            }
             let failure = Failure::of(&e);
             let again = match &replay {
                 Some(replay)
