@@ -241,6 +241,21 @@ fn rewrite_table(table: &mut Value, columns: &mut Option<Columns>) -> bool {
     true
 }
 
+/// A list answer as [`present`] rewrites it (`None`: passed on as it is), and a watch's event
+/// lines as it rewrites them, one after the other: the fuzz target's view.
+pub(crate) fn rewritten(
+    list: &[u8],
+    events: impl IntoIterator<Item = Bytes>,
+) -> (Option<Bytes>, Vec<Bytes>) {
+    let list = rewrite_document(list, &mut None);
+    let mut columns = None;
+    let events = events
+        .into_iter()
+        .map(|line| rewrite_event(line, &mut columns))
+        .collect();
+    (list, events)
+}
+
 /// A list or get answer, rewritten; `None` when it is not the CRD's Table.
 fn rewrite_document(bytes: &[u8], columns: &mut Option<Columns>) -> Option<Bytes> {
     let mut doc: Value = serde_json::from_slice(bytes).ok()?;
