@@ -31,6 +31,8 @@ pub struct GroupVersion {
     pub version: String,
 }
 
+// === impl GroupVersion ===
+
 impl GroupVersion {
     pub fn new(group: impl Into<String>, version: impl Into<String>) -> Self {
         Self {
@@ -84,6 +86,8 @@ pub struct ServiceRef {
     pub port: u16,
 }
 
+// === impl ServiceRef ===
+
 impl ServiceRef {
     /// The DNS name kube-aggregator uses as TLS server name (SNI and certificate check):
     /// `<name>.<namespace>.svc`, never the dialled address.
@@ -108,6 +112,9 @@ pub struct RemoteBackendSpec {
 }
 
 // Hand-written so logs show the bundle's size, not kilobytes of PEM bytes.
+
+// === impl RemoteBackendSpec ===
+
 impl fmt::Debug for RemoteBackendSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RemoteBackendSpec")
@@ -152,6 +159,8 @@ pub struct RegisteredAPIService {
     pub traffic: TrafficPolicy,
 }
 
+// === impl RegisteredAPIService ===
+
 impl RegisteredAPIService {
     pub fn group_version(&self) -> GroupVersion {
         GroupVersion::new(self.group.clone(), self.version.clone())
@@ -189,6 +198,8 @@ pub enum ConditionStatus {
     False,
     Unknown,
 }
+
+// === impl ConditionStatus ===
 
 impl ConditionStatus {
     pub fn as_str(self) -> &'static str {

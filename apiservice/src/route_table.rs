@@ -54,6 +54,8 @@ pub enum UnavailableReason {
     Recorded(String),
 }
 
+// === impl UnavailableReason ===
+
 impl UnavailableReason {
     /// The reason of a stored condition, typed where the gateway knows it.
     pub fn recorded(reason: &str) -> Self {
@@ -99,6 +101,8 @@ impl fmt::Display for UnavailableReason {
 }
 
 const FAILED_DISCOVERY_CHECK: &str = "FailedDiscoveryCheck";
+
+// === impl Availability ===
 
 impl Availability {
     /// Reads the `Available` condition: `True` → Available, `False` → Unavailable with its
@@ -185,6 +189,9 @@ pub enum Lookup<'a, B> {
 }
 
 // Manual impls: a derive would require `B: Clone`, but only references are copied.
+
+// === impl Lookup ===
+
 impl<B> Clone for Lookup<'_, B> {
     fn clone(&self) -> Self {
         *self
@@ -213,6 +220,8 @@ pub struct RouteTable<B> {
     /// Index of `v1.` when it is remote.
     legacy_core: Option<usize>,
 }
+
+// === impl RouteTable ===
 
 impl<B> Default for RouteTable<B> {
     fn default() -> Self {
@@ -351,6 +360,8 @@ pub struct DuplicateRoute<B> {
     pub kept: String,
 }
 
+// === impl DuplicateRoute ===
+
 impl<B> fmt::Display for DuplicateRoute<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let gv = self.api_service.group_version();
@@ -381,6 +392,8 @@ pub struct RouteTableBuilder<B> {
     by_group_version: HashMap<(Box<str>, Box<str>), usize>,
     duplicates: Vec<DuplicateRoute<B>>,
 }
+
+// === impl RouteTableBuilder ===
 
 impl<B> Default for RouteTableBuilder<B> {
     fn default() -> Self {

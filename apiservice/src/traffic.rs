@@ -79,6 +79,8 @@ pub struct ConnectionSettings {
     pub ping_timeout: Option<Duration>,
 }
 
+// === impl TrafficPolicy ===
+
 impl TrafficPolicy {
     pub fn from_annotations(annotations: &BTreeMap<String, String>) -> Self {
         let mut policy = Self::default();
@@ -143,6 +145,8 @@ impl TrafficPolicy {
         policy
     }
 }
+
+// === impl LongRunning ===
 
 impl LongRunning {
     pub fn is_empty(&self) -> bool {

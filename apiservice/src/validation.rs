@@ -34,6 +34,8 @@ pub enum FieldErrorKind {
     NotSupported,
 }
 
+// === impl FieldErrorKind ===
+
 impl FieldErrorKind {
     fn as_str(self) -> &'static str {
         match self {
@@ -56,6 +58,8 @@ pub enum FieldValue {
     Bool(bool),
 }
 
+// === impl FieldValue ===
+
 impl fmt::Display for FieldValue {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -77,6 +81,8 @@ pub struct FieldError {
     /// Detail after the value; may be empty (e.g. a bare `Required value`).
     pub message: String,
 }
+
+// === impl FieldError ===
 
 impl FieldError {
     fn required(field: &str, message: &str) -> Self {
@@ -138,6 +144,8 @@ pub struct ValidationErrors {
     pub errors: Vec<FieldError>,
 }
 
+// === impl ValidationErrors ===
+
 impl ValidationErrors {
     /// One line for logs and Status messages: `APIService "<name>" is invalid: <errors>`.
     pub fn summary(&self) -> String {
@@ -176,6 +184,8 @@ const DNS1035_LABEL_MSG: &str = "a DNS-1035 label must consist of lower case alp
     characters or '-', start with an alphabetic character, and end with an alphanumeric \
     character (e.g. 'my-name',  or 'abc-123', regex used for validation is \
     '[a-z]([-a-z0-9]*[a-z0-9])?')";
+
+// === impl RegisteredAPIService ===
 
 /// The validated form of an APIService: [`validate`], then defaults applied.
 impl TryFrom<&APIService> for RegisteredAPIService {
@@ -468,6 +478,8 @@ pub fn dns1035_label_errors(value: &str) -> Vec<String> {
 /// Displays a string the way Go's `%q` does for the characters that matter in API names:
 /// double quotes, backslash escapes, `\x` for other control bytes.
 struct GoQuoted<'a>(&'a str);
+
+// === impl GoQuoted ===
 
 impl fmt::Display for GoQuoted<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -230,6 +230,8 @@ pub struct Identity {
     pub key: PrivateKeyDer<'static>,
 }
 
+// === impl Identity ===
+
 impl Clone for Identity {
     fn clone(&self) -> Self {
         Self {
@@ -268,6 +270,8 @@ pub struct ServerTlsSettings {
     pub tls13_only: bool,
     pub cipher_suites: Vec<String>,
 }
+
+// === impl ServerTlsSettings ===
 
 impl ServerTlsSettings {
     pub fn files(&self) -> Vec<PathBuf> {
@@ -357,6 +361,8 @@ pub fn client_config(
 
 #[derive(Debug)]
 struct SkipServerVerification(Arc<CryptoProvider>);
+
+// === impl SkipServerVerification ===
 
 impl ServerCertVerifier for SkipServerVerification {
     fn verify_server_cert(

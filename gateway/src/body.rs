@@ -20,6 +20,8 @@ pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 pub struct Body(UnsyncBoxBody<Bytes, BoxError>);
 
+// === impl Body ===
+
 impl http_body::Body for Body {
     type Data = Bytes;
     type Error = BoxError;
@@ -97,6 +99,8 @@ pin_project_lite::pin_project! {
         inner: B,
     }
 }
+
+// === impl WithoutTrailers ===
 
 impl<B: http_body::Body> http_body::Body for WithoutTrailers<B> {
     type Data = B::Data;
@@ -187,6 +191,8 @@ pin_project_lite::pin_project! {
         guard: G,
     }
 }
+
+// === impl Guarded ===
 
 impl<B: http_body::Body, G> http_body::Body for Guarded<B, G> {
     type Data = B::Data;

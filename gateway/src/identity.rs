@@ -36,6 +36,8 @@ pub struct UserInfo {
     pub extra: BTreeMap<String, Vec<String>>,
 }
 
+// === impl UserInfo ===
+
 impl UserInfo {
     pub fn anonymous() -> Self {
         Self {
@@ -117,6 +119,8 @@ pub struct UnencodableIdentity {
     user: String,
     part: String,
 }
+
+// === impl UnencodableIdentity ===
 
 impl std::fmt::Display for UnencodableIdentity {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

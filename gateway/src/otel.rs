@@ -91,6 +91,8 @@ struct LoggedExporter<E> {
     failing: AtomicBool,
 }
 
+// === impl LoggedExporter ===
+
 impl<E: SpanExporter> SpanExporter for LoggedExporter<E> {
     async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
         let spans = batch.len();
@@ -130,6 +132,8 @@ impl<E: SpanExporter> SpanExporter for LoggedExporter<E> {
 #[derive(Clone)]
 pub struct RequestTrace(Arc<Shared>);
 
+// === impl RequestTrace ===
+
 impl RequestTrace {
     pub fn new(span: SpanContext) -> Self {
         Self(Arc::new(Shared {
@@ -165,6 +169,8 @@ pub fn propagate(req: &mut Request) {
 /// Reads the W3C headers of a request.
 pub struct HeaderExtractor<'a>(pub &'a HeaderMap);
 
+// === impl HeaderExtractor ===
+
 impl Extractor for HeaderExtractor<'_> {
     fn get(&self, key: &str) -> Option<&str> {
         self.0.get(key).and_then(|v| v.to_str().ok())
@@ -177,6 +183,8 @@ impl Extractor for HeaderExtractor<'_> {
 
 /// Writes them; an empty value (no `tracestate`) removes what the caller sent.
 struct HeaderInjector<'a>(&'a mut HeaderMap);
+
+// === impl HeaderInjector ===
 
 impl Injector for HeaderInjector<'_> {
     fn set(&mut self, key: &str, value: String) {

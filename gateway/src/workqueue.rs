@@ -41,6 +41,8 @@ pub struct Queue<K> {
     tx: mpsc::UnboundedSender<ScheduleRequest<K>>,
 }
 
+// === impl Queue ===
+
 impl<K> Clone for Queue<K> {
     fn clone(&self) -> Self {
         Self {
@@ -74,6 +76,8 @@ pub struct Backoff {
     pub max: Duration,
 }
 
+// === impl Backoff ===
+
 impl Backoff {
     fn start(self) -> ExponentialBackoff {
         ExponentialBuilder::default()
@@ -104,6 +108,8 @@ pub struct WorkQueue<K, O> {
     failing: HashMap<K, ExponentialBackoff>,
     backoff: Box<dyn Fn(&K) -> Backoff + Send + Sync>,
 }
+
+// === impl WorkQueue ===
 
 impl<K, O> WorkQueue<K, O>
 where

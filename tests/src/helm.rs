@@ -96,6 +96,71 @@ pub fn helm_template(files: &[PathBuf], sets: &[&str]) -> Result<String, String>
     }
 }
 
+/// The install notes (`templates/NOTES.txt`) `helm install` would print for an example (or the
+/// defaults) and `--set`s.
+///
+/// `helm template` never renders NOTES.txt, and `helm install --dry-run` needs a cluster, so a
+/// copy of the chart gets the notes as a named template plus a ConfigMap that includes it, and
+/// `helm template --show-only` renders that ConfigMap. The text is the same template with the same
+/// values, so what the test reads is what a user reads.
+pub fn render_notes(example: Option<&str>, sets: &[&str]) -> String {
+    let copy = tempfile::Builder::new()
+        .prefix("chart-notes-")
+        .tempdir()
+        .expect("a directory for the chart's copy");
+    let chart = copy.path().join("aggregation-gateway");
+    copy_dir(&chart_dir(), &chart);
+    let templates = chart.join("templates");
+    let notes = std::fs::read_to_string(templates.join("NOTES.txt")).expect("read NOTES.txt");
+    std::fs::write(
+        templates.join("_rendered_notes.tpl"),
+        format!("{{{{- define \"e2e.notes\" -}}}}\n{notes}{{{{- end }}}}\n"),
+    )
+    .unwrap();
+    std::fs::write(
+        templates.join("rendered-notes.yaml"),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: rendered-notes}\n\
+         data:\n  notes: {{ include \"e2e.notes\" . | toJson }}\n",
+    )
+    .unwrap();
+    let mut cmd = Command::new(helm());
+    cmd.args(["template", RELEASE])
+        .arg(&chart)
+        .args(["--namespace", NAMESPACE])
+        .args(["--show-only", "templates/rendered-notes.yaml"]);
+    if let Some(example) = example {
+        cmd.arg("--values").arg(example_file(example));
+    }
+    for s in sets {
+        cmd.args(["--set", s]);
+    }
+    let out = cmd.output().expect("run helm template");
+    assert!(
+        out.status.success(),
+        "rendering the notes ({} {sets:?}) failed:\n{}",
+        label(example),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let docs = split_documents(&String::from_utf8_lossy(&out.stdout));
+    docs[0]["data"]["notes"]
+        .as_str()
+        .expect("the rendered notes")
+        .to_owned()
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
 // === impl Rendered ===
 
 /// The rendered objects of one release.

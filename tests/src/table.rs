@@ -48,3 +48,49 @@ pub fn assert_rows_passed(context: &str, rows: usize, failures: &[String]) {
         failures.join("\n")
     );
 }
+
+/// One named check of a long session (a real control plane, a real node): an async function of
+/// the session's state.
+pub type Check<S> =
+    for<'a> fn(&'a S) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + 'a>>;
+
+/// Runs `checks` in order on `session`, each isolated from the others' panics, printing
+/// `<label>: <name> ...`, `passed` or `FAILED` with the time each took, and returns one line per
+/// failure naming the check. `<ONLY_ENV>=<text>` (e.g. `REAL_CHECKS`) runs only the checks whose
+/// name contains the text.
+pub async fn run_checks<S>(
+    label: &str,
+    only_env: &str,
+    session: &S,
+    checks: &[(&str, Check<S>)],
+) -> Vec<String> {
+    use futures::FutureExt;
+    let mut failures = Vec::new();
+    let only = std::env::var(only_env).ok().filter(|s| !s.is_empty());
+    for (name, check) in checks {
+        if only.as_deref().is_some_and(|only| !name.contains(only)) {
+            eprintln!("{label}: {name} not selected by {only_env}");
+            continue;
+        }
+        let started = std::time::Instant::now();
+        eprintln!("{label}: {name} ...");
+        let outcome = AssertUnwindSafe(check(session)).catch_unwind().await;
+        let took = started.elapsed();
+        match outcome {
+            Ok(()) => eprintln!("{label}: {name} passed ({took:.1?})"),
+            Err(panic) => {
+                eprintln!("{label}: {name} FAILED ({took:.1?})");
+                failures.push(format!("- {name}: {}", panic_message(panic.as_ref())));
+            }
+        }
+    }
+    failures
+}
+
+/// `&[(name, Check)]` from `"name" => async_fn` pairs, for [`run_checks`].
+#[macro_export]
+macro_rules! checks {
+    ($($name:literal => $f:path),* $(,)?) => {
+        &[$(($name, (|session| Box::pin($f(session))) as $crate::table::Check<_>)),*]
+    };
+}

@@ -124,3 +124,85 @@ async fn a_status_overwritten_behind_the_gateways_back_is_corrected_within_the_i
         .collect();
     assert!(writes.is_empty(), "writes while agreeing: {writes:#?}");
 }
+
+/// Issue 24, finding 4: a kube-apiserver core runs its own availability controller, which marked
+/// an APIService whose Service it could not see `False (ServiceNotFound)` while the gateway,
+/// which could reach the backend, wrote `True`: the condition flipped 5 times a minute. A core
+/// whose local APIServices carry kube-aggregator's `automanaged` label owns the condition; the
+/// gateway writes none there, and still routes by its own probes.
+#[tokio::test]
+async fn the_gateway_writes_no_status_on_a_core_that_runs_its_own_availability_controller() {
+    let s = Scenario::wardle().availability_interval("1s").start().await;
+    // What kube-apiserver registers for each built-in group, with the condition it writes.
+    let local = json!({
+        "apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
+        "metadata": {"name": "v1.apps",
+                     "labels": {"kube-aggregator.kubernetes.io/automanaged": "onstart"}},
+        "spec": {"group": "apps", "version": "v1", "groupPriorityMinimum": 17800, "versionPriority": 15},
+    });
+    let req = http::Request::post(format!(
+        "{}/apis/apiregistration.k8s.io/v1/apiservices",
+        s.core.url()
+    ))
+    .header("content-type", "application/json")
+    .body(Full::new(Bytes::from(local.to_string())))
+    .unwrap();
+    let (status, _, body) = harness::send(&core_client(), req).await.unwrap();
+    assert_eq!(
+        status,
+        StatusCode::CREATED,
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+
+    let api = s
+        .pki
+        .apiservice(e2e::scenario::WARDLE_GROUP, "v1alpha1", "wardle");
+    s.kubectl(&s.user("alice", &[]))
+        .apply_yaml(&api.yaml())
+        .await;
+    // The core's own controller, which cannot see the Service, says so.
+    let theirs = json!({"status": {"conditions": [{
+        "type": "Available", "status": "False", "reason": "ServiceNotFound",
+        "message": "service/api in \"wardle\" is not present",
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+    }]}});
+    let req = http::Request::patch(format!(
+        "{}{APISERVICE}/status?fieldManager=kube-apiserver",
+        s.core.url()
+    ))
+    .header("content-type", "application/merge-patch+json")
+    .body(Full::new(Bytes::from(theirs.to_string())))
+    .unwrap();
+    let (status, _, _) = harness::send(&core_client(), req).await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+
+    // The gateway routes wardle by its own probe...
+    let alice = s.user("alice", &["dev"]);
+    let routed = harness::wait_until(Duration::from_secs(10), || async {
+        s.kubectl(&alice)
+            .run(&["get", "flunders", "-A"])
+            .await
+            .success()
+    })
+    .await;
+    assert!(routed, "the gateway never routed wardle\n{}", s.logs());
+    // ...and over several availability intervals writes nothing over the core's condition.
+    clear_core_requests(&s.core).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let writes: Vec<Value> = core_requests(&s.core)
+        .await
+        .into_iter()
+        .filter(|r| r["method"] == "PATCH" || r["method"] == "PUT")
+        .filter(|r| r["path"].as_str().is_some_and(|p| p.contains("/status")))
+        .collect();
+    assert!(
+        writes.is_empty(),
+        "status writes on a core that owns them: {writes:#?}"
+    );
+    assert_eq!(
+        available_condition(&s.core, NAME).await,
+        Some(("False".into(), "ServiceNotFound".into())),
+        "the core's condition stays"
+    );
+}

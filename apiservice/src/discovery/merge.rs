@@ -10,7 +10,9 @@
 //!   `AggregatorSource` beats `BuiltinSource`/`CRDSource`); its entry is `Current` when the last
 //!   fetch succeeded and `Stale` otherwise, keeping the last resources (version only if none);
 //! * a local APIService keeps the core's resources and freshness but brings its own priorities;
-//!   if the core does not serve that group-version, the entry is empty (version only, `Current`);
+//!   if the core does not list that group-version (yet), it is left out: kube-aggregator's
+//!   aggregated discovery takes local group-versions from the core's own, and an entry without
+//!   resources would tell kubectl the group has none;
 //! * the core's groups without an APIService keep the order the core publishes them in, and their
 //!   versions the core's order (its preferred version first): with no APIService of its own, the
 //!   gateway's `/apis` is the core's. No table of one Kubernetes release decides it;
@@ -76,6 +78,8 @@ pub struct RemoteDiscovery {
     pub fresh: bool,
 }
 
+// === impl RemoteDiscovery ===
+
 impl RemoteDiscovery {
     /// Nothing fetched yet.
     pub fn never_fetched() -> Self {
@@ -132,6 +136,8 @@ pub struct APIServiceDiscovery<'a> {
     pub remote: Option<&'a RemoteDiscovery>,
 }
 
+// === impl APIServiceDiscovery ===
+
 impl<'a> APIServiceDiscovery<'a> {
     pub fn new(apiservice: &'a RegisteredAPIService, remote: Option<&'a RemoteDiscovery>) -> Self {
         Self { apiservice, remote }
@@ -150,6 +156,8 @@ pub struct AggregatedDocument {
     /// v2beta1 on the way out); `Vary: Accept` keeps caches apart.
     pub etag: String,
 }
+
+// === impl AggregatedDocument ===
 
 impl AggregatedDocument {
     fn new(items: &[u8]) -> Self {
@@ -186,6 +194,8 @@ pub struct MergedDiscovery {
     pub groups_legacy: HashMap<String, Bytes>,
 }
 
+// === impl MergedDiscovery ===
+
 impl MergedDiscovery {
     /// The legacy `APIGroup` body for `/apis/<group>`, if the gateway answers it.
     pub fn group_legacy(&self, group: &str) -> Option<&Bytes> {
@@ -219,6 +229,8 @@ struct Sorted<'a> {
     core_position: usize,
     versions: Vec<(&'a str, Slot<'a>)>,
 }
+
+// === impl Sorted ===
 
 impl<'a> Sorted<'a> {
     fn out(&self) -> GroupOut<'a> {
@@ -256,11 +268,16 @@ pub fn merge(
     core: &CoreDiscovery,
     apiservices: &[APIServiceDiscovery<'_>],
 ) -> Result<MergedDiscovery, DiscoveryError> {
-    let mut groups: HashMap<&str, GroupSlots<'_>> = HashMap::new();
+    let mut groups = core_slots(core);
+    apiservice_slots(&mut groups, apiservices);
+    let sorted = order(groups);
+    render(&sorted)
+}
 
-    // 1. The core's group-versions, where the core lists them. A group (or group-version)
-    //    listed twice keeps its first occurrence (the documents are given, so this is
-    //    deterministic).
+/// 1. The core's group-versions, where the core lists them. A group (or group-version) listed
+///    twice keeps its first occurrence (the documents are given, so this is deterministic).
+fn core_slots(core: &CoreDiscovery) -> HashMap<&str, GroupSlots<'_>> {
+    let mut groups: HashMap<&str, GroupSlots<'_>> = HashMap::new();
     for (position, item) in core
         .api
         .items
@@ -287,7 +304,14 @@ pub fn merge(
         }
     }
 
-    // 2. APIServices, one per group-version, chosen by a total order.
+    groups
+}
+
+/// 2. APIServices, one per group-version, chosen by a total order.
+fn apiservice_slots<'a>(
+    groups: &mut HashMap<&'a str, GroupSlots<'a>>,
+    apiservices: &'a [APIServiceDiscovery<'a>],
+) {
     let mut ordered: Vec<&APIServiceDiscovery<'_>> = apiservices
         .iter()
         .filter(|a| !a.apiservice.version.is_empty())
@@ -321,11 +345,13 @@ pub fn merge(
                 core_position: usize::MAX,
                 ..GroupSlots::default()
             });
-        slots.has_apiservice = true;
         let (resources, freshness): (&[APIResourceDiscovery], Option<&str>) = if svc.is_local() {
             match slots.versions.get(svc.version.as_str()) {
                 Some(core) => (core.resources, core.freshness),
-                None => (&[], Some(FRESHNESS_CURRENT)),
+                // Not served by the core (yet): kube-apiserver registers a CRD's local
+                // APIService before its discovery lists the resources, and an entry without
+                // them makes kubectl answer "no matches for kind" (issue 31).
+                None => continue,
             }
         } else {
             let resources = a.remote.and_then(|r| r.resources.as_deref()).unwrap_or(&[]);
@@ -339,6 +365,7 @@ pub fn merge(
                 }),
             )
         };
+        slots.has_apiservice = true;
         let core_position = slots
             .versions
             .get(svc.version.as_str())
@@ -353,9 +380,11 @@ pub fn merge(
             },
         );
     }
+}
 
-    // 3. Order versions within groups, then groups: the core's keep its order, those of
-    //    APIServices are placed around them by priority.
+/// 3. Order versions within groups, then groups: the core's keep its order, those of
+///    APIServices are placed around them by priority.
+fn order<'a>(groups: HashMap<&'a str, GroupSlots<'a>>) -> Vec<Sorted<'a>> {
     let (mut anchored, mut placed): (Vec<Sorted<'_>>, Vec<Sorted<'_>>) = groups
         .into_iter()
         .filter(|(_, slots)| !slots.versions.is_empty())
@@ -389,7 +418,11 @@ pub fn merge(
     // The aggregator's own group leads whatever its priority (a stable sort keeps the rest).
     sorted.sort_by_key(|g| g.name != APIREGISTRATION_GROUP);
 
-    // 4. Render.
+    sorted
+}
+
+/// 4. Render: the aggregated `/apis` and `/api`, then the legacy documents.
+fn render(sorted: &[Sorted<'_>]) -> Result<MergedDiscovery, DiscoveryError> {
     let ser = |document: &str| {
         let document = document.to_owned();
         move |source| DiscoveryError::Serialize { document, source }
@@ -407,7 +440,21 @@ pub fn merge(
     let apis = AggregatedDocument::new(&items_bytes(&apis_items).map_err(ser("/apis"))?);
     let api = AggregatedDocument::new(&items_bytes(&api_items).map_err(ser("/api"))?);
 
-    // Legacy documents: `/apis` lists every group; `/apis/<group>` only for APIService groups.
+    let (apis_legacy, groups_legacy) = legacy(sorted)?;
+    Ok(MergedDiscovery {
+        apis,
+        api,
+        apis_legacy,
+        groups_legacy,
+    })
+}
+
+/// Legacy documents: `/apis` lists every group; `/apis/<group>` only for APIService groups.
+fn legacy(sorted: &[Sorted<'_>]) -> Result<(Bytes, HashMap<String, Bytes>), DiscoveryError> {
+    let ser = |document: &str| {
+        let document = document.to_owned();
+        move |source| DiscoveryError::Serialize { document, source }
+    };
     let named: Vec<&Sorted<'_>> = sorted.iter().filter(|g| !g.name.is_empty()).collect();
     let group_versions: Vec<Vec<GroupVersionForDiscovery>> = named
         .iter()
@@ -450,13 +497,7 @@ pub fn merge(
             .collect(),
     };
     let apis_legacy = serde_json::to_vec(&list).map_err(ser("legacy /apis"))?;
-
-    Ok(MergedDiscovery {
-        apis,
-        api,
-        apis_legacy: Bytes::from(apis_legacy),
-        groups_legacy,
-    })
+    Ok((Bytes::from(apis_legacy), groups_legacy))
 }
 
 #[cfg(test)]
@@ -678,7 +719,11 @@ mod tests {
 
     #[test]
     fn ordering_and_tie_cases() {
-        let c = core(vec![], vec![]);
+        // The core serves apiregistration.k8s.io, which a local APIService below names.
+        let c = core(
+            vec![],
+            vec![group("apiregistration.k8s.io", &[("v1", &["apiservices"])])],
+        );
         let services = [
             // Same group priority: ties broken by group name.
             svc("zeta.example.com", "v1", 500, 10, true),
@@ -804,15 +849,21 @@ mod tests {
         .unwrap();
         let l = layout(&merged.apis.v2);
         assert_eq!(names(&l), ["stable.example.com", "apps"]);
-        assert_eq!(l[0].1, ["v1", "v2", "v3"]);
+        // v3 is not listed by the core (yet): left out, rather than an entry without resources
+        // that kubectl would believe (issue 31).
+        assert_eq!(l[0].1, ["v1", "v2"]);
         let v1 = version_entry(&merged.apis.v2, "stable.example.com", "v1");
         assert_eq!(v1["resources"][0]["resource"], "crontabs");
         assert_eq!(v1["freshness"], "Current");
-        // Not served by the core: empty entry.
-        let v3 = version_entry(&merged.apis.v2, "stable.example.com", "v3");
+        let legacy = json(merged.group_legacy("stable.example.com").unwrap());
+        assert!(!legacy["versions"].to_string().contains("v3"), "{legacy}");
+        // A group the core does not list at all is not listed either.
+        let absent = svc("later.example.com", "v1", 19000, 1, false);
+        let merged_absent = merge(&c, &[APIServiceDiscovery::new(&absent, None)]).unwrap();
+        assert!(merged_absent.group_legacy("later.example.com").is_none());
         assert_eq!(
-            v3,
-            serde_json::json!({"version": "v3", "freshness": "Current"})
+            names(&layout(&merged_absent.apis.v2)),
+            ["apps", "stable.example.com"]
         );
         let group = json(merged.group_legacy("stable.example.com").unwrap());
         assert_eq!(group["preferredVersion"]["version"], "v1");

@@ -41,6 +41,8 @@ pub enum Negotiated {
     Legacy,
 }
 
+// === impl Negotiated ===
+
 impl Negotiated {
     /// The `Content-Type` to answer with.
     pub fn content_type(self) -> &'static str {
@@ -66,6 +68,8 @@ struct Clause<'a> {
     index: usize,
     params: &'a str,
 }
+
+// === impl Clause ===
 
 impl Clause<'_> {
     /// `0` concrete type and subtype, `1` subtype wildcard, `2` full wildcard.

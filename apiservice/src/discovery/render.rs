@@ -64,6 +64,8 @@ pub(super) fn items_bytes(groups: &[GroupOut<'_>]) -> Result<Vec<u8>, serde_json
 
 struct Meta<'a>(&'a str);
 
+// === impl Meta ===
+
 impl Serialize for Meta<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut m = s.serialize_map(None)?;
@@ -73,6 +75,8 @@ impl Serialize for Meta<'_> {
         m.end()
     }
 }
+
+// === impl GroupOut ===
 
 impl Serialize for GroupOut<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -84,6 +88,8 @@ impl Serialize for GroupOut<'_> {
         m.end()
     }
 }
+
+// === impl VersionOut ===
 
 impl Serialize for VersionOut<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -102,6 +108,8 @@ impl Serialize for VersionOut<'_> {
 /// A slice rendered through a view constructor.
 struct Seq<'a, T, V>(&'a [T], fn(&'a T) -> V);
 
+// === impl Seq ===
+
 impl<'a, T, V: Serialize> Serialize for Seq<'a, T, V> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut seq = s.serialize_seq(Some(self.0.len()))?;
@@ -117,6 +125,8 @@ impl<'a, T, V: Serialize> Serialize for Seq<'a, T, V> {
 /// panicked on nil, kubernetes/kubernetes#118361).
 struct Gvk<'a>(Option<&'a GroupVersionKind>);
 
+// === impl Gvk ===
+
 impl Serialize for Gvk<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let field = |f: fn(&GroupVersionKind) -> &Option<String>| {
@@ -131,6 +141,8 @@ impl Serialize for Gvk<'_> {
 }
 
 struct Resource<'a>(&'a APIResourceDiscovery);
+
+// === impl Resource ===
 
 impl Serialize for Resource<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -158,6 +170,8 @@ impl Serialize for Resource<'_> {
 }
 
 struct Subresource<'a>(&'a APISubresourceDiscovery);
+
+// === impl Subresource ===
 
 impl Serialize for Subresource<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {

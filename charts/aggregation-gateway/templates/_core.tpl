@@ -8,6 +8,22 @@ gateway's shutdown delay + timeout keeps it serving until the gateway is done.
 {{- define "aggregation-gateway.coreContainer" -}}
 {{- $root := .root }}
 {{- $s := $root.Values.core.sidecar }}
+{{- /* The kubelet sends httpGet, tcpSocket and grpc probes to the Pod IP. A core whose arguments
+bind it to loopback can never pass one: a native sidecar would never count as started, the
+gateway would never start, and the core would be restarted forever. */}}
+{{- $loopback := "" }}
+{{- range $s.args }}
+{{- if regexMatch `^--(bind-address|address|listen-address|host)=(127\.0\.0\.1|localhost|::1|\[::1\])$` (toString .) }}{{ $loopback = toString . }}{{ end }}
+{{- end }}
+{{- if $loopback }}
+{{- range $probe := list "startupProbe" "livenessProbe" "readinessProbe" }}
+{{- range $kind := list "httpGet" "tcpSocket" "grpc" }}
+{{- if hasKey (get $s $probe | default dict) $kind }}
+{{- fail (printf "core.sidecar.%s.%s: the core listens on loopback (%s) but the kubelet sends %s probes to the Pod IP, so it would never pass; use an exec probe or none (the gateway's readiness check core-server already waits for the core)" $probe $kind $loopback $kind) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
 name: {{ $s.name }}
 image: {{ printf "%s:%s" $s.image.repository (toString $s.image.tag) }}
 imagePullPolicy: {{ $s.image.pullPolicy }}
@@ -108,8 +124,31 @@ there are none); see core-manifests.yaml. Also validates crd.create and rbac.cor
   "roleRef" (dict "apiGroup" "rbac.authorization.k8s.io" "kind" "ClusterRole" "name" (include "aggregation-gateway.fullname" $root))
   "subjects" $subjects) }}
 {{- end }}
-{{- /* The leader-election Lease's Role, in the Lease's namespace on the core. */}}
+{{- /* The authentication ConfigMap's Role in kube-system on the core, as in this cluster for the
+ServiceAccount (rbac-authentication.yaml). */}}
+{{- if include "aggregation-gateway.managesAuthenticationConfigMap" $root }}
+{{- $role := include "aggregation-gateway.authenticationRole" (dict "root" $root "labels" "aggregation-gateway.coreLabels") | fromYaml }}
+{{- $rbac = append $rbac $role }}
+{{- if $subjects }}
+{{- $rbac = append $rbac (dict
+  "apiVersion" "rbac.authorization.k8s.io/v1"
+  "kind" "RoleBinding"
+  "metadata" (dict "name" $role.metadata.name "namespace" $role.metadata.namespace "labels" (include "aggregation-gateway.coreLabels" $root | fromYaml))
+  "roleRef" (dict "apiGroup" "rbac.authorization.k8s.io" "kind" "Role" "name" $role.metadata.name)
+  "subjects" $subjects) }}
+{{- end }}
+{{- end }}
+{{- /* The leader-election Lease's Role, in the Lease's namespace on the core. A fresh core has
+only its built-in namespaces: the Lease's (by default the release namespace, which exists in this
+cluster, not on the core) comes first, or the Role and the Lease cannot be created. */}}
 {{- if include "aggregation-gateway.leaderElection" $root }}
+{{- $leaseNamespace := include "aggregation-gateway.leaseNamespace" $root }}
+{{- if not (has $leaseNamespace (list "default" "kube-system" "kube-public" "kube-node-lease")) }}
+{{- $rbac = append $rbac (dict
+  "apiVersion" "v1"
+  "kind" "Namespace"
+  "metadata" (dict "name" $leaseNamespace "labels" (include "aggregation-gateway.coreLabels" $root | fromYaml))) }}
+{{- end }}
 {{- $role := include "aggregation-gateway.leaderElectionRole" (dict "root" $root "labels" "aggregation-gateway.coreLabels") | fromYaml }}
 {{- $rbac = append $rbac $role }}
 {{- if $subjects }}

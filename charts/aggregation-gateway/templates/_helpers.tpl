@@ -128,9 +128,15 @@ is on, as a YAML list ("" when there are none).
 */}}
 {{- define "aggregation-gateway.rbacRules" -}}
 {{- $rules := list }}
-{{- if eq .Values.apiServices.source "kube" }}
+{{- /* The core's discovery is merged whatever the source, and kept fresh by watching the two
+resources it is made of (kube-apiserver lists a CRD group once established, and a local APIService
+per group); without them it is polled. The kube source reads APIServices from the same watch. */}}
+{{- $rules = append $rules (dict "apiGroups" (list "apiextensions.k8s.io") "resources" (list "customresourcedefinitions") "verbs" (list "get" "list" "watch")) }}
 {{- $rules = append $rules (dict "apiGroups" (list "apiregistration.k8s.io") "resources" (list "apiservices") "verbs" (list "get" "list" "watch")) }}
-{{- $rules = append $rules (dict "apiGroups" (list "apiregistration.k8s.io") "resources" (list "apiservices/status") "verbs" (list "update" "patch")) }}
+{{- if eq .Values.apiServices.source "kube" }}
+{{- /* The Available condition is read back (get) before it is patched, as kube-aggregator's
+availability controller does. */}}
+{{- $rules = append $rules (dict "apiGroups" (list "apiregistration.k8s.io") "resources" (list "apiservices/status") "verbs" (list "get" "update" "patch")) }}
 {{- end }}
 {{- if and .Values.serviceResolution.enabled (ne .Values.apiServices.source "none") }}
 {{- $rules = append $rules (dict "apiGroups" (list "") "resources" (list "services") "verbs" (list "get" "list" "watch")) }}
@@ -172,6 +178,26 @@ by name, and create it (create cannot be limited by name). Context: dict "root" 
   "rules" (list
     (dict "apiGroups" (list "coordination.k8s.io") "resources" (list "leases") "resourceNames" (list (include "aggregation-gateway.leaseName" $root)) "verbs" (list "get" "update"))
     (dict "apiGroups" (list "coordination.k8s.io") "resources" (list "leases") "verbs" (list "create")))) }}
+{{- end }}
+
+{{/* "true" when the gateway keeps kube-system/extension-apiserver-authentication on the core. */}}
+{{- define "aggregation-gateway.managesAuthenticationConfigMap" -}}
+{{- if ne (toString (dig "manageExtensionApiserverAuthentication" true .Values.extraConfig)) "false" }}true{{ end }}
+{{- end }}
+
+{{/*
+The Role for kube-system/extension-apiserver-authentication, as a YAML object: that one ConfigMap
+by name, and create (which cannot be limited by name). Context: dict "root" $ "labels" include-name.
+*/}}
+{{- define "aggregation-gateway.authenticationRole" -}}
+{{- $root := .root }}
+{{- toYaml (dict
+  "apiVersion" "rbac.authorization.k8s.io/v1"
+  "kind" "Role"
+  "metadata" (dict "name" (printf "%s-authentication" (include "aggregation-gateway.fullname" $root)) "namespace" "kube-system" "labels" (include .labels $root | fromYaml))
+  "rules" (list
+    (dict "apiGroups" (list "") "resources" (list "configmaps") "resourceNames" (list "extension-apiserver-authentication") "verbs" (list "get" "list" "watch" "update"))
+    (dict "apiGroups" (list "") "resources" (list "configmaps") "verbs" (list "create")))) }}
 {{- end }}
 
 {{/*

@@ -33,6 +33,8 @@ pub struct ServingTls {
     _watcher: notify::RecommendedWatcher,
 }
 
+// === impl ServingTls ===
+
 impl ServingTls {
     /// Loads (or generates) the serving certificate and the client CAs, and watches their files.
     pub fn start(
@@ -138,6 +140,8 @@ pub struct ProxyIdentityReload {
     _tx: Arc<watch::Sender<Option<Arc<Identity>>>>,
     _watcher: Option<notify::RecommendedWatcher>,
 }
+
+// === impl ProxyIdentityReload ===
 
 impl ProxyIdentityReload {
     /// Loads the proxy client certificate and reloads it whenever its files change. A pair that

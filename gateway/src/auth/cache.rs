@@ -31,6 +31,8 @@ const SHARDS: usize = 16;
 #[derive(Default, Clone, Copy)]
 struct DigestHasher(u64);
 
+// === impl DigestHasher ===
+
 impl Hasher for DigestHasher {
     fn finish(&self) -> u64 {
         self.0
@@ -47,6 +49,8 @@ impl Hasher for DigestHasher {
 
 #[derive(Default, Clone, Copy)]
 struct DigestState;
+
+// === impl DigestState ===
 
 impl BuildHasher for DigestState {
     type Hasher = DigestHasher;
@@ -71,6 +75,8 @@ pub struct TtlCache<V, E = ()> {
     /// Look-ups under way, so concurrent misses for one key make one call.
     in_flight: Mutex<HashMap<Key, Flight<V, E>, DigestState>>,
 }
+
+// === impl TtlCache ===
 
 impl<V: Clone, E: Clone> TtlCache<V, E> {
     /// `capacity` entries at most (rounded up to a multiple of the shard count).
@@ -187,6 +193,8 @@ struct ForgetFlight<'a, V, E> {
     key: Key,
     flight: &'a Flight<V, E>,
 }
+
+// === impl ForgetFlight ===
 
 impl<V, E> Drop for ForgetFlight<'_, V, E> {
     fn drop(&mut self) {

@@ -88,6 +88,8 @@ pub struct Authenticated {
     pub impersonation_headers: Vec<(HeaderName, HeaderValue)>,
 }
 
+// === impl Authenticated ===
+
 impl Authenticated {
     /// The user the request acts as: the impersonated user if any, else the requestor.
     pub fn user(&self) -> &Arc<UserInfo> {
@@ -135,6 +137,8 @@ pub struct Authenticator {
     client: kube::Client,
     impersonation_cache: DecisionCache,
 }
+
+// === impl Authenticator ===
 
 impl Authenticator {
     pub fn new(

@@ -114,6 +114,8 @@ struct LastCheck {
     check: CertCheck,
 }
 
+// === impl PeerCertificates ===
+
 impl PeerCertificates {
     pub fn new(chain: Vec<CertificateDer<'static>>) -> Self {
         Self {
@@ -149,6 +151,8 @@ pub struct CertAuthenticator {
     allowed_names: Vec<String>,
     verifiers: ArcSwap<Verifiers>,
 }
+
+// === impl CertAuthenticator ===
 
 impl CertAuthenticator {
     pub fn new(

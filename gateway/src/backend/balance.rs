@@ -40,6 +40,15 @@ const MAX_PROBES: u32 = 20;
 pub type ProbeFn =
     Arc<dyn Fn(Authority) -> Pin<Box<dyn Future<Output = bool> + Send>> + Send + Sync>;
 
+/// Why no endpoint could be picked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PickError {
+    #[error("the Service has no endpoints")]
+    NoEndpoints,
+    #[error("resolved address {0:?} is not valid")]
+    InvalidAddress(String),
+}
+
 /// The endpoints of one Service and their health; see the module docs.
 pub struct Balancer {
     endpoints: Mutex<HashMap<Endpoint, Arc<EndpointHealth>>>,
@@ -70,6 +79,8 @@ pub struct Picked {
     pub health: Arc<EndpointHealth>,
 }
 
+// === impl Picked ===
+
 impl Drop for Picked {
     fn drop(&mut self) {
         self.health.in_flight.fetch_sub(1, Ordering::Relaxed);
@@ -79,6 +90,8 @@ impl Drop for Picked {
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
+
+// === impl Balancer ===
 
 impl Balancer {
     pub fn new(probe: ProbeFn) -> Arc<Self> {
@@ -95,21 +108,21 @@ impl Balancer {
         &self,
         candidates: &[Endpoint],
         avoid: Option<&Authority>,
-    ) -> Result<Picked, String> {
+    ) -> Result<Picked, PickError> {
         let mut endpoints = lock(&self.endpoints);
         // Pods come and go: forget endpoints the Service no longer has (an ejected one is kept
         // until its probes end, so its ejection count survives a brief absence).
         if endpoints.len() > 2 * candidates.len() + 16 {
             endpoints.retain(|e, h| candidates.contains(e) || lock(&h.state).ejected);
         }
-        let mut health = |e: &Endpoint| -> Result<Arc<EndpointHealth>, String> {
+        let mut health = |e: &Endpoint| -> Result<Arc<EndpointHealth>, PickError> {
             if let Some(h) = endpoints.get(e) {
                 return Ok(h.clone());
             }
             let authority: Authority = e
                 .authority()
                 .parse()
-                .map_err(|_| format!("resolved address {:?} is not valid", e.authority()))?;
+                .map_err(|_| PickError::InvalidAddress(e.authority()))?;
             let h = Arc::new(EndpointHealth {
                 authority,
                 in_flight: AtomicUsize::new(0),
@@ -121,7 +134,7 @@ impl Balancer {
         let chosen = if candidates.len() <= 1 {
             match candidates.first() {
                 Some(e) => health(e)?,
-                None => return Err("the Service has no endpoints".into()),
+                None => return Err(PickError::NoEndpoints),
             }
         } else {
             let mut usable = Vec::with_capacity(candidates.len());

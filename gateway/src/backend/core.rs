@@ -57,6 +57,8 @@ enum HttpClient {
     Unix(Client<UnixConnector, Body>),
 }
 
+// === impl HttpClient ===
+
 impl HttpClient {
     /// Sends `req`, again on another connection when the core refused it unprocessed (see
     /// `retry`). Only HTTPS can carry HTTP/2 (chosen by ALPN), whose GOAWAY refuses streams
@@ -212,6 +214,8 @@ async fn resolve(cfg: &CoreConfig) -> Result<Resolved, CoreSetupError> {
     Ok(resolved)
 }
 
+// === impl CoreSetupError ===
+
 impl CoreSetupError {
     /// The flag whose value is at fault, for the one-line configuration refusal.
     pub fn flag(&self) -> &'static str {
@@ -301,6 +305,8 @@ fn tcp_client(
     };
     Ok(super::client_builder().build(connector))
 }
+
+// === impl CoreBackend ===
 
 impl CoreBackend {
     /// Rebuilds the proxy-certificate clients whenever the certificate is rotated; runs until

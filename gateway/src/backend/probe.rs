@@ -30,7 +30,8 @@ use hyper_util::client::legacy::Client;
 use rustls::pki_types::ServerName;
 
 use crate::body::{self, Body};
-use crate::identity::{set_identity_headers, UserInfo};
+use crate::error::GatewayError;
+use crate::identity::{set_identity_headers, UnencodableIdentity, UserInfo};
 
 /// kube-aggregator's number of parallel attempts per check.
 pub const ATTEMPTS: usize = 5;
@@ -41,6 +42,42 @@ pub const TIMEOUT: Duration = Duration::from_secs(5);
 /// How much of a discovery document is read (and thrown away) per attempt, and for how long.
 const BODY_LIMIT: usize = 1 << 20;
 const BODY_WAIT: Duration = Duration::from_secs(1);
+
+/// Why a check failed, in upstream's words: the text becomes the `FailedDiscoveryCheck`
+/// message of the APIService's `Available` condition.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// The check's time ran out before any attempt could be made (waiting for another check's
+    /// dial).
+    #[error("no attempt was made")]
+    NoAttempt,
+    #[error("failing or missing response: timed out after {}s", .after.as_secs())]
+    TimedOut { after: Duration },
+    /// No endpoint to check (the Service does not resolve, or to an invalid address).
+    #[error(transparent)]
+    Unresolved(Box<GatewayError>),
+    #[error(transparent)]
+    Request(#[from] http::Error),
+    #[error(transparent)]
+    Identity(#[from] UnencodableIdentity),
+    #[error("failing or missing response from {authority}: timed out after {}s", .after.as_secs())]
+    AttemptTimedOut {
+        authority: Authority,
+        after: Duration,
+    },
+    /// The connection or the exchange failed. `error` is written out with its causes in the
+    /// message (the condition has no room for a chain), so it is not also a `source`.
+    #[error("failing or missing response from {authority}: {}", crate::error::chain(.error))]
+    Failed {
+        authority: Authority,
+        error: hyper_util::client::legacy::Error,
+    },
+    #[error("bad status from {authority}: {}", .status.as_u16())]
+    BadStatus {
+        authority: Authority,
+        status: http::StatusCode,
+    },
+}
 
 type ProbeClient = Client<HttpsConnector<HttpConnector>, Body>;
 
@@ -62,6 +99,8 @@ struct Connections {
     answered: AtomicBool,
 }
 
+// === impl Connections ===
+
 impl Connections {
     fn new(tls: rustls::ClientConfig, server_name: ServerName<'static>) -> Arc<Self> {
         Arc::new(Self {
@@ -70,6 +109,8 @@ impl Connections {
         })
     }
 }
+
+// === impl Probe ===
 
 impl Probe {
     pub fn new(tls: rustls::ClientConfig, server_name: ServerName<'static>) -> Self {
@@ -87,21 +128,16 @@ impl Probe {
     /// passed at the first 2xx; otherwise the last attempt's error, and the connections dropped.
     pub async fn check(
         &self,
-        resolve: impl Fn() -> Result<Authority, String>,
+        resolve: impl Fn() -> Result<Authority, ProbeError>,
         path: &str,
         user: &UserInfo,
-    ) -> Result<(), String> {
+    ) -> Result<(), ProbeError> {
         let client = self.client();
         // The whole check, waiting for another check's dial included, takes at most one
         // attempt's time: a hung backend is reported as soon as upstream's would be.
         let deadline = tokio::time::Instant::now() + TIMEOUT;
-        let timed_out = || {
-            format!(
-                "failing or missing response: timed out after {}s",
-                TIMEOUT.as_secs()
-            )
-        };
-        let mut last = String::from("no attempt was made");
+        let timed_out = || ProbeError::TimedOut { after: TIMEOUT };
+        let mut last = ProbeError::NoAttempt;
         let mut parallel = ATTEMPTS;
         if !client.answered.load(Ordering::Acquire) {
             // Another check may be dialing: wait for it rather than dial beside it.
@@ -128,7 +164,7 @@ impl Probe {
                 Ok(Some(Err(e))) => last = e,
                 Ok(None) => break,
                 Err(_) => {
-                    if last == "no attempt was made" {
+                    if matches!(last, ProbeError::NoAttempt) {
                         last = timed_out();
                     }
                     break;
@@ -159,31 +195,25 @@ impl Probe {
 /// One GET with upstream's messages for what went wrong.
 async fn attempt(
     connections: &Connections,
-    authority: Result<Authority, String>,
+    authority: Result<Authority, ProbeError>,
     path: &str,
     user: &UserInfo,
-) -> Result<(), String> {
+) -> Result<(), ProbeError> {
     let authority = authority?;
     let mut req = http::Request::builder()
         .method(Method::GET)
         .uri(format!("https://{authority}{path}"))
         .header(http::header::ACCEPT, "application/json")
-        .body(body::empty())
-        .map_err(|e| e.to_string())?;
-    set_identity_headers(req.headers_mut(), user).map_err(|e| e.to_string())?;
+        .body(body::empty())?;
+    set_identity_headers(req.headers_mut(), user)?;
     let resp = match tokio::time::timeout(TIMEOUT, connections.client.request(req)).await {
         Err(_) => {
-            return Err(format!(
-                "failing or missing response from {authority}: timed out after {}s",
-                TIMEOUT.as_secs()
-            ))
+            return Err(ProbeError::AttemptTimedOut {
+                authority,
+                after: TIMEOUT,
+            })
         }
-        Ok(Err(e)) => {
-            return Err(format!(
-                "failing or missing response from {authority}: {}",
-                crate::error::chain(&e)
-            ))
-        }
+        Ok(Err(error)) => return Err(ProbeError::Failed { authority, error }),
         Ok(Ok(resp)) => resp,
     };
     connections.answered.store(true, Ordering::Release);
@@ -199,7 +229,7 @@ async fn attempt(
     if status.is_success() {
         Ok(())
     } else {
-        Err(format!("bad status from {authority}: {}", status.as_u16()))
+        Err(ProbeError::BadStatus { authority, status })
     }
 }
 

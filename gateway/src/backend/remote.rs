@@ -30,7 +30,7 @@ use crate::workqueue::Queue;
 use super::balance::Picked;
 use super::failures::{FailureSignal, Watched};
 use super::pool::{Connector, PoolError, PoolSettings, ServiceConnections};
-use super::probe::Probe;
+use super::probe::{Probe, ProbeError};
 use super::retry::{self, Failure, Replay};
 use crate::backend::proxy::{self, Upstream};
 use crate::body::{self, Body, Request, Response};
@@ -342,7 +342,7 @@ impl RemoteBackend {
         self.connections
             .balancer()
             .pick(endpoints, avoid)
-            .map_err(|e| self.unavailable(e))
+            .map_err(|e| self.unavailable(e.to_string()))
     }
 
     /// Sends `req` (prepared for `first`) and, when it fails in a way `retry` allows, again on
@@ -417,7 +417,7 @@ impl RemoteBackend {
     /// The availability probe: `GET /apis/<group>/<version>` (`/api/<version>` for the legacy
     /// core group) on the probe's own connections to the Service, as [`DISCOVERY_USER`]; see
     /// [`Probe`].
-    pub async fn probe(&self, group: &str, version: &str) -> Result<(), String> {
+    pub async fn probe(&self, group: &str, version: &str) -> Result<(), ProbeError> {
         let path = if group.is_empty() {
             format!("/api/{version}")
         } else {
@@ -426,7 +426,7 @@ impl RemoteBackend {
         let resolve = || {
             self.upstream()
                 .map(|upstream| upstream.authority)
-                .map_err(|e| e.to_string())
+                .map_err(|e| ProbeError::Unresolved(Box::new(e)))
         };
         self.connections
             .probe()

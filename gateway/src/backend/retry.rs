@@ -50,6 +50,8 @@ pub enum Failure {
     NotTheBackend,
 }
 
+// === impl Failure ===
+
 impl Failure {
     pub fn of(e: &PoolError) -> Self {
         match e {
@@ -91,6 +93,8 @@ pub struct Replay {
     headers: HeaderMap,
     body: Bytes,
 }
+
+// === impl Replay ===
 
 impl Replay {
     /// `req` ready to send, and a copy to send again, unless its body is too long to keep (or

@@ -16,6 +16,8 @@ use tokio::net::UnixStream;
 #[derive(Clone, Debug)]
 pub struct UnixConnector(pub Arc<PathBuf>);
 
+// === impl UnixConnector ===
+
 impl tower::Service<Uri> for UnixConnector {
     type Response = UnixIo;
     type Error = io::Error;
@@ -32,6 +34,8 @@ impl tower::Service<Uri> for UnixConnector {
 }
 
 pub struct UnixIo(TokioIo<UnixStream>);
+
+// === impl UnixIo ===
 
 impl Connection for UnixIo {
     fn connected(&self) -> Connected {

@@ -59,6 +59,8 @@ struct Shared {
     leading: watch::Sender<bool>,
 }
 
+// === impl Leadership ===
+
 impl Leadership {
     fn new() -> Self {
         Self {
@@ -116,6 +118,8 @@ pub struct LeaderElector {
     /// The last status of a failed attempt, logged once per change.
     last_error: Option<String>,
 }
+
+// === impl LeaderElector ===
 
 impl LeaderElector {
     /// An elector for `settings`' Lease, identified as `<hostname>_<uuid>` like kube's

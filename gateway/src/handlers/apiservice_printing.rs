@@ -150,6 +150,8 @@ struct Columns {
     age: usize,
 }
 
+// === impl Columns ===
+
 impl Columns {
     /// The chart CRD's columns, by name; `None` for any other Table.
     fn find(definitions: &[Value]) -> Option<Columns> {
@@ -342,6 +344,8 @@ struct WatchTables {
     /// The budget held for `partial`.
     held: Held,
 }
+
+// === impl WatchTables ===
 
 impl WatchTables {
     fn new(inner: Body, held: Held) -> Self {

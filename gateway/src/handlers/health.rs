@@ -22,6 +22,8 @@ pub enum Endpoint {
     Healthz,
 }
 
+// === impl Endpoint ===
+
 impl Endpoint {
     fn name(self) -> &'static str {
         match self {
@@ -61,6 +63,8 @@ pub struct Health {
 pub const ALL: &[Endpoint] = &[Endpoint::Livez, Endpoint::Readyz, Endpoint::Healthz];
 pub const READY: &[Endpoint] = &[Endpoint::Readyz, Endpoint::Healthz];
 pub const READY_ONLY: &[Endpoint] = &[Endpoint::Readyz];
+
+// === impl Health ===
 
 impl Health {
     pub fn new() -> Self {

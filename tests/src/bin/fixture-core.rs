@@ -40,6 +40,14 @@ struct Args {
     /// creation like kube-apiserver's, and the resources of established ones.
     #[arg(long)]
     crds: bool,
+    /// Leave `apiregistration.k8s.io` out, for a core that stores APIServices as the Helm chart's
+    /// CRD (with --crds; the real-node suite's third chart shape).
+    #[arg(long, requires = "crds")]
+    without_apiservices: bool,
+    /// Refuse list and watch of this resource (`<plural>.<group>`) with a 403, as RBAC that
+    /// does not grant them would; repeated.
+    #[arg(long = "forbid-list", value_name = "RESOURCE")]
+    forbid_list: Vec<String>,
     /// Also serve this built-in group, `GROUP=VERSION[,VERSION...]` (preferred version first);
     /// repeated, in the order given, after the fixture's own groups.
     #[arg(long = "group", value_name = "GROUP=VERSIONS")]
@@ -85,6 +93,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let mut config = core_server::config(&args.minor, !args.no_aggregated_discovery, policy);
     config.seed.extend(seed);
     config.goaway_anonymous_http2 = args.goaway_anonymous_http2;
+    config.forbid_list = args.forbid_list;
     for group in &args.groups {
         let (name, versions) = group
             .split_once('=')
@@ -97,6 +106,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     }
     if args.crds {
         core_server::with_crds(&mut config);
+    }
+    if args.without_apiservices {
+        core_server::without_apiservices(&mut config);
     }
     let tls = match (args.tls_cert_file, args.tls_private_key_file) {
         (Some(cert), Some(key)) => Some(TlsFiles {

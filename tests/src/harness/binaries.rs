@@ -54,11 +54,39 @@ pub fn ensure_gateway_built() -> Result<PathBuf, HarnessError> {
         .map_err(HarnessError::Build)
 }
 
+/// Builds the gateway's release binary (what its image ships) once per test process, whatever
+/// profile the tests run in, into the same target directory; see [`ensure_gateway_built`]
+/// (`E2E_SKIP_GATEWAY_BUILD=1` takes the existing one as it is here too).
+pub fn ensure_release_gateway_built() -> Result<PathBuf, HarnessError> {
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let profile_dir = target_profile_dir().map_err(|e| e.to_string())?;
+            let release = profile_dir.with_file_name("release");
+            if std::env::var_os("E2E_SKIP_GATEWAY_BUILD").is_some_and(|v| v != "0" && !v.is_empty())
+            {
+                let path = release.join(GATEWAY_BIN);
+                return if path.is_file() {
+                    Ok(path)
+                } else {
+                    Err(format!("{} does not exist", path.display()))
+                };
+            }
+            build_gateway_into(&release).map_err(|e| e.to_string())
+        })
+        .clone()
+        .map_err(HarnessError::Build)
+}
+
 fn build_gateway() -> Result<PathBuf, HarnessError> {
     if std::env::var_os("E2E_SKIP_GATEWAY_BUILD").is_some_and(|v| v != "0" && !v.is_empty()) {
         return binary_path(GATEWAY_BIN);
     }
-    let profile_dir = target_profile_dir()?;
+    build_gateway_into(&target_profile_dir()?)
+}
+
+/// `cargo build -p aggregation-gateway` for the profile of `profile_dir` (`target/<profile>`).
+fn build_gateway_into(profile_dir: &Path) -> Result<PathBuf, HarnessError> {
     let target_dir = profile_dir
         .parent()
         .ok_or_else(|| HarnessError::Binary(format!("{} has no parent", profile_dir.display())))?;
@@ -95,7 +123,15 @@ fn build_gateway() -> Result<PathBuf, HarnessError> {
             String::from_utf8_lossy(&output.stderr)
         )));
     }
-    binary_path(GATEWAY_BIN)
+    let path = profile_dir.join(format!("{GATEWAY_BIN}{}", std::env::consts::EXE_SUFFIX));
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(HarnessError::Binary(format!(
+            "{} was not built",
+            path.display()
+        )))
+    }
 }
 
 /// The workspace root (the parent of this package's directory).

@@ -108,6 +108,9 @@ pub struct Kubectl {
     cache_dir: PathBuf,
     server: String,
     ca_file: Option<PathBuf>,
+    /// The name the server's certificate is verified against, when not the URL's host (a
+    /// Service reached by its ClusterIP).
+    tls_server_name: Option<String>,
     user: KubectlUser,
     pub timeout: Duration,
 }
@@ -120,7 +123,14 @@ impl Kubectl {
         ca_file: Option<&Path>,
         version: KubectlVersion,
     ) -> Result<Kubectl, HarnessError> {
-        let binary = kubectl_binary(version)?;
+        Kubectl::with_binary(kubectl_binary(version)?, server_url, ca_file)
+    }
+
+    fn with_binary(
+        binary: PathBuf,
+        server_url: &str,
+        ca_file: Option<&Path>,
+    ) -> Result<Kubectl, HarnessError> {
         let home = tempfile::Builder::new()
             .prefix("kubectl-home-")
             .tempdir()
@@ -134,6 +144,7 @@ impl Kubectl {
             home,
             server: server_url.to_owned(),
             ca_file: ca_file.map(Path::to_path_buf),
+            tls_server_name: None,
             user: KubectlUser::Anonymous,
             timeout: KUBECTL_TIMEOUT,
         };
@@ -166,6 +177,26 @@ impl Kubectl {
         Ok(self)
     }
 
+    /// Verifies the server's certificate as `name` (kubeconfig `tls-server-name`).
+    pub fn with_tls_server_name(mut self, name: &str) -> Result<Kubectl, HarnessError> {
+        self.tls_server_name = Some(name.to_owned());
+        self.write_kubeconfig()?;
+        Ok(self)
+    }
+
+    /// Another session of the same user on the same server, with its own HOME and cache (for a
+    /// second task running kubectl at the same time).
+    pub fn clone_session(&self) -> Kubectl {
+        let mut clone =
+            Kubectl::with_binary(self.binary.clone(), &self.server, self.ca_file.as_deref())
+                .expect("a kubectl session");
+        clone.tls_server_name = self.tls_server_name.clone();
+        clone.user = self.user.clone();
+        clone.timeout = self.timeout;
+        clone.write_kubeconfig().expect("writing a kubeconfig");
+        clone
+    }
+
     /// Changes the per-command timeout.
     pub fn with_timeout(mut self, timeout: Duration) -> Kubectl {
         self.timeout = timeout;
@@ -195,6 +226,9 @@ impl Kubectl {
                 cluster["certificate-authority"] = ca.display().to_string().into();
             }
             _ => cluster["insecure-skip-tls-verify"] = true.into(),
+        }
+        if let Some(name) = &self.tls_server_name {
+            cluster["tls-server-name"] = name.as_str().into();
         }
         let user = match &self.user {
             KubectlUser::Anonymous => serde_json::json!({}),

@@ -77,7 +77,7 @@ impl RealBinaries {
     }
 }
 
-fn executable(path: &Path, variable: &str) -> Result<PathBuf, String> {
+pub(crate) fn executable(path: &Path, variable: &str) -> Result<PathBuf, String> {
     use std::os::unix::fs::PermissionsExt;
     match std::fs::metadata(path) {
         Ok(meta) if meta.is_file() && meta.permissions().mode() & 0o111 != 0 => {

@@ -28,6 +28,7 @@ mod certificates;
 mod config;
 mod manifests;
 mod monitoring_and_ingress;
+mod notes;
 mod pod;
 mod rbac;
 mod schema;

@@ -8,7 +8,9 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use serde_json::{json, Value};
 
-use e2e::helm::{label, Rendered, CONFIG_DIR, EXAMPLES, FULLNAME, RELEASE, SA_DIR};
+use e2e::helm::{
+    example_file, helm_template, label, Rendered, CONFIG_DIR, EXAMPLES, FULLNAME, RELEASE, SA_DIR,
+};
 
 use e2e::table::check_each;
 
@@ -248,7 +250,24 @@ fn the_core_sidecar_is_in_the_pod_only_in_the_sidecar_example() {
                 );
                 let port = core.ports.as_ref().unwrap()[0].container_port;
                 assert_eq!(core_url, format!("http://127.0.0.1:{port}"));
-                assert!(core.startup_probe.is_some() && core.liveness_probe.is_some());
+                // The example's core listens on 127.0.0.1: the kubelet, which probes the Pod IP,
+                // could never reach it (issue 24: the Pod stayed `Init:0/1`, the core restarted
+                // every 120 s), so it has no network probe at all.
+                for probe in [
+                    &core.startup_probe,
+                    &core.liveness_probe,
+                    &core.readiness_probe,
+                ]
+                .into_iter()
+                .flatten()
+                {
+                    assert!(
+                        probe.http_get.is_none()
+                            && probe.tcp_socket.is_none()
+                            && probe.grpc.is_none(),
+                        "a network probe on a loopback core: {probe:?}"
+                    );
+                }
                 assert_eq!(core.args.as_ref().unwrap().len(), 3);
             } else {
                 assert!(init.is_empty(), "{}", label(example));
@@ -281,6 +300,42 @@ fn the_core_sidecar_is_in_the_pod_only_in_the_sidecar_example() {
         .as_ref()
         .unwrap();
     assert_eq!(sleep.seconds, 60, "shutdown delay 15s + timeout 45s");
+}
+
+/// The kubelet sends httpGet, tcpSocket and grpc probes to the Pod IP; a core bound to loopback
+/// never passes one. The chart refuses that combination with a message saying why, instead of a
+/// Pod that stays in `Init` while its core is restarted every two minutes.
+#[test]
+fn a_network_probe_on_a_loopback_core_is_refused() {
+    let sidecar = vec![example_file("sidecar-core")];
+    let probes = [
+        "core.sidecar.startupProbe.httpGet.port=8080",
+        "core.sidecar.livenessProbe.tcpSocket.port=8080",
+        "core.sidecar.readinessProbe.grpc.port=8080",
+    ];
+    check_each(
+        probes,
+        |set| (*set).to_owned(),
+        |set| {
+            let error =
+                helm_template(&sidecar, &[set]).expect_err("a probe the kubelet cannot reach");
+            assert!(
+                error.contains("the core listens on loopback (--bind-address=127.0.0.1)")
+                    && error.contains("probes to the Pod IP"),
+                "{set}: {error}"
+            );
+        },
+    );
+    // An exec probe runs inside the container, and a core bound to the Pod IP is reachable.
+    for sets in [
+        &["core.sidecar.livenessProbe.exec.command={/usr/local/bin/health}"][..],
+        &[
+            "core.sidecar.args={--bind-address=0.0.0.0,--insecure-port=8080}",
+            "core.sidecar.startupProbe.httpGet.port=8080",
+        ],
+    ] {
+        helm_template(&sidecar, sets).unwrap_or_else(|e| panic!("{sets:?}: {e}"));
+    }
 }
 
 #[test]

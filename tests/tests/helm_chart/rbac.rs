@@ -21,6 +21,15 @@ fn rule(group: &str, resource: &str, verbs: &[&str]) -> PolicyRule {
     }
 }
 
+/// The core's discovery is kept fresh by watching its CRDs (issue 24: without this rule every
+/// replica logged `cannot list resource "customresourcedefinitions"` and polled instead).
+fn watch_crds() -> PolicyRule {
+    rule(
+        "apiextensions.k8s.io",
+        "customresourcedefinitions",
+        &["get", "list", "watch"],
+    )
+}
 fn watch_apiservices() -> PolicyRule {
     rule(
         "apiregistration.k8s.io",
@@ -32,7 +41,9 @@ fn write_apiservice_status() -> PolicyRule {
     rule(
         "apiregistration.k8s.io",
         "apiservices/status",
-        &["update", "patch"],
+        // get: the condition is read back before it is patched (issue 24: `cannot get resource
+        // "apiservices/status"`, 20 errors at start).
+        &["get", "update", "patch"],
     )
 }
 fn watch_services() -> PolicyRule {
@@ -54,6 +65,7 @@ fn create_subjectaccessreviews() -> PolicyRule {
 
 fn every_rule() -> Vec<PolicyRule> {
     vec![
+        watch_crds(),
         watch_apiservices(),
         write_apiservice_status(),
         watch_services(),
@@ -110,6 +122,7 @@ fn rbac_grants_exactly_the_verbs_the_gateway_uses_where_its_identity_is_authoriz
             sets: &[],
             host: none(),
             core: vec![
+                watch_crds(),
                 watch_apiservices(),
                 write_apiservice_status(),
                 watch_services(),
@@ -118,18 +131,23 @@ fn rbac_grants_exactly_the_verbs_the_gateway_uses_where_its_identity_is_authoriz
             ],
         },
         Case {
-            name: "file source, static services, both webhooks off: the gateway calls nothing on the core",
+            name: "file source, static services, both webhooks off: only the core's discovery watches",
             example: Some("file-apiservices"),
             sets: &[],
             host: none(),
-            core: none(),
+            core: vec![watch_crds(), watch_apiservices()],
         },
         Case {
             name: "file source resolving Services on the core",
             example: Some("file-apiservices"),
             sets: &["serviceResolution.enabled=true"],
             host: none(),
-            core: vec![watch_services(), watch_endpointslices()],
+            core: vec![
+                watch_crds(),
+                watch_apiservices(),
+                watch_services(),
+                watch_endpointslices(),
+            ],
         },
         Case {
             name: "file source resolving Services with the ServiceAccount",
@@ -138,14 +156,24 @@ fn rbac_grants_exactly_the_verbs_the_gateway_uses_where_its_identity_is_authoriz
                 "serviceResolution.enabled=true",
                 "core.serviceAccountAuth=true",
             ],
-            host: vec![watch_services(), watch_endpointslices()],
+            host: vec![
+                watch_crds(),
+                watch_apiservices(),
+                watch_services(),
+                watch_endpointslices(),
+            ],
             core: none(),
         },
         Case {
             name: "no APIService source: only the webhooks",
             example: None,
             sets: &["apiServices.source=none"],
-            host: vec![create_tokenreviews(), create_subjectaccessreviews()],
+            host: vec![
+                watch_crds(),
+                watch_apiservices(),
+                create_tokenreviews(),
+                create_subjectaccessreviews(),
+            ],
             core: none(),
         },
         Case {
@@ -156,6 +184,7 @@ fn rbac_grants_exactly_the_verbs_the_gateway_uses_where_its_identity_is_authoriz
                 "authorization.webhook.enabled=false",
             ],
             host: vec![
+                watch_crds(),
                 watch_apiservices(),
                 write_apiservice_status(),
                 create_tokenreviews(),
@@ -372,7 +401,10 @@ fn rbac_for_the_core_binds_the_configured_subjects() {
         ],
     );
     let manifests = r.core_manifests();
-    let subject = &manifests["rbac.yaml"][1]["subjects"][0];
+    let subject = &manifests["rbac.yaml"]
+        .iter()
+        .find(|d| d["kind"] == "ClusterRoleBinding")
+        .expect("a ClusterRoleBinding")["subjects"][0];
     assert_eq!(
         subject,
         &json!({"kind": "ServiceAccount", "name": "gateway", "namespace": "platform"})
@@ -390,10 +422,19 @@ fn rbac_for_the_core_binds_the_configured_subjects() {
         "{err}"
     );
 
-    // Without subjects only the roles are rendered; binding them is left to the user.
+    // Without subjects only the roles (and the Lease's namespace) are rendered; binding them is
+    // left to the user.
     let manifests = Rendered::of(Some("external-core")).core_manifests();
     let kinds: Vec<&Value> = manifests["rbac.yaml"].iter().map(|d| &d["kind"]).collect();
-    assert_eq!(kinds, [&json!("ClusterRole"), &json!("Role")]);
+    assert_eq!(
+        kinds,
+        [
+            &json!("ClusterRole"),
+            &json!("Role"),
+            &json!("Namespace"),
+            &json!("Role")
+        ]
+    );
 }
 
 /// The replicas elect the status writer with one Lease: the gateway may read and renew that
@@ -481,7 +522,7 @@ fn leader_election_grants_exactly_its_lease_where_the_gateway_is_authorized() {
     let docs = &manifests["rbac.yaml"];
     let role: Role = serde_json::from_value(
         docs.iter()
-            .find(|d| d["kind"] == "Role")
+            .find(|d| d["kind"] == "Role" && d["metadata"]["name"] == role_name.as_str())
             .expect("the leader-election Role for the core")
             .clone(),
     )
@@ -490,7 +531,7 @@ fn leader_election_grants_exactly_its_lease_where_the_gateway_is_authorized() {
     assert_eq!(role.rules.unwrap(), lease_rules(FULLNAME));
     let binding: RoleBinding = serde_json::from_value(
         docs.iter()
-            .find(|d| d["kind"] == "RoleBinding")
+            .find(|d| d["kind"] == "RoleBinding" && d["metadata"]["name"] == role_name.as_str())
             .expect("its binding to rbac.coreSubjects")
             .clone(),
     )

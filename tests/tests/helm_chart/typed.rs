@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::Ingress;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
@@ -246,6 +246,7 @@ pub fn round_trip_by_kind(doc: &Value) -> Result<(), String> {
         "Service" => round_trip::<Service>(doc),
         "ServiceAccount" => round_trip::<ServiceAccount>(doc),
         "ConfigMap" => round_trip::<ConfigMap>(doc),
+        "Namespace" => round_trip::<Namespace>(doc),
         "ClusterRole" => round_trip::<ClusterRole>(doc),
         "ClusterRoleBinding" => round_trip::<ClusterRoleBinding>(doc),
         "Role" => round_trip::<Role>(doc),

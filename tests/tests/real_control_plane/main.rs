@@ -31,54 +31,15 @@ mod session;
 mod status;
 mod trust;
 
-use std::future::Future;
-use std::panic::AssertUnwindSafe;
-use std::pin::Pin;
 use std::time::Instant;
 
-use futures::FutureExt;
-
+use e2e::checks;
 use e2e::real::RealBinaries;
+use e2e::table::run_checks;
 use session::Real;
 
-/// One named check of the session.
-type Check = for<'a> fn(&'a Real) -> Pin<Box<dyn Future<Output = ()> + 'a>>;
-
-/// Runs `checks` in order, each isolated from the others' panics, and returns one line per
-/// failure naming the check.
-async fn run_checks(real: &Real, checks: &[(&str, Check)]) -> Vec<String> {
-    let mut failures = Vec::new();
-    let only = std::env::var("REAL_CHECKS").ok().filter(|s| !s.is_empty());
-    for (name, check) in checks {
-        if only.as_deref().is_some_and(|only| !name.contains(only)) {
-            eprintln!("real control plane: {name} not selected by REAL_CHECKS");
-            continue;
-        }
-        let started = Instant::now();
-        eprintln!("real control plane: {name} ...");
-        let outcome = AssertUnwindSafe(check(real)).catch_unwind().await;
-        let took = started.elapsed();
-        match outcome {
-            Ok(()) => eprintln!("real control plane: {name} passed ({took:.1?})"),
-            Err(panic) => {
-                let message = panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                    .unwrap_or_else(|| "(a panic without a message)".into());
-                eprintln!("real control plane: {name} FAILED ({took:.1?})");
-                failures.push(format!("- {name}: {message}"));
-            }
-        }
-    }
-    failures
-}
-
-macro_rules! checks {
-    ($($name:literal => $f:path),* $(,)?) => {
-        &[$(($name, (|real| Box::pin($f(real))) as Check)),*]
-    };
-}
+const LABEL: &str = "real control plane";
+const ONLY: &str = "REAL_CHECKS";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_against_the_real_control_plane() {
@@ -94,6 +55,8 @@ async fn session_against_the_real_control_plane() {
 
     // Before kube-apiserver knows of wardle.example.com: the file source alone routes it.
     let mut failures = run_checks(
+        LABEL,
+        ONLY,
         &real,
         checks![
             "file source routes sample-apiserver that kube-apiserver does not know" =>
@@ -108,6 +71,8 @@ async fn session_against_the_real_control_plane() {
     real.register_wardle().await;
     failures.extend(
         run_checks(
+            LABEL,
+            ONLY,
             &real,
             checks![
                 "/apis (legacy) equals kube-apiserver's" => discovery::legacy_apis,

@@ -24,6 +24,8 @@ const GOAWAY: u8 = 0x7;
 #[derive(Default)]
 pub struct GoAwaySeen(AtomicBool);
 
+// === impl GoAwaySeen ===
+
 impl GoAwaySeen {
     pub fn seen(&self) -> bool {
         self.0.load(Ordering::Acquire)
@@ -36,6 +38,8 @@ pub struct GoAwayWatch<T> {
     seen: Arc<GoAwaySeen>,
     frames: FrameReader,
 }
+
+// === impl GoAwayWatch ===
 
 impl<T> GoAwayWatch<T> {
     pub fn new(inner: T) -> (Self, Arc<GoAwaySeen>) {
@@ -59,6 +63,8 @@ struct FrameReader {
     /// Payload bytes of the current frame still to pass.
     skip: usize,
 }
+
+// === impl FrameReader ===
 
 impl FrameReader {
     /// Reads `bytes`; `true` when a GOAWAY frame header was among them.
@@ -85,6 +91,8 @@ impl FrameReader {
         goaway
     }
 }
+
+// === impl GoAwayWatch ===
 
 impl<T: AsyncRead + Unpin> AsyncRead for GoAwayWatch<T> {
     fn poll_read(

@@ -22,6 +22,11 @@
 //!   two controllers that disagree (kube-apiserver's own beside us) trade one write per
 //!   interval instead of racing; when they agree nothing is written.
 //!
+//! * Who writes the condition: a core that is a kube-apiserver (its local APIServices carry
+//!   kube-aggregator's `automanaged` label) runs its own availability controllers, which own it;
+//!   the gateway writes nothing there and keeps its results for its own routing and discovery.
+//!   On any other core (one that stores APIServices as the chart's CRD) nobody else writes it:
+//!   the gateway does.
 //! * With several replicas, only the leader of the Lease (`leader_election`) writes: the others
 //!   check, publish and route exactly as before, and forget what they last wrote, so that when
 //!   one of them takes the lead every key is checked at once and its condition written where the
@@ -110,6 +115,10 @@ pub struct AvailabilityController {
     queue: WorkQueue<String, Checked>,
     /// The `Available` condition of each APIService as the kube source last saw it.
     stored: HashMap<String, Option<APIServiceCondition>>,
+    /// Whether the core runs kube-aggregator's availability controllers (it is a kube-apiserver):
+    /// then it owns the `Available` condition and the gateway writes none (issue 24: the two
+    /// disagreed about a Service only one could see, and flipped the condition 5 times a minute).
+    core_owns_status: bool,
     /// The APIServices this replica cannot reach, as the reachability check last said.
     unreachable: Vec<String>,
 }
@@ -145,17 +154,22 @@ pub struct Checked {
 enum Write {
     /// No kube source, or the condition on the core already says this.
     NotNeeded,
-    /// Another replica leads: it writes.
+    /// Another replica leads, or the core's own availability controller owns the condition:
+    /// they write.
     NotLeader,
     Written,
     Failed(String),
 }
+
+// === impl Write ===
 
 impl Write {
     fn attempted(&self) -> bool {
         !matches!(self, Write::NotNeeded | Write::NotLeader)
     }
 }
+
+// === impl AvailabilityController ===
 
 impl AvailabilityController {
     pub fn new(
@@ -172,6 +186,7 @@ impl AvailabilityController {
             metrics,
             queue: WorkQueue::new(move |_| backoff),
             stored: HashMap::new(),
+            core_owns_status: false,
             unreachable: Vec::new(),
         }
     }
@@ -317,6 +332,18 @@ impl AvailabilityController {
 
     /// Takes in what the core now stores (a new set from the kube source).
     fn take_stored(&mut self, set: &ApiServiceSet) {
+        let core_owns_status = set.apiservices.iter().any(registered_by_kube_aggregator);
+        if core_owns_status != self.core_owns_status {
+            self.core_owns_status = core_owns_status;
+            if core_owns_status {
+                tracing::info!(
+                    "the core is a kube-apiserver: its own availability controller writes the \
+                     APIServices' Available condition, the gateway writes none"
+                );
+            } else {
+                tracing::info!("the gateway writes the APIServices' Available condition");
+            }
+        }
         self.stored = set
             .apiservices
             .iter()
@@ -345,6 +372,7 @@ impl AvailabilityController {
         let may_reconcile = k
             .wrote_at
             .is_none_or(|at| at.elapsed() >= self.settings.interval);
+        let core_owns_status = self.core_owns_status;
         async move {
             let availability = match (&target, &precheck) {
                 (Target::Local, _) => Availability::Available,
@@ -359,14 +387,15 @@ impl AvailabilityController {
                 (Target::Remote(backend), _) => {
                     match backend.probe(&api.group, &api.version).await {
                         Ok(()) => Availability::Available,
-                        Err(message) => Availability::unavailable(
+                        Err(e) => Availability::unavailable(
                             UnavailableReason::FailedDiscoveryCheck,
-                            message,
+                            e.to_string(),
                         ),
                     }
                 }
             };
             let write = match kube {
+                Some(_) if core_owns_status => Write::NotLeader,
                 // Asked right before writing: the probe may have outlasted the leadership.
                 Some((_, Some(leader))) if !leader.is_leader() => Write::NotLeader,
                 Some((client, leader))
@@ -570,6 +599,20 @@ async fn next_leading(leading: &mut Option<watch::Receiver<bool>>) -> Option<boo
         return None;
     }
     Some(*rx.borrow_and_update())
+}
+
+/// The label kube-aggregator puts on the local APIServices it registers itself (one per
+/// built-in group and per CRD group-version): its presence says the core is a kube-apiserver,
+/// whose `apiservice-status-*-available-controller`s keep every APIService's condition.
+const KUBE_AGGREGATOR_AUTOMANAGED: &str = "kube-aggregator.kubernetes.io/automanaged";
+
+fn registered_by_kube_aggregator(
+    api: &k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService,
+) -> bool {
+    api.metadata
+        .labels
+        .as_ref()
+        .is_some_and(|labels| labels.contains_key(KUBE_AGGREGATOR_AUTOMANAGED))
 }
 
 /// Whether the stored condition says something else than `availability` would: another status

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use apiservice::model::{Backend, RegisteredAPIService, RemoteBackendSpec};
+use apiservice::model::{APIService, Backend, RegisteredAPIService, RemoteBackendSpec};
 use apiservice::resolve::ServiceResolver;
 use apiservice::route_table::{Availability, RouteTable};
 use apiservice::source::{ApiServiceSet, Refusal};
@@ -122,32 +122,95 @@ impl RouteController {
         Ok(shared)
     }
 
+    /// Builds the next table from the current APIService set, availability results and proxy
+    /// identity, and publishes it. Backends and connections whose spec did not change are
+    /// kept, so their connections and in-flight requests carry on.
     pub(super) fn rebuild(&mut self) {
         let identity = self.factory.proxy_identity.borrow_and_update().clone();
         let Some(set) = self.sets.borrow_and_update().clone() else {
             return;
         };
-        if !same_identity(&identity, &self.built_with) {
-            if self.built_with.is_some() || !self.backends.is_empty() {
-                tracing::info!(
-                    backends = self.backends.len(),
-                    "proxy client certificate changed; rebuilding remote backends"
-                );
-            }
-            self.backends.clear();
-            self.connections.clear();
-            self.built_with = identity.clone();
-        }
+        self.follow_identity(&identity);
         let availability = self.availability.borrow_and_update().clone();
         let mut builder = RouteTable::builder();
         let mut specs = Vec::with_capacity(set.apiservices.len());
         let mut backends = HashMap::new();
         let mut connections = HashMap::new();
+        let (mut invalid, invalid_files) = self.count_refusals(&set.refused);
+        let last_specs = std::mem::take(&mut self.last_specs);
+        let previous: HashMap<&str, &TrafficPolicy> = last_specs
+            .iter()
+            .map(|s| (s.name.as_str(), &s.traffic))
+            .collect();
+        for api in &set.apiservices {
+            let Some(registered) = self.registered(api, &previous, &mut invalid) else {
+                continue;
+            };
+            let target = match &registered.backend {
+                Backend::Local => Target::Local,
+                Backend::Remote(spec) => self.remote_target(&registered, spec, &identity),
+            };
+            if let (Target::Remote(b), Backend::Remote(spec)) = (&target, &registered.backend) {
+                backends.insert(registered.name.clone(), b.clone());
+                connections.insert(
+                    (spec.clone(), registered.traffic.connections),
+                    b.connections().clone(),
+                );
+            }
+            let available = match &target {
+                Target::Local => Availability::Available,
+                _ => availability
+                    .get(&registered.name)
+                    .cloned()
+                    .unwrap_or_else(|| Availability::of(api)),
+            };
+            let routed_to =
+                RoutedTo::api_service(&registered.name, matches!(target, Target::Local));
+            specs.push(registered.clone());
+            builder.insert(registered, RouteTarget { target, routed_to }, available);
+        }
+        self.forget_fixed(invalid, invalid_files);
+        let (table, duplicates) = builder.build();
+        for d in duplicates {
+            tracing::warn!(apiservice = %d.api_service.name, "{d}");
+        }
+        self.backends = backends;
+        // Connections no APIService names any more close once their last request ends.
+        self.connections = connections;
+        let table_len = table.len();
+        self.routing.publish(table);
+        if !self.routing.is_synced() {
+            tracing::info!(apiservices = table_len, "APIService routes installed");
+            self.routing.synced.pass();
+        }
+        if specs != last_specs {
+            tracing::debug!(apiservices = table_len, "APIService set changed");
+        }
+        self.last_specs = specs;
+    }
+
+    /// A rotated proxy client certificate: every remote backend and connection is built again.
+    fn follow_identity(&mut self, identity: &Option<Arc<Identity>>) {
+        if same_identity(identity, &self.built_with) {
+            return;
+        }
+        if self.built_with.is_some() || !self.backends.is_empty() {
+            tracing::info!(
+                backends = self.backends.len(),
+                "proxy client certificate changed; rebuilding remote backends"
+            );
+        }
+        self.backends.clear();
+        self.connections.clear();
+        self.built_with = identity.clone();
+    }
+
+    /// The source refused these manifests and has logged why, naming the file: only count
+    /// them here (names and files). A kept last good version is in the set and routed.
+    fn count_refusals(&self, refused: &[Refusal]) -> (Vec<String>, Vec<String>) {
         let mut invalid = Vec::new();
         let mut invalid_files = Vec::new();
-        // The source refused these manifests and has logged why, naming the file: only count
-        // them here. A kept last good version is in `set.apiservices` and routed below.
-        for refused in &set.refused {
+        for refused in refused {
             match refused {
                 Refusal::File { path, reason } => {
                     let path = path.display().to_string();
@@ -173,91 +236,86 @@ impl RouteController {
                 }
             }
         }
-        let last_specs = std::mem::take(&mut self.last_specs);
-        let previous: HashMap<&str, &TrafficPolicy> = last_specs
-            .iter()
-            .map(|s| (s.name.as_str(), &s.traffic))
-            .collect();
-        for api in &set.apiservices {
-            let registered = match RegisteredAPIService::try_from(api) {
-                Ok(r) => {
-                    if previous.get(r.name.as_str()).copied() != Some(&r.traffic) {
-                        log_traffic(&r);
-                    }
-                    r
+        (invalid, invalid_files)
+    }
+
+    /// The validated APIService, its traffic settings logged when they changed; `None` (counted
+    /// in `invalid`, logged once) when it does not validate.
+    fn registered(
+        &self,
+        api: &APIService,
+        previous: &HashMap<&str, &TrafficPolicy>,
+        invalid: &mut Vec<String>,
+    ) -> Option<RegisteredAPIService> {
+        match RegisteredAPIService::try_from(api) {
+            Ok(r) => {
+                if previous.get(r.name.as_str()).copied() != Some(&r.traffic) {
+                    log_traffic(&r);
                 }
-                Err(e) => {
-                    let name = api.metadata.name.clone().unwrap_or_default();
-                    if !self.invalid.contains(&name) {
-                        tracing::warn!(apiservice = %name, error = %e, "APIService is invalid and is not routed");
-                    }
-                    self.metrics
-                        .invalid_apiservice
-                        .with_label_values(&[&name])
-                        .set(1);
-                    if !invalid.contains(&name) {
-                        invalid.push(name);
-                    }
-                    continue;
-                }
-            };
-            let target = match &registered.backend {
-                Backend::Local => Target::Local,
-                Backend::Remote(spec) => match self
-                    .backends
-                    .get(&registered.name)
-                    .filter(|b| b.same_spec(spec, &registered.traffic.connections))
-                    .cloned()
-                {
-                    Some(b) => Target::Remote(b),
-                    None => match self.service_connections(
-                        &registered.name,
-                        spec,
-                        &registered.traffic.connections,
-                        &identity,
-                    ) {
-                        Ok(shared) => {
-                            let b = RemoteBackend::with_connections(
-                                &registered,
-                                spec,
-                                shared,
-                                self.factory.resolver.clone(),
-                                self.factory.drain.clone(),
-                            );
-                            let b = b.rejecting_forwarding_redirects(
-                                self.factory.reject_forwarding_redirect,
-                            );
-                            Target::Remote(Arc::new(match &self.factory.failures {
-                                Some(queue) => b.reporting_failures_to(queue.clone()),
-                                None => b,
-                            }))
-                        }
-                        Err(e) => {
-                            tracing::warn!(apiservice = %registered.name, error = %e, "cannot build the backend transport");
-                            Target::Broken(e.to_string().into())
-                        }
-                    },
-                },
-            };
-            if let (Target::Remote(b), Backend::Remote(spec)) = (&target, &registered.backend) {
-                backends.insert(registered.name.clone(), b.clone());
-                connections.insert(
-                    (spec.clone(), registered.traffic.connections),
-                    b.connections().clone(),
-                );
+                Some(r)
             }
-            let available = match &target {
-                Target::Local => Availability::Available,
-                _ => availability
-                    .get(&registered.name)
-                    .cloned()
-                    .unwrap_or_else(|| Availability::of(api)),
-            };
-            let routed_to =
-                RoutedTo::api_service(&registered.name, matches!(target, Target::Local));
-            specs.push(registered.clone());
-            builder.insert(registered, RouteTarget { target, routed_to }, available);
+            Err(e) => {
+                let name = api.metadata.name.clone().unwrap_or_default();
+                if !self.invalid.contains(&name) {
+                    tracing::warn!(apiservice = %name, error = %e, "APIService is invalid and is not routed");
+                }
+                self.metrics
+                    .invalid_apiservice
+                    .with_label_values(&[&name])
+                    .set(1);
+                if !invalid.contains(&name) {
+                    invalid.push(name);
+                }
+                None
+            }
         }
+    }
+
+    /// A remote APIService's backend: the one of the last table when its spec is unchanged,
+    /// else a new one on its Service's shared connections.
+    fn remote_target(
+        &mut self,
+        registered: &RegisteredAPIService,
+        spec: &RemoteBackendSpec,
+        identity: &Option<Arc<Identity>>,
+    ) -> Target {
+        if let Some(b) = self
+            .backends
+            .get(&registered.name)
+            .filter(|b| b.same_spec(spec, &registered.traffic.connections))
+        {
+            return Target::Remote(b.clone());
+        }
+        match self.service_connections(
+            &registered.name,
+            spec,
+            &registered.traffic.connections,
+            identity,
+        ) {
+            Ok(shared) => {
+                let b = RemoteBackend::with_connections(
+                    registered,
+                    spec,
+                    shared,
+                    self.factory.resolver.clone(),
+                    self.factory.drain.clone(),
+                );
+                let b = b.rejecting_forwarding_redirects(self.factory.reject_forwarding_redirect);
+                Target::Remote(Arc::new(match &self.factory.failures {
+                    Some(queue) => b.reporting_failures_to(queue.clone()),
+                    None => b,
+                }))
+            }
+            Err(e) => {
+                tracing::warn!(apiservice = %registered.name, error = %e, "cannot build the backend transport");
+                Target::Broken(e.to_string().into())
+            }
+        }
+    }
+
+    /// Removes the invalid-APIService and invalid-manifest series of those fixed since the last
+    /// table, and remembers the current ones.
+    fn forget_fixed(&mut self, invalid: Vec<String>, invalid_files: Vec<String>) {
         for gone in self.invalid.iter().filter(|n| !invalid.contains(n)) {
             let _ = self.metrics.invalid_apiservice.remove_label_values(&[gone]);
         }
@@ -273,23 +331,6 @@ impl RouteController {
                 .remove_label_values(&[gone]);
         }
         self.invalid_files = invalid_files;
-        let (table, duplicates) = builder.build();
-        for d in duplicates {
-            tracing::warn!(apiservice = %d.api_service.name, "{d}");
-        }
-        self.backends = backends;
-        // Connections no APIService names any more close once their last request ends.
-        self.connections = connections;
-        let table_len = table.len();
-        self.routing.publish(table);
-        if !self.routing.is_synced() {
-            tracing::info!(apiservices = table_len, "APIService routes installed");
-            self.routing.synced.pass();
-        }
-        if specs != last_specs {
-            tracing::debug!(apiservices = table_len, "APIService set changed");
-        }
-        self.last_specs = specs;
     }
 }
 

@@ -7,8 +7,8 @@
 //!   [`Key::CoreOpenApi`], its `/openapi/v3` root, apart so a slow root never delays a new CRD
 //!   group; both revalidated (cheap: `If-None-Match` → 304) on every event of the core watchers
 //!   ([`super::core_watch`]), after every write to CRDs or APIServices passing through the gateway,
-//!   and every [`CORE_RESYNC`]; a core that can be watched for neither is polled every
-//!   [`CORE_POLL`] instead. Retried sooner while it fails.
+//!   and every [`CORE_RESYNC`]; a core whose CRDs or APIServices cannot be watched (one refused
+//!   is enough) is polled every [`CORE_POLL`] instead. Retried sooner while it fails.
 //! * [`Key::Discovery`] and [`Key::OpenApi`] per backing Service ([`super::backends`]): added when
 //!   one of the Service's APIServices changed (added, edited, availability flipped), resynced
 //!   every refresh interval, retried with kube-aggregator's backoff (500 ms → 1 min) while they
@@ -33,7 +33,7 @@ use tracing::Instrument;
 
 use super::backends::{remote_discovery, BackendDiscovery, RemoteOpenApi, ServiceEntry};
 use super::core::{CoreDocuments, CoreState, Refreshed};
-use super::core_watch::{unlisted, CoreWatchers, ListingRetry};
+use super::core_watch::{unlisted, CoreWatchers, FollowUps, ListingRetry};
 use super::fetch::{fetch_root, FetchError, RootDocument, RootFetch, Source};
 use super::openapi::{openapi_inputs, root_key, RemoteRoot};
 use super::openapi_converted::{ConvertedSpecs, V2Fetch};
@@ -47,8 +47,8 @@ use crate::health_check::Check;
 use crate::metrics::Metrics;
 use crate::workqueue::{Backoff, Next, Queue, WorkQueue};
 
-/// How often the core's documents are revalidated when neither its CRDs nor its APIServices
-/// can be watched (cheap: `If-None-Match` → 304).
+/// How often the core's documents are revalidated while its CRDs or its APIServices cannot be
+/// watched (cheap: `If-None-Match` → 304).
 pub const CORE_POLL: Duration = Duration::from_secs(1);
 /// How often they are revalidated while the watchers report changes.
 pub const CORE_RESYNC: Duration = Duration::from_secs(30);
@@ -67,6 +67,8 @@ pub enum Key {
     /// One backing Service's OpenAPI v3 root.
     OpenApi(ServiceRef),
 }
+
+// === impl Key ===
 
 impl fmt::Display for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -135,12 +137,18 @@ struct State {
     openapi_dirty: bool,
     /// Served group-versions of the core's established CRDs, as its watcher last said.
     established: Arc<BTreeSet<String>>,
+    /// Group-versions of the local APIServices of the last table: the core registers one
+    /// before its discovery lists the group-version (a new CRD's), and the merge leaves such a
+    /// group-version out until it does.
+    local: BTreeSet<String>,
     /// Early re-fetches while one of `established` is not in the core's documents yet.
     listing: ListingRetry,
     /// Whether an established CRD may be missing from the published documents (see
     /// `DiscoveryCache::listing_pending`).
     listing_pending: bool,
 }
+
+// === impl DiscoveryController ===
 
 impl DiscoveryController {
     pub fn new(
@@ -175,6 +183,7 @@ impl DiscoveryController {
             ..State::default()
         };
         let mut readiness = DiscoveryReadiness::new(self.ready.clone());
+        let mut openapi_followups = FollowUps::default();
         revalidate_core(queue.queue());
         if let Some(table) = routes.borrow_and_update().clone() {
             reconcile(&mut state, table, &mut queue);
@@ -203,9 +212,12 @@ impl DiscoveryController {
                         state.established = established;
                         state.listing.reset();
                     }
-                    revalidate_core(queue.queue());
+                    core_changed(&self.cache, queue.queue(), &mut openapi_followups);
                 }
-                () = self.cache.core_written.notified() => revalidate_core(queue.queue()),
+                () = self.cache.core_written.notified() => {
+                    core_changed(&self.cache, queue.queue(), &mut openapi_followups);
+                }
+                () = openapi_followups.next() => queue.queue().add(Key::CoreOpenApi),
                 next = queue.next() => match next {
                     Next::Ready(key) => start(&mut state, &mut queue, key),
                     Next::Done(key, outcome) => {
@@ -244,6 +256,15 @@ impl DiscoveryController {
     }
 }
 
+/// The core's CRDs or APIServices changed (a watch event, or a write through the gateway): its
+/// documents are revalidated now, its OpenAPI v3 root again over the next two seconds (the
+/// core publishes a CRD's schema a moment after storing it), and the `/openapi/v2` loop is told.
+fn core_changed(cache: &DiscoveryCache, queue: &Queue<Key>, openapi: &mut FollowUps) {
+    revalidate_core(queue);
+    openapi.start(tokio::time::Instant::now());
+    cache.core_changed.send_modify(|n| *n = n.wrapping_add(1));
+}
+
 /// Marks the core's documents (discovery and OpenAPI root) for revalidation now.
 fn revalidate_core(queue: &Queue<Key>) {
     queue.add(Key::Core);
@@ -255,7 +276,8 @@ fn revalidate_core(queue: &Queue<Key>) {
 fn after_core_fetch(state: &mut State, watchers: &mut CoreWatchers, queue: &Queue<Key>) {
     let Some(core) = &state.core else { return };
     watchers.start_served(&core.discovery);
-    let missing = unlisted(&state.established, &core.discovery);
+    let expected: BTreeSet<String> = state.established.union(&state.local).cloned().collect();
+    let missing = unlisted(&expected, &core.discovery);
     let retry = state.listing.next(&missing);
     state.listing_pending = retry.is_some();
     if let Some(delay) = retry {
@@ -416,6 +438,20 @@ fn reconcile(state: &mut State, table: Arc<Routes>, queue: &mut WorkQueue<Key, O
     }
     let specs: Vec<Arc<RegisteredAPIService>> =
         table.routes().map(|r| r.api_service.clone()).collect();
+    let local: BTreeSet<String> = specs
+        .iter()
+        // The legacy core group (`v1.`) is in `/api`, which this does not follow.
+        .filter(|a| a.is_local() && !a.is_legacy_core())
+        .map(|a| a.group_version().to_string())
+        .collect();
+    if !local.is_subset(&state.local) {
+        // Until the core's documents say otherwise, a new local group-version may be missing
+        // from them: fetch them now, and again shortly while it is (`ListingRetry`).
+        state.listing_pending = true;
+        state.listing.reset();
+        queue.queue().add(Key::Core);
+    }
+    state.local = local;
     if specs != state.specs {
         state.specs = specs;
         state.discovery_dirty = true;

@@ -44,6 +44,8 @@ struct LegacyIndex {
     converted_at: Instant,
 }
 
+// === impl CoreDocument ===
+
 impl CoreDocument {
     pub fn new(path: &'static str) -> Self {
         Self {
@@ -188,6 +190,8 @@ pub struct Refreshed {
     /// Every document answered (an error keeps the last known one and is retried sooner).
     pub complete: bool,
 }
+
+// === impl CoreDocuments ===
 
 impl CoreDocuments {
     pub fn new(source: Source, url: String, legacy_refresh: Duration) -> Self {

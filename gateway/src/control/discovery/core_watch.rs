@@ -44,8 +44,8 @@ pub struct Signals {
     /// `<group>/<version>` of every served version of every established CRD, once the CRD
     /// watch has listed.
     pub established: Arc<BTreeSet<String>>,
-    /// How many watchers are synced and not failing. While none is (say the gateway may not
-    /// list CRDs), the core's documents are polled as if it served neither.
+    /// How many watchers are synced and not failing. While one of those started is not (say the
+    /// gateway may not list CRDs), the core's documents are polled as if it served neither.
     pub healthy: u8,
 }
 
@@ -56,6 +56,8 @@ pub struct CoreWatchers {
     crds: bool,
     apiservices: bool,
 }
+
+// === impl CoreWatchers ===
 
 impl CoreWatchers {
     pub fn new(client: Client) -> (Self, watch::Receiver<Signals>) {
@@ -69,10 +71,13 @@ impl CoreWatchers {
         (watchers, rx)
     }
 
-    /// Whether at least one watcher is synced and not failing (then the core needs no short
-    /// poll).
+    /// Whether every watcher the core's discovery called for is synced and not failing (then
+    /// the core needs no short poll). One that is refused (RBAC without the CRD rule, say) while
+    /// the other runs still misses every change the refused one would have reported, so anything
+    /// short of all of them means the 1 s poll.
     pub fn watching(&self) -> bool {
-        self.tx.borrow().healthy > 0
+        let started = u8::from(self.crds) + u8::from(self.apiservices);
+        started > 0 && self.tx.borrow().healthy >= started
     }
 
     /// Starts the watchers the core's discovery says it can serve and that do not run yet.
@@ -239,6 +244,8 @@ pub struct ListingRetry {
     attempts: u32,
 }
 
+// === impl ListingRetry ===
+
 impl ListingRetry {
     pub const ATTEMPTS: u32 = 22;
     const STEP: Duration = Duration::from_millis(20);
@@ -270,6 +277,40 @@ impl ListingRetry {
     /// The set of established CRDs changed: a new round of attempts.
     pub fn reset(&mut self) {
         self.attempts = 0;
+    }
+}
+
+/// When to revalidate the core's OpenAPI documents (the v2 spec, the v3 root) after a change of
+/// its CRDs: at once, then at each of [`FollowUps::AFTER`] (kube-apiserver's OpenAPI controllers
+/// publish a CRD's schema a moment after the CRD is stored; issue 31's probe saw it 0.1 s after
+/// the edit). A new change starts the schedule again. Each revalidation is one conditional GET.
+#[derive(Debug, Default)]
+pub struct FollowUps {
+    due: std::collections::VecDeque<tokio::time::Instant>,
+}
+
+impl FollowUps {
+    const AFTER: [Duration; 5] = [
+        Duration::ZERO,
+        Duration::from_millis(200),
+        Duration::from_millis(500),
+        Duration::from_secs(1),
+        Duration::from_secs(2),
+    ];
+
+    pub fn start(&mut self, now: tokio::time::Instant) {
+        self.due = Self::AFTER.iter().map(|after| now + *after).collect();
+    }
+
+    /// Waits for the next one due (forever when none is).
+    pub async fn next(&mut self) {
+        match self.due.front() {
+            Some(at) => {
+                tokio::time::sleep_until(*at).await;
+                self.due.pop_front();
+            }
+            None => std::future::pending().await,
+        }
     }
 }
 

@@ -100,6 +100,8 @@ pub struct Fetched {
     pub body: Bytes,
 }
 
+// === impl Fetched ===
+
 impl Fetched {
     pub fn etag(&self) -> Option<String> {
         self.headers
@@ -149,6 +151,8 @@ pub enum Source {
     Core(Arc<CoreBackend>),
     Remote(Arc<RemoteBackend>),
 }
+
+// === impl Source ===
 
 impl Source {
     pub async fn get(
@@ -223,6 +227,8 @@ pub enum RootDocument {
         etag: Option<String>,
     },
 }
+
+// === impl RootDocument ===
 
 impl RootDocument {
     /// The ETag to revalidate with: only a root we hold can be revalidated.

@@ -93,6 +93,10 @@ pub struct DiscoveryCache {
     /// True while a CustomResourceDefinition the core has established is not in the core's
     /// discovery yet (see `core_watch`): `/apis` and `/apis/<group>` wait briefly for it.
     pub(crate) listing_pending: tokio::sync::watch::Sender<bool>,
+    /// Moves whenever the core's CRDs or APIServices changed (a watch event, or a write through
+    /// the gateway): the `/openapi/v2` loop revalidates the core's spec then, not only every
+    /// minute.
+    pub(crate) core_changed: tokio::sync::watch::Sender<u64>,
 }
 
 impl DiscoveryCache {
@@ -105,6 +109,7 @@ impl DiscoveryCache {
             routing,
             core_written: Notify::new(),
             listing_pending: tokio::sync::watch::channel(false).0,
+            core_changed: tokio::sync::watch::channel(0).0,
         }
     }
 

@@ -49,6 +49,8 @@ pub struct ConvertedDocument {
     pub root: OpenApiRoot,
 }
 
+// === impl ConvertedDocument ===
+
 impl ConvertedDocument {
     fn new(key: String, document: &Value) -> Self {
         let json = Bytes::from(serde_json::to_vec(document).unwrap_or_default());
@@ -124,6 +126,8 @@ pub struct ConvertedSpecs {
     /// By root key.
     pub documents: BTreeMap<String, Arc<ConvertedDocument>>,
 }
+
+// === impl ConvertedSpecs ===
 
 impl ConvertedSpecs {
     /// Whether these documents cover exactly `group_versions`: only then may the v2 spec be

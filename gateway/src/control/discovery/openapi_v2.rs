@@ -36,6 +36,7 @@ use http::StatusCode;
 use serde_json::Value;
 use tokio::sync::OnceCell;
 
+use super::core_watch::FollowUps;
 use super::fetch::{FetchError, Source, OPENAPI_TIMEOUT};
 use super::DiscoveryCache;
 use crate::backend::core::CoreBackend;
@@ -59,6 +60,8 @@ pub struct OpenApiV2 {
     pub protobuf: Encoded,
 }
 
+// === impl OpenApiV2 ===
+
 impl OpenApiV2 {
     /// The protobuf or the JSON form, with its Content-Type.
     pub fn representation(&self, protobuf: bool) -> (&'static str, &Encoded) {
@@ -76,6 +79,8 @@ pub struct Encoded {
     pub etag: String,
     gzip: OnceCell<Bytes>,
 }
+
+// === impl Encoded ===
 
 impl Encoded {
     fn new(bytes: Bytes) -> Self {
@@ -147,6 +152,8 @@ struct Contributor {
     service: ServiceRef,
 }
 
+// === impl OpenApiV2Controller ===
+
 impl OpenApiV2Controller {
     pub fn new(
         cache: Arc<DiscoveryCache>,
@@ -168,11 +175,21 @@ impl OpenApiV2Controller {
         let mut core = SpecState::default();
         let mut remotes: HashMap<ServiceRef, SpecState> = HashMap::new();
         let mut merged_from: Option<Vec<Contributor>> = None;
+        let mut core_changes = self.cache.core_changed.subscribe();
+        let mut followups = FollowUps::default();
         loop {
-            tokio::select! {
-                changed = routes.changed() => if changed.is_err() { return },
-                _ = tick.tick() => {}
-            }
+            // A CRD event (or a CRD write through the gateway) changes the core's spec a moment
+            // later: its own OpenAPI controller runs after the CRD is stored. Only the core is
+            // revalidated then, a few times over two seconds, each time a conditional GET.
+            let core_only = tokio::select! {
+                changed = routes.changed() => if changed.is_err() { return } else { false },
+                _ = tick.tick() => false,
+                Ok(()) = core_changes.changed() => {
+                    followups.start(tokio::time::Instant::now());
+                    continue;
+                }
+                () = followups.next() => true,
+            };
             let Some(table) = routes.borrow_and_update().clone() else {
                 continue;
             };
@@ -186,7 +203,7 @@ impl OpenApiV2Controller {
                 "core".into(),
                 std::mem::take(&mut core),
             )];
-            for (svc, backend) in &backends {
+            for (svc, backend) in backends.iter().filter(|_| !core_only) {
                 let state = remotes.remove(svc).unwrap_or_default();
                 let name = backend.name.to_string();
                 fetches.push((

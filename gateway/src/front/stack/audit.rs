@@ -55,6 +55,8 @@ pub struct EventUser {
     pub extra: BTreeMap<String, Vec<String>>,
 }
 
+// === impl EventUser ===
+
 impl From<&UserInfo> for EventUser {
     fn from(u: &UserInfo) -> Self {
         Self {
@@ -109,6 +111,8 @@ pub struct AuditSink {
     events: IntCounter,
     dropped: IntCounter,
 }
+
+// === impl AuditSink ===
 
 impl AuditSink {
     /// Opens the log (`-` is stdout; a file is appended to, created with mode 0600 as
@@ -233,6 +237,8 @@ pub struct Audit<S> {
     sink: Option<Arc<AuditSink>>,
 }
 
+// === impl Audit ===
+
 impl<S> Audit<S> {
     pub fn layer(sink: Option<Arc<AuditSink>>) -> impl Layer<S, Service = Self> + Clone {
         layer_fn(move |inner| Self {
@@ -249,6 +255,8 @@ struct Pending {
     sink: Arc<AuditSink>,
 }
 
+// === impl Pending ===
+
 impl Drop for Pending {
     fn drop(&mut self) {
         let Some(mut event) = self.event.take() else {
@@ -262,6 +270,8 @@ impl Drop for Pending {
         self.sink.send(event);
     }
 }
+
+// === impl Audit ===
 
 impl<S> Service<Request> for Audit<S>
 where
@@ -373,6 +383,8 @@ struct LongRunning;
 pub struct AuditCapture<S> {
     inner: S,
 }
+
+// === impl AuditCapture ===
 
 impl<S> AuditCapture<S> {
     pub fn layer() -> impl Layer<S, Service = Self> + Clone {

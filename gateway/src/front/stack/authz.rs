@@ -66,6 +66,8 @@ pub struct Authorizer {
     metrics: bool,
 }
 
+// === impl Authorizer ===
+
 impl Authorizer {
     pub fn new(
         client: kube::Client,
@@ -139,6 +141,8 @@ pub struct Authz<S> {
     /// `None`: authorization is off (`--authorization-webhook=false` and no `--authorize-metrics`).
     authorizer: Option<Arc<Authorizer>>,
 }
+
+// === impl Authz ===
 
 impl<S> Authz<S> {
     pub fn layer(authorizer: Option<Arc<Authorizer>>) -> impl Layer<S, Service = Self> + Clone {

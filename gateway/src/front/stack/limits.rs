@@ -35,6 +35,8 @@ struct Slots {
     used: AtomicU32,
 }
 
+// === impl Slots ===
+
 impl Slots {
     fn try_take(self: &Arc<Self>) -> Option<SlotGuard> {
         if self.limit == 0 {
@@ -54,6 +56,8 @@ impl Slots {
 /// headers are sent: a large list still occupies the server while it streams.
 struct SlotGuard(Arc<Slots>);
 
+// === impl SlotGuard ===
+
 impl Drop for SlotGuard {
     fn drop(&mut self) {
         self.0.used.fetch_sub(1, Ordering::AcqRel);
@@ -64,6 +68,8 @@ struct InflightGuard {
     _slot: SlotGuard,
     gauge: Gauge,
 }
+
+// === impl InflightGuard ===
 
 impl Drop for InflightGuard {
     fn drop(&mut self) {
@@ -84,6 +90,8 @@ struct Shared {
     routing: Option<Arc<Routing>>,
     metrics: Arc<Metrics>,
 }
+
+// === impl Shared ===
 
 impl Shared {
     /// The body limit for `req` (0: none): the remote one when the routing snapshot sends it to
@@ -116,6 +124,8 @@ pub struct LimitsService<S> {
     inner: S,
     limits: Shared,
 }
+
+// === impl LimitsService ===
 
 impl<S> LimitsService<S> {
     /// `routing` tells requests to remote APIServices apart (their body limit is
@@ -239,6 +249,8 @@ pin_project_lite::pin_project! {
         seen: Arc<AtomicBool>,
     }
 }
+
+// === impl OverflowSeen ===
 
 impl<B> http_body::Body for OverflowSeen<B>
 where

@@ -44,6 +44,8 @@ pub struct RequestTracer {
     propagator: TraceContextPropagator,
 }
 
+// === impl RequestTracer ===
+
 impl RequestTracer {
     pub fn new(provider: &SdkTracerProvider) -> Self {
         Self {
@@ -58,6 +60,8 @@ pub struct Trace<S> {
     inner: S,
     tracer: Option<Arc<RequestTracer>>,
 }
+
+// === impl Trace ===
 
 impl<S> Trace<S> {
     /// `None`: tracing is off and the layer is a pass-through.
