@@ -259,7 +259,7 @@ fn table(bytes: &mut impl Iterator<Item = u8>, with_definitions: bool) -> serde_
     let mut next = || bytes.next().unwrap_or(0);
     let mut table = json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {}});
     if with_definitions {
-        let definitions: Vec<serde_json::Value> = if next() % 4 == 0 {
+        let definitions: Vec<serde_json::Value> = if next().is_multiple_of(4) {
             (0..next() % 9)
                 .map(|_| json!({"name": COLUMNS[usize::from(next()) % COLUMNS.len()], "type": "string"}))
                 .collect()

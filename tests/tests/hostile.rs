@@ -43,10 +43,6 @@ async fn definitions_listing(
     }
 }
 
-fn lines_containing(s: &Scenario, text: &str) -> usize {
-    s.logs().lines().filter(|l| l.contains(text)).count()
-}
-
 /// Issue 26, finding 1: a backend whose `/openapi/v2` chains 5 000 definitions by `$ref` made
 /// the gateway overflow its stack while merging (and converting) the spec, and crash-loop. Now
 /// the chain is merged into `/openapi/v2`, converted into the backend's OpenAPI v3 document, and
@@ -142,23 +138,27 @@ async fn a_spec_nested_past_the_parsers_limit_is_refused_once_and_the_last_good_
     let (status, doc) = get_json(&s, &alice, converted).await;
     assert_eq!(status, StatusCode::OK);
     assert!(doc["components"]["schemas"][FLUNDER_V1ALPHA1].is_object());
+    // Once each, however many refreshes saw the same spec. Only the lines naming the depth are
+    // counted: on loaded cores a refresh may also time out, a state change of its own.
     let too_deep = "the OpenAPI v2 spec nests deeper than 128 levels";
+    let refusals = |what: &str| {
+        s.logs()
+            .lines()
+            .filter(|l| l.contains(what) && l.contains(too_deep))
+            .count()
+    };
     assert_eq!(
-        lines_containing(&s, "cannot fetch the OpenAPI v2 spec; keeping the last one"),
+        refusals("cannot fetch the OpenAPI v2 spec; keeping the last one"),
         1,
         "{}",
         s.logs()
     );
     assert_eq!(
-        lines_containing(
-            &s,
-            "OpenAPI document cannot be used; keeping the last documents"
-        ),
+        refusals("OpenAPI document cannot be used; keeping the last documents"),
         1,
         "{}",
         s.logs()
     );
-    assert_eq!(lines_containing(&s, too_deep), 2, "{}", s.logs());
 }
 
 // ---- impersonation ------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ impl Rng {
     /// others JSON text spliced from `tokens`.
     fn input(&mut self, max: usize, tokens: &[&[u8]]) -> Vec<u8> {
         let len = (self.next() % max as u64) as usize;
-        let structured = self.next() % 2 == 0;
+        let structured = self.next().is_multiple_of(2);
         let mode = match (structured, self.next() % 4) {
             (false, _) => 0,
             (true, 0) => 3,
@@ -29,7 +29,7 @@ impl Rng {
         };
         let mut out = vec![mode];
         while out.len() < len {
-            if structured || self.next() % 8 == 0 {
+            if structured || self.next().is_multiple_of(8) {
                 out.push(self.next() as u8);
             } else {
                 out.extend_from_slice(tokens[(self.next() % tokens.len() as u64) as usize]);
