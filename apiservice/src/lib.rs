@@ -4,6 +4,7 @@
 //! model that the gateway serves as prepared bytes.
 
 pub mod discovery;
+pub mod fuzzing;
 pub mod model;
 pub mod order;
 pub mod outage;

@@ -130,6 +130,60 @@ impl<B: http_body::Body> http_body::Body for WithoutTrailers<B> {
     }
 }
 
+/// `body`, failing with `timed_out` if it has not ended by `deadline`: a bound on a whole
+/// exchange rather than on its headers. The failure resets the client's HTTP/2 stream (or
+/// closes its HTTP/1.1 connection), as Go's server does when a request's context ends.
+pub fn until(body: Body, deadline: tokio::time::Instant, timed_out: &'static str) -> Body {
+    if http_body::Body::is_end_stream(&body) {
+        return body;
+    }
+    boxed(Until {
+        inner: body,
+        deadline: Box::pin(tokio::time::sleep_until(deadline)),
+        timed_out,
+    })
+}
+
+pin_project_lite::pin_project! {
+    struct Until<B> {
+        #[pin]
+        inner: B,
+        deadline: Pin<Box<tokio::time::Sleep>>,
+        timed_out: &'static str,
+    }
+}
+
+impl<B> http_body::Body for Until<B>
+where
+    B: http_body::Body,
+    B::Error: Into<BoxError>,
+{
+    type Data = B::Data;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, BoxError>>> {
+        let this = self.project();
+        if let Poll::Ready(frame) = this.inner.poll_frame(cx) {
+            return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
+        }
+        if this.deadline.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Some(Err((*this.timed_out).into())));
+        }
+        Poll::Pending
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 pin_project_lite::pin_project! {
     struct Guarded<B, G> {
         #[pin]
@@ -165,6 +219,8 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
 
+    use futures::StreamExt;
+
     use super::*;
 
     struct Flag(Arc<AtomicBool>);
@@ -198,5 +254,26 @@ mod tests {
         let bytes = body.collect().await.unwrap().to_bytes();
         assert_eq!(&bytes[..], b"abc");
         assert!(dropped.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_past_its_deadline_fails() {
+        let slow =
+            futures::stream::iter([Ok::<_, BoxError>(Frame::data(Bytes::from_static(b"{")))])
+                .chain(futures::stream::pending());
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        let mut body = until(
+            boxed(http_body_util::StreamBody::new(slow)),
+            deadline,
+            "too slow",
+        );
+        let first = body.frame().await.unwrap().unwrap();
+        assert_eq!(first.into_data().unwrap(), Bytes::from_static(b"{"));
+        let err = body.frame().await.unwrap().unwrap_err();
+        assert_eq!(err.to_string(), "too slow");
+        assert!(tokio::time::Instant::now() >= deadline);
+        // One that ends in time ends as it is.
+        let quick = until(full("ok"), deadline, "too slow");
+        assert_eq!(&quick.collect().await.unwrap().to_bytes()[..], b"ok");
     }
 }

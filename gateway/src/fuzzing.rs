@@ -159,6 +159,137 @@ pub fn request_info(data: &[u8]) {
     assert_eq!(info.long_running, long_running, "{info:?}");
 }
 
+/// The APIService Table rewriter on arbitrary core answers: a list answer and a watch's events,
+/// rewritten or passed on, never a panic; what is rewritten is a Table with kube-aggregator's
+/// four columns and as many rows as it came with, and no larger than the answer allows (each row
+/// gains at most its service's `namespace/name` and a reason in parentheses).
+///
+/// Input: byte 0 even, the rest is the list answer's text and, after a NUL byte, the watch's
+/// event lines; odd, the rest shapes a Table (see [`table`]): the CRD's columns in any order,
+/// some missing or repeated, rows of any cells, many rows.
+pub fn apiservice_table(data: &[u8]) {
+    use crate::handlers::apiservice_printing::rewritten;
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
+    let (list, events): (Vec<u8>, Vec<u8>) = if mode & 1 == 0 {
+        let (list, events) = rest
+            .iter()
+            .position(|b| *b == 0)
+            .map_or((rest, &[][..]), |at| (&rest[..at], &rest[at + 1..]));
+        (list.to_vec(), events.to_vec())
+    } else {
+        let mut bytes = rest.iter().copied();
+        let first = table(&mut bytes, true);
+        let later = table(&mut bytes, false);
+        let list = serde_json::to_vec(&first).unwrap_or_default();
+        let mut events = Vec::new();
+        for (kind, object) in [("ADDED", &first), ("MODIFIED", &later)] {
+            let event = serde_json::json!({"type": kind, "object": object});
+            events.extend(serde_json::to_vec(&event).unwrap_or_default());
+            events.push(b'\n');
+        }
+        (list, events)
+    };
+    let lines: Vec<bytes::Bytes> = events
+        .split_inclusive(|b| *b == b'\n')
+        .map(bytes::Bytes::copy_from_slice)
+        .collect();
+    let (rewritten_list, rewritten_events) = rewritten(&list, lines.clone());
+    let check = |input: &[u8], output: &[u8]| {
+        let (Ok(before), Ok(after)) = (
+            serde_json::from_slice::<serde_json::Value>(input),
+            serde_json::from_slice::<serde_json::Value>(output),
+        ) else {
+            panic!(
+                "a rewritten answer does not parse: {}",
+                String::from_utf8_lossy(output)
+            );
+        };
+        let table = |v: &serde_json::Value| {
+            if v.get("kind").is_some() {
+                v.clone()
+            } else {
+                v["object"].clone()
+            }
+        };
+        let (before, after) = (table(&before), table(&after));
+        let rows = |t: &serde_json::Value| t["rows"].as_array().map_or(0, Vec::len);
+        assert_eq!(rows(&before), rows(&after), "rows came or went");
+        for row in after["rows"].as_array().into_iter().flatten() {
+            if let Some(cells) = row.get("cells").and_then(|c| c.as_array()) {
+                assert_eq!(cells.len(), 4, "{row}");
+            }
+        }
+        if let Some(definitions) = after["columnDefinitions"].as_array() {
+            assert_eq!(definitions.len(), 4, "{after}");
+        }
+        let bound = input.len() + 64 * rows(&after) + 1024;
+        assert!(
+            output.len() <= bound,
+            "{} bytes in, {} out",
+            input.len(),
+            output.len()
+        );
+    };
+    if let Some(out) = &rewritten_list {
+        check(&list, out);
+    }
+    for (line, out) in lines.iter().zip(&rewritten_events) {
+        if line != out {
+            check(line, out);
+        }
+    }
+}
+
+/// A Table shaped by `bytes` (0 once they run out): the chart CRD's column definitions, or a
+/// shuffle of them with some left out or repeated (`with_definitions`), and rows of cells of any
+/// type and number, up to a thousand.
+fn table(bytes: &mut impl Iterator<Item = u8>, with_definitions: bool) -> serde_json::Value {
+    use serde_json::json;
+    const COLUMNS: [&str; 7] = [
+        "Name",
+        "Service",
+        "Service Namespace",
+        "Available",
+        "Reason",
+        "Age",
+        "Other",
+    ];
+    let mut next = || bytes.next().unwrap_or(0);
+    let mut table = json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {}});
+    if with_definitions {
+        let definitions: Vec<serde_json::Value> = if next().is_multiple_of(4) {
+            (0..next() % 9)
+                .map(|_| json!({"name": COLUMNS[usize::from(next()) % COLUMNS.len()], "type": "string"}))
+                .collect()
+        } else {
+            COLUMNS[..6]
+                .iter()
+                .map(|n| json!({"name": n, "type": "string", "format": "", "priority": 0}))
+                .collect()
+        };
+        table["columnDefinitions"] = json!(definitions);
+    }
+    let rows = usize::from(next()) * 4;
+    let cell = |b: u8| match b % 6 {
+        0 => json!(null),
+        1 => json!(""),
+        2 => json!("True"),
+        3 => json!(12),
+        4 => json!(["nested"]),
+        _ => json!("x".repeat(usize::from(b))),
+    };
+    let rows: Vec<serde_json::Value> = (0..rows)
+        .map(|_| {
+            let cells: Vec<serde_json::Value> = (0..next() % 9).map(|_| cell(next())).collect();
+            json!({"cells": cells})
+        })
+        .collect();
+    table["rows"] = json!(rows);
+    table
+}
+
 /// Second, deliberately plain readings of Go's URL rules, to check `request_info` against.
 mod oracle {
     /// Go's `URL.Path` for a raw path: `None` when an escape is malformed or the result is not
@@ -517,5 +648,36 @@ mod tests {
         // Sanity check of the decoder: `\x01` prefix = "x-remote-", so this is
         // `x-remote-user: admin`, which must be replaced by `alice`.
         super::identity_headers(b"alice\x00\x01user\x00admin");
+    }
+
+    #[test]
+    fn apiservice_table_target_holds_on_generated_inputs() {
+        const TOKENS: &[&[u8]] = &[
+            b"{\"kind\":\"Table\",\"columnDefinitions\":[",
+            b"{\"name\":\"Name\"}",
+            b"{\"name\":\"Service\"}",
+            b"{\"name\":\"Service Namespace\"}",
+            b"{\"name\":\"Available\"}",
+            b"{\"name\":\"Reason\"}",
+            b"{\"name\":\"Age\"}",
+            b"],\"rows\":[",
+            b"{\"cells\":[",
+            b"\"a\"",
+            b"null",
+            b"1",
+            b",",
+            b"]}",
+            b"]",
+            b"}",
+            b"\n",
+            b"\x00",
+            b"{\"type\":\"ADDED\",\"object\":",
+        ];
+        let mut rng = Rng(26);
+        for _ in 0..500 {
+            let mut input = assemble(&mut rng, TOKENS, 40);
+            input.insert(0, (rng.next() % 2) as u8);
+            super::apiservice_table(&input);
+        }
     }
 }

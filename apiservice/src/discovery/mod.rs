@@ -14,6 +14,7 @@
 //! * [`openapi_v2_proto`]: that spec in the protobuf form client-go asks for (gnostic's
 //!   `openapi.v2.Document`).
 
+mod document;
 pub mod legacy;
 pub mod merge;
 pub mod negotiate;
@@ -23,6 +24,7 @@ pub mod openapi_v2_proto;
 pub mod openapi_v2_to_v3;
 mod render;
 
+pub use document::{etag_for, DiscoveryError, MAX_JSON_DEPTH};
 pub use legacy::{from_legacy, from_legacy_core};
 pub use merge::{
     merge, APIServiceDiscovery, AggregatedDocument, CoreDiscovery, MergedDiscovery, RemoteDiscovery,
@@ -41,47 +43,3 @@ pub const FRESHNESS_STALE: &str = "Stale";
 pub const SCOPE_NAMESPACED: &str = "Namespaced";
 /// `scope` of a cluster-scoped resource.
 pub const SCOPE_CLUSTER: &str = "Cluster";
-
-/// Why a discovery document could not be prepared.
-#[derive(Debug, thiserror::Error)]
-pub enum DiscoveryError {
-    /// Serialising a prepared document failed (cannot happen with the types used here, but
-    /// serde's API is fallible and we do not panic).
-    #[error("serialising the {document} discovery document: {source}")]
-    Serialize {
-        /// Which document: `/apis`, `/api`, `/apis/<group>`, `/openapi/v3`.
-        document: String,
-        #[source]
-        source: serde_json::Error,
-    },
-}
-
-/// The quoted ETag kube-apiserver sends for a JSON body: `"` + uppercase hex SHA-512 + `"`
-/// (`etag.go` in apiserver's aggregated discovery, and kube-openapi's handler3).
-pub fn etag_for(json: &[u8]) -> String {
-    use sha2::{Digest, Sha512};
-    let digest = Sha512::digest(json);
-    let mut out = String::with_capacity(130);
-    out.push('"');
-    out.push_str(&hex::encode_upper(digest));
-    out.push('"');
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn etag_is_quoted_uppercase_sha512() {
-        let etag = etag_for(b"{}");
-        assert_eq!(etag.len(), 130);
-        assert!(etag.starts_with('"') && etag.ends_with('"'));
-        let hex = &etag[1..129];
-        assert!(hex
-            .chars()
-            .all(|c| c.is_ascii_digit() || ('A'..='F').contains(&c)));
-        // sha512("{}") — fixed value, so a change of algorithm or case shows up here.
-        assert!(hex.starts_with("27C74670ADB75075FAD058D5CEAF7B20C4E7786C83BAE8A32F626F9782AF34C9"));
-    }
-}

@@ -91,19 +91,26 @@ impl<S: Copy> Copy for RemoteSpec<'_, S> {}
 /// reach (kube-openapi's `FilterSpecByPaths`). Filters in place: callers hand over a spec they
 /// own, so a large one is never copied.
 pub fn filter_by_path_prefixes(mut spec: Value, prefixes: &[String]) -> Value {
-    let Some(root) = spec.as_object_mut() else {
-        return spec;
-    };
-    if let Some(Value::Object(paths)) = root.get_mut("paths") {
+    retain_paths(&mut spec, prefixes);
+    retain_reachable_definitions(&mut spec);
+    spec
+}
+
+/// Drops the paths that start with none of `prefixes` (vendor extensions stay).
+pub fn retain_paths(spec: &mut Value, prefixes: &[String]) {
+    if let Some(Value::Object(paths)) = spec.get_mut("paths") {
         paths.retain(|path, _| {
             path.starts_with("x-") || prefixes.iter().any(|p| path.starts_with(p.as_str()))
         });
     }
-    let used = reachable_definitions(&spec);
+}
+
+/// Drops the definitions the paths do not reach.
+fn retain_reachable_definitions(spec: &mut Value) {
+    let used = reachable_definitions(spec);
     if let Some(Value::Object(definitions)) = spec.get_mut("definitions") {
         definitions.retain(|name, _| used.contains(name));
     }
-    spec
 }
 
 /// Adds `source`'s paths and definitions to `dest` (kube-openapi's
@@ -127,10 +134,7 @@ pub fn merge_ignoring_path_conflicts(dest: &mut Value, mut source: Value) {
     if let Some(Value::Object(paths)) = source.get_mut("paths") {
         paths.retain(|path, _| new_paths.contains(path));
     }
-    let used = reachable_definitions(&source);
-    if let Some(Value::Object(definitions)) = source.get_mut("definitions") {
-        definitions.retain(|name, _| used.contains(name));
-    }
+    retain_reachable_definitions(&mut source);
 
     let renames = {
         let dest_definitions = object(dest, "definitions");
@@ -182,23 +186,33 @@ pub fn reachable_definitions(spec: &Value) -> BTreeSet<String> {
     let mut walker = RefWalker {
         definitions: object(spec, "definitions"),
         visited: BTreeSet::new(),
+        pending: Vec::new(),
     };
     if let Some(paths) = object(spec, "paths") {
         for item in paths.values() {
             walker.path_item(item);
         }
     }
+    walker.walk();
     walker.visited
 }
 
 /// Follows references from the paths, visiting each definition once.
+///
+/// A backend's spec is input: a chain of thousands of definitions, each referencing the next,
+/// is as legal as a schema nested as deep as the JSON parser allows. So nothing here recurses:
+/// schemas wait in `pending` and are taken one at a time, and the stack stays flat whatever
+/// the spec (a recursive walk overflowed the stack on a 5 000-link chain, issue 26).
 struct RefWalker<'a> {
     definitions: Option<&'a Map<String, Value>>,
     visited: BTreeSet<String>,
+    /// Schemas found and not walked yet.
+    pending: Vec<&'a Value>,
 }
 
 impl<'a> RefWalker<'a> {
-    fn reference(&mut self, value: &Value) {
+    /// Queues the definition `value`'s `$ref` names, the first time it is named.
+    fn follow(&mut self, value: &'a Value) {
         let Some(name) = value
             .get("$ref")
             .and_then(Value::as_str)
@@ -208,56 +222,49 @@ impl<'a> RefWalker<'a> {
         };
         if self.visited.insert(name.to_owned()) {
             if let Some(definition) = self.definitions.and_then(|d| d.get(name)) {
-                self.schema(definition);
+                self.pending.push(definition);
             }
         }
     }
 
+    /// Walks every queued schema and whatever it queues in turn.
+    fn walk(&mut self) {
+        while let Some(schema) = self.pending.pop() {
+            self.schema(schema);
+        }
+    }
+
+    /// One schema: its own reference, and its sub-schemas queued.
     fn schema(&mut self, schema: &'a Value) {
         if !schema.is_object() {
             return;
         }
-        self.reference(schema);
+        self.follow(schema);
         for key in SCHEMA_ONE {
-            if let Some(inner) = schema.get(key) {
-                self.schema(inner);
-            }
+            self.pending.extend(schema.get(key));
         }
         for key in SCHEMA_LIST {
-            for inner in schema
-                .get(key)
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-            {
-                self.schema(inner);
-            }
+            let list = schema.get(key).and_then(Value::as_array);
+            self.pending.extend(list.into_iter().flatten());
         }
         for key in SCHEMA_MAP {
-            for inner in schema
-                .get(key)
-                .and_then(Value::as_object)
-                .into_iter()
-                .flatten()
-            {
-                self.schema(inner.1);
-            }
+            let map = schema.get(key).and_then(Value::as_object);
+            self.pending
+                .extend(map.into_iter().flat_map(|m| m.values()));
         }
         match schema.get("items") {
-            Some(Value::Array(items)) => items.iter().for_each(|i| self.schema(i)),
-            Some(items) => self.schema(items),
+            Some(Value::Array(items)) => self.pending.extend(items),
+            Some(items) => self.pending.push(items),
             None => {}
         }
     }
 
     fn parameters(&mut self, parameters: Option<&'a Value>) {
         for parameter in parameters.and_then(Value::as_array).into_iter().flatten() {
-            self.reference(parameter);
-            if let Some(schema) = parameter.get("schema") {
-                self.schema(schema);
-            }
+            self.follow(parameter);
+            self.pending.extend(parameter.get("schema"));
             if let Some(items) = parameter.get("items") {
-                self.reference(items);
+                self.follow(items);
             }
         }
     }
@@ -268,10 +275,8 @@ impl<'a> RefWalker<'a> {
             self.parameters(operation.get("parameters"));
             let responses = operation.get("responses").and_then(Value::as_object);
             for response in responses.into_iter().flatten().map(|(_, r)| r) {
-                self.reference(response);
-                if let Some(schema) = response.get("schema") {
-                    self.schema(schema);
-                }
+                self.follow(response);
+                self.pending.extend(response.get("schema"));
             }
         }
     }
@@ -291,12 +296,17 @@ fn rename_definitions(spec: &mut Value, renames: &BTreeMap<String, String>) {
 }
 
 /// `$ref`s are rewritten wherever they are: after filtering, every definition left is reached
-/// from the paths, so this equals walking the references.
+/// from the paths, so this equals walking the references. A worklist, like [`RefWalker`].
 fn rewrite_refs(value: &mut Value, renames: &BTreeMap<String, String>) {
-    match value {
-        Value::Object(map) => {
-            for (key, inner) in map.iter_mut() {
-                if key == "$ref" {
+    let mut pending = vec![value];
+    while let Some(value) = pending.pop() {
+        match value {
+            Value::Object(map) => {
+                for (key, inner) in map.iter_mut() {
+                    if key != "$ref" {
+                        pending.push(inner);
+                        continue;
+                    }
                     let target = inner
                         .as_str()
                         .and_then(|r| r.strip_prefix(DEFINITION_PREFIX))
@@ -304,13 +314,11 @@ fn rewrite_refs(value: &mut Value, renames: &BTreeMap<String, String>) {
                     if let Some(to) = target {
                         *inner = Value::String(format!("{DEFINITION_PREFIX}{to}"));
                     }
-                } else {
-                    rewrite_refs(inner, renames);
                 }
             }
+            Value::Array(items) => pending.extend(items.iter_mut()),
+            _ => {}
         }
-        Value::Array(items) => items.iter_mut().for_each(|i| rewrite_refs(i, renames)),
-        _ => {}
     }
 }
 
@@ -326,7 +334,7 @@ fn ensure_object(value: &mut Value) -> &mut Map<String, Value> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use serde_json::json;
 
     use super::*;
@@ -507,5 +515,92 @@ mod tests {
             reached.into_iter().collect::<Vec<_>>(),
             ["Body", "Created", "P", "Value"]
         );
+    }
+
+    /// A spec whose one path reaches `Link0`, each `Link<i>` referencing `Link<i+1>` (issue 26:
+    /// 5 000 links overflowed the stack of a recursive walk).
+    pub(crate) fn chain(links: usize) -> Value {
+        let mut definitions = Map::new();
+        for i in 0..links {
+            let next = json!({"$ref": format!("#/definitions/Link{}", i + 1)});
+            let link = match i % 3 {
+                0 => json!({"properties": {"next": next}}),
+                1 => json!({"items": next, "description": "and with a sibling"}),
+                _ => json!({"allOf": [next]}),
+            };
+            definitions.insert(format!("Link{i}"), link);
+        }
+        definitions.insert(format!("Link{links}"), json!({"type": "string"}));
+        definitions.insert("Unreached".into(), json!({"$ref": "#/definitions/Link0"}));
+        json!({
+            "paths": {"/apis/g.io/v1/links": get_list("Link0")},
+            "definitions": definitions,
+        })
+    }
+
+    /// Runs `f` on a thread with a small stack: a walk that recursed per link would overflow it.
+    pub(crate) fn on_small_stack<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn(f)
+            .unwrap()
+            .join()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_chain_of_twenty_thousand_references_is_walked_without_recursion() {
+        const LINKS: usize = 20_000;
+        let reached = on_small_stack(|| reachable_definitions(&chain(LINKS)));
+        assert_eq!(reached.len(), LINKS + 1);
+        assert!(reached.contains(&format!("Link{LINKS}")));
+        assert!(!reached.contains("Unreached"));
+    }
+
+    #[test]
+    fn a_long_chain_merges_and_renames_without_recursion() {
+        const LINKS: usize = 10_000;
+        let merged = on_small_stack(|| {
+            // The core has a different `Link7`: the backend's is renamed and the reference to it
+            // rewritten, deep down the chain.
+            let core = json!({"paths": {}, "definitions": {"Link7": {"description": "core's"}}});
+            let spec = chain(LINKS);
+            aggregate(
+                &core,
+                &[RemoteSpec {
+                    group: "g.io",
+                    version: "v1",
+                    group_priority_minimum: 1,
+                    version_priority: 1,
+                    name: "v1.g.io",
+                    spec: &spec,
+                }],
+            )
+        });
+        let definitions = merged["definitions"].as_object().unwrap();
+        assert_eq!(
+            definitions.len(),
+            LINKS + 2,
+            "the chain, and the core's Link7"
+        );
+        assert_eq!(definitions["Link7"]["description"], "core's");
+        assert_eq!(
+            definitions["Link6"]["properties"]["next"]["$ref"],
+            "#/definitions/Link7_v2"
+        );
+        assert!(definitions["Link7_v2"]["items"].is_object());
+    }
+
+    #[test]
+    fn reference_cycles_end() {
+        let spec = json!({
+            "paths": {"/apis/g.io/v1/x": get_list("A")},
+            "definitions": {
+                "A": {"properties": {"b": {"$ref": "#/definitions/B"}, "self": {"$ref": "#/definitions/A"}}},
+                "B": {"items": {"$ref": "#/definitions/A"}},
+            }
+        });
+        let reached = reachable_definitions(&spec);
+        assert_eq!(reached.into_iter().collect::<Vec<_>>(), ["A", "B"]);
     }
 }

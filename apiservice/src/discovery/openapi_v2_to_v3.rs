@@ -21,9 +21,11 @@
 //!
 //! The document is limited to the APIService's own group-version, as the v2 merge limits it.
 
+use std::collections::BTreeSet;
+
 use serde_json::{Map, Value};
 
-use super::openapi_v2::filter_by_path_prefixes;
+use super::openapi_v2::{filter_by_path_prefixes, retain_paths};
 
 const OPERATIONS: [&str; 7] = ["get", "put", "post", "delete", "options", "head", "patch"];
 const V2_DEFINITION: &str = "#/definitions/";
@@ -31,17 +33,90 @@ const V3_SCHEMA: &str = "#/components/schemas/";
 /// Keys under which a schema holds values that are data, not schemas: never rewritten.
 const DATA_KEYS: [&str; 3] = ["default", "example", "enum"];
 
+/// How many bytes of copies one converted document may hold: shared parameters inlined where
+/// they are referenced, and a body's or response's schema once per extra media type. A
+/// Kubernetes-style spec copies a few hundred kilobytes at most (its bodies and responses are a
+/// `$ref` each); a spec built to multiply itself (a large schema behind thousands of
+/// references, or thousands of media types) would otherwise convert into gigabytes.
+pub const MAX_COPIED_BYTES: usize = 16 << 20;
+
+/// Why a spec cannot be converted.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConvertError {
+    #[error(
+        "converting it would copy more than {} MiB of inlined parameters and per-media-type \
+         schemas; the spec must reference fewer large shared parameters or list fewer media types",
+        MAX_COPIED_BYTES >> 20
+    )]
+    TooMuchCopying,
+}
+
+/// What is left of [`MAX_COPIED_BYTES`] for one document.
+struct Copies {
+    left: usize,
+}
+
+impl Copies {
+    fn new() -> Self {
+        Self {
+            left: MAX_COPIED_BYTES,
+        }
+    }
+
+    /// Counts `n` bytes written more than once against the allowance.
+    fn spend(&mut self, n: usize) -> Result<(), ConvertError> {
+        self.left = self
+            .left
+            .checked_sub(n)
+            .ok_or(ConvertError::TooMuchCopying)?;
+        Ok(())
+    }
+
+    /// A copy of `value`, counted against the allowance.
+    fn copy(&mut self, value: &Value) -> Result<Value, ConvertError> {
+        self.spend(json_size(value))?;
+        Ok(value.clone())
+    }
+}
+
+/// The length of `value` written as JSON, without writing it anywhere.
+fn json_size(value: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Writing a `Value` into a counter cannot fail.
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
+}
+
 /// The OpenAPI v3 document kube-aggregator would serve at `/openapi/v3/apis/<group>/<version>`
 /// for a backend whose OpenAPI v2 spec is `spec`.
-pub fn group_version_document(spec: &Value, group: &str, version: &str) -> Value {
+pub fn group_version_document(
+    spec: &Value,
+    group: &str,
+    version: &str,
+) -> Result<Value, ConvertError> {
+    let prefixes = [format!("/apis/{group}/{version}/")];
     let mut spec = spec.clone();
-    inline_parameter_refs(&mut spec);
-    let filtered = filter_by_path_prefixes(spec, &[format!("/apis/{group}/{version}/")]);
-    convert(&filtered)
+    // Other groups' paths go first, so that only this document's references are inlined; the
+    // definitions are filtered after inlining, which may bring references of its own.
+    retain_paths(&mut spec, &prefixes);
+    let mut copies = Copies::new();
+    inline_parameter_refs(&mut spec, &mut copies)?;
+    let filtered = filter_by_path_prefixes(spec, &prefixes);
+    convert(&filtered, &mut copies)
 }
 
 /// Converts a Swagger 2.0 document to OpenAPI 3.0 (module docs).
-pub fn convert(v2: &Value) -> Value {
+fn convert(v2: &Value, copies: &mut Copies) -> Result<Value, ConvertError> {
     let mut v3 = Map::new();
     v3.insert("openapi".into(), "3.0.0".into());
     for key in ["info", "externalDocs", "security", "tags"] {
@@ -58,7 +133,7 @@ pub fn convert(v2: &Value) -> Value {
         .into_iter()
         .flatten()
     {
-        paths.insert(path.clone(), path_item(item, &consumes, &produces));
+        paths.insert(path.clone(), path_item(item, &consumes, &produces, copies)?);
     }
     v3.insert("paths".into(), Value::Object(paths));
 
@@ -78,30 +153,30 @@ pub fn convert(v2: &Value) -> Value {
         components.insert("securitySchemes".into(), Value::Object(schemes));
     }
     if let Some(responses) = v2.get("responses").and_then(Value::as_object) {
-        let responses = responses
-            .iter()
-            .map(|(name, r)| (name.clone(), response(r, &produces)))
-            .collect();
-        components.insert("responses".into(), Value::Object(responses));
+        let mut converted = Map::new();
+        for (name, r) in responses {
+            converted.insert(name.clone(), response(r, &produces, copies)?);
+        }
+        components.insert("responses".into(), Value::Object(converted));
     }
     v3.insert("components".into(), Value::Object(components));
-    Value::Object(v3)
+    Ok(Value::Object(v3))
 }
 
 /// Replaces every `{"$ref": "#/parameters/<name>"}` in path items and operations with the
 /// parameter it names, then drops the `parameters` section. A reference to a parameter the
 /// spec does not have is left out: it would convert to a dangling reference.
-fn inline_parameter_refs(spec: &mut Value) {
+fn inline_parameter_refs(spec: &mut Value, copies: &mut Copies) -> Result<(), ConvertError> {
     let Some(root) = spec.as_object_mut() else {
-        return;
+        return Ok(());
     };
     let shared = match root.remove("parameters") {
         Some(Value::Object(shared)) => shared,
         _ => Map::new(),
     };
-    let resolve = |list: &mut Value| {
+    let mut resolve = |list: &mut Value| -> Result<(), ConvertError> {
         let Some(list) = list.as_array_mut() else {
-            return;
+            return Ok(());
         };
         let mut resolved = Vec::with_capacity(list.len());
         for parameter in list.drain(..) {
@@ -111,40 +186,47 @@ fn inline_parameter_refs(spec: &mut Value) {
                         .strip_prefix("#/parameters/")
                         .and_then(|name| shared.get(name))
                     {
-                        resolved.push(p.clone());
+                        resolved.push(copies.copy(p)?);
                     }
                 }
                 None => resolved.push(parameter),
             }
         }
         *list = resolved;
+        Ok(())
     };
     let Some(Value::Object(paths)) = root.get_mut("paths") else {
-        return;
+        return Ok(());
     };
     for item in paths.values_mut() {
         let Some(item) = item.as_object_mut() else {
             continue;
         };
         if let Some(list) = item.get_mut("parameters") {
-            resolve(list);
+            resolve(list)?;
         }
         for op in OPERATIONS {
             if let Some(list) = item.get_mut(op).and_then(|o| o.get_mut("parameters")) {
-                resolve(list);
+                resolve(list)?;
             }
         }
     }
+    Ok(())
 }
 
-fn path_item(item: &Value, consumes: &[String], produces: &[String]) -> Value {
+fn path_item(
+    item: &Value,
+    consumes: &[String],
+    produces: &[String],
+    copies: &mut Copies,
+) -> Result<Value, ConvertError> {
     let Some(item) = item.as_object() else {
-        return item.clone();
+        return Ok(item.clone());
     };
     let mut out = Map::new();
     for (key, value) in item {
         if OPERATIONS.contains(&key.as_str()) {
-            out.insert(key.clone(), operation(value, consumes, produces));
+            out.insert(key.clone(), operation(value, consumes, produces, copies)?);
         } else if key == "parameters" {
             let params = value.as_array().into_iter().flatten().map(parameter);
             out.insert(key.clone(), Value::Array(params.collect()));
@@ -152,12 +234,17 @@ fn path_item(item: &Value, consumes: &[String], produces: &[String]) -> Value {
             out.insert(key.clone(), value.clone());
         }
     }
-    Value::Object(out)
+    Ok(Value::Object(out))
 }
 
-fn operation(op: &Value, consumes: &[String], produces: &[String]) -> Value {
+fn operation(
+    op: &Value,
+    consumes: &[String],
+    produces: &[String],
+    copies: &mut Copies,
+) -> Result<Value, ConvertError> {
     let Some(op) = op.as_object() else {
-        return op.clone();
+        return Ok(op.clone());
     };
     let consumes = op
         .get("consumes")
@@ -177,7 +264,8 @@ fn operation(op: &Value, consumes: &[String], produces: &[String]) -> Value {
                 for p in value.as_array().into_iter().flatten() {
                     match (p.get("in").and_then(Value::as_str), p.get("schema")) {
                         (Some("body"), Some(body)) => {
-                            out.insert("requestBody".into(), request_body(p, body, &consumes));
+                            let body = request_body(p, body, &consumes, copies)?;
+                            out.insert("requestBody".into(), body);
                         }
                         // Swagger's form parameters have no OpenAPI 3 parameter form; they
                         // do not occur in Kubernetes-style specs.
@@ -190,19 +278,15 @@ fn operation(op: &Value, consumes: &[String], produces: &[String]) -> Value {
                 }
             }
             "responses" => {
-                let responses = value
-                    .as_object()
-                    .into_iter()
-                    .flatten()
-                    .map(|(code, r)| {
-                        let converted = if code.starts_with("x-") {
-                            r.clone()
-                        } else {
-                            response(r, &produces)
-                        };
-                        (code.clone(), converted)
-                    })
-                    .collect();
+                let mut responses = Map::new();
+                for (code, r) in value.as_object().into_iter().flatten() {
+                    let converted = if code.starts_with("x-") {
+                        r.clone()
+                    } else {
+                        response(r, &produces, copies)?
+                    };
+                    responses.insert(code.clone(), converted);
+                }
                 out.insert(key.clone(), Value::Object(responses));
             }
             k if k.starts_with("x-") => {
@@ -211,10 +295,15 @@ fn operation(op: &Value, consumes: &[String], produces: &[String]) -> Value {
             _ => {}
         }
     }
-    Value::Object(out)
+    Ok(Value::Object(out))
 }
 
-fn request_body(parameter: &Value, body: &Value, consumes: &[String]) -> Value {
+fn request_body(
+    parameter: &Value,
+    body: &Value,
+    consumes: &[String],
+    copies: &mut Copies,
+) -> Result<Value, ConvertError> {
     let mut out = Map::new();
     if let Some(d) = parameter.get("description") {
         out.insert("description".into(), d.clone());
@@ -222,25 +311,27 @@ fn request_body(parameter: &Value, body: &Value, consumes: &[String]) -> Value {
     if let Some(r) = parameter.get("required") {
         out.insert("required".into(), r.clone());
     }
-    out.insert("content".into(), media_types(body, consumes));
-    Value::Object(out)
+    out.insert("content".into(), media_types(body, consumes, copies)?);
+    Ok(Value::Object(out))
 }
 
-/// `{"<type>": {"schema": ...}}` for each media type; `*/*` when the spec names none, so the
-/// schema is not lost.
-fn media_types(body: &Value, types: &[String]) -> Value {
+/// `{"<type>": {"schema": ...}}` for each media type (once, however often it is listed);
+/// `*/*` when the spec names none, so the schema is not lost. Every copy but one counts against
+/// `copies`.
+fn media_types(body: &Value, types: &[String], copies: &mut Copies) -> Result<Value, ConvertError> {
     let converted = schema(body);
+    let mut distinct: BTreeSet<&str> = types.iter().map(String::as_str).collect();
+    let last = distinct.pop_last().unwrap_or("*/*");
     let mut content = Map::new();
-    if types.is_empty() {
-        content.insert("*/*".into(), serde_json::json!({ "schema": converted }));
+    for t in distinct {
+        // The spec lists its media types once, for all its operations: each operation's copy
+        // of the names counts too, or a long list would multiply without the schemas.
+        copies.spend(t.len())?;
+        let copy = copies.copy(&converted)?;
+        content.insert(t.to_owned(), serde_json::json!({ "schema": copy }));
     }
-    for t in types {
-        content.insert(
-            t.clone(),
-            serde_json::json!({ "schema": converted.clone() }),
-        );
-    }
-    Value::Object(content)
+    content.insert(last.to_owned(), serde_json::json!({ "schema": converted }));
+    Ok(Value::Object(content))
 }
 
 fn parameter(p: &Value) -> Value {
@@ -276,9 +367,9 @@ fn parameter(p: &Value) -> Value {
     Value::Object(out)
 }
 
-fn response(r: &Value, produces: &[String]) -> Value {
+fn response(r: &Value, produces: &[String], copies: &mut Copies) -> Result<Value, ConvertError> {
     let Some(r) = r.as_object() else {
-        return r.clone();
+        return Ok(r.clone());
     };
     let mut out = Map::new();
     for (key, value) in r {
@@ -295,7 +386,7 @@ fn response(r: &Value, produces: &[String]) -> Value {
                 out.insert(key.clone(), value.clone());
             }
             "schema" => {
-                out.insert("content".into(), media_types(value, produces));
+                out.insert("content".into(), media_types(value, produces, copies)?);
             }
             k if k.starts_with("x-") => {
                 out.insert(key.clone(), value.clone());
@@ -305,7 +396,7 @@ fn response(r: &Value, produces: &[String]) -> Value {
     }
     // OpenAPI 3 requires a description on every response.
     out.entry("description").or_insert_with(|| "".into());
-    Value::Object(out)
+    Ok(Value::Object(out))
 }
 
 fn security_scheme(s: &Value) -> Value {
@@ -350,43 +441,58 @@ fn schema(s: &Value) -> Value {
     s
 }
 
+/// A worklist, not recursion (a backend's schema is input, see `openapi_v2::RefWalker`). Each
+/// schema's own reference is rewritten before its sub-schemas are queued, which gives the same
+/// document as rewriting bottom-up: wrapping a reference only adds an `allOf` entry that is
+/// already in its final form.
 fn rewrite_schema(value: &mut Value) {
-    match value {
-        Value::Object(map) => {
-            for (key, inner) in map.iter_mut() {
-                match key.as_str() {
-                    k if DATA_KEYS.contains(&k) || k.starts_with("x-") => {}
-                    // Maps from names to schemas: a property may well be called `default`.
-                    "properties" | "patternProperties" | "definitions" => {
-                        if let Value::Object(named) = inner {
-                            named.values_mut().for_each(rewrite_schema);
+    let mut pending = vec![value];
+    while let Some(value) = pending.pop() {
+        rewrite_reference(value);
+        match value {
+            Value::Object(map) => {
+                for (key, inner) in map.iter_mut() {
+                    match key.as_str() {
+                        k if DATA_KEYS.contains(&k) || k.starts_with("x-") => {}
+                        // Maps from names to schemas: a property may well be called `default`.
+                        "properties" | "patternProperties" | "definitions" => {
+                            if let Value::Object(named) = inner {
+                                pending.extend(named.values_mut());
+                            }
                         }
+                        _ => pending.push(inner),
                     }
-                    _ => rewrite_schema(inner),
                 }
             }
-            let reference = match map.get("$ref").and_then(Value::as_str) {
-                Some(r) => match r.strip_prefix(V2_DEFINITION) {
-                    Some(name) => format!("{V3_SCHEMA}{name}"),
-                    None => r.to_owned(),
-                },
-                None => return,
-            };
-            map.remove("$ref");
-            let reference = serde_json::json!({ "$ref": reference });
-            if map.is_empty() {
-                *value = reference;
-            } else {
-                match map.get_mut("allOf").and_then(Value::as_array_mut) {
-                    Some(all_of) => all_of.push(reference),
-                    None => {
-                        map.insert("allOf".into(), Value::Array(vec![reference]));
-                    }
-                }
+            Value::Array(items) => pending.extend(items.iter_mut()),
+            _ => {}
+        }
+    }
+}
+
+/// Points `value`'s `$ref` at `components.schemas`, wrapped in `allOf` when it has siblings.
+fn rewrite_reference(value: &mut Value) {
+    let Value::Object(map) = value else {
+        return;
+    };
+    let reference = match map.get("$ref").and_then(Value::as_str) {
+        Some(r) => match r.strip_prefix(V2_DEFINITION) {
+            Some(name) => format!("{V3_SCHEMA}{name}"),
+            None => r.to_owned(),
+        },
+        None => return,
+    };
+    map.remove("$ref");
+    let reference = serde_json::json!({ "$ref": reference });
+    if map.is_empty() {
+        *value = reference;
+    } else {
+        match map.get_mut("allOf").and_then(Value::as_array_mut) {
+            Some(all_of) => all_of.push(reference),
+            None => {
+                map.insert("allOf".into(), Value::Array(vec![reference]));
             }
         }
-        Value::Array(items) => items.iter_mut().for_each(rewrite_schema),
-        _ => {}
     }
 }
 
@@ -464,7 +570,7 @@ mod tests {
 
     #[test]
     fn a_group_version_becomes_a_v3_document_of_its_own() {
-        let v3 = group_version_document(&wardle_v2(), "wardle.example.com", "v1alpha1");
+        let v3 = group_version_document(&wardle_v2(), "wardle.example.com", "v1alpha1").unwrap();
         assert_eq!(v3["openapi"], "3.0.0");
         assert_eq!(v3["info"]["title"], "wardle-server");
         // Only the APIService's group-version, and only the definitions it reaches.
@@ -494,7 +600,7 @@ mod tests {
 
     #[test]
     fn references_point_at_components_and_lose_no_sibling() {
-        let v3 = group_version_document(&wardle_v2(), "wardle.example.com", "v1alpha1");
+        let v3 = group_version_document(&wardle_v2(), "wardle.example.com", "v1alpha1").unwrap();
         let flunder = &v3["components"]["schemas"]["io.wardle.v1alpha1.Flunder"];
         assert_eq!(
             flunder["properties"]["spec"],
@@ -525,7 +631,7 @@ mod tests {
 
     #[test]
     fn bodies_parameters_and_responses_take_their_v3_forms() {
-        let v3 = group_version_document(&wardle_v2(), "wardle.example.com", "v1alpha1");
+        let v3 = group_version_document(&wardle_v2(), "wardle.example.com", "v1alpha1").unwrap();
         let item =
             &v3["paths"]["/apis/wardle.example.com/v1alpha1/namespaces/{namespace}/flunders"];
         // A shared parameter is inlined and gets a schema from its simple type.
@@ -555,5 +661,81 @@ mod tests {
         assert_eq!(post["x-kubernetes-action"], "post");
         assert_eq!(post["operationId"], "createFlunder");
         assert!(post.get("consumes").is_none());
+    }
+
+    #[test]
+    fn a_long_reference_chain_converts_without_recursion() {
+        const LINKS: usize = 5_000;
+        let v3 = crate::discovery::openapi_v2::tests::on_small_stack(|| {
+            let spec = crate::discovery::openapi_v2::tests::chain(LINKS);
+            group_version_document(&spec, "g.io", "v1").unwrap()
+        });
+        let schemas = v3["components"]["schemas"].as_object().unwrap();
+        assert_eq!(schemas.len(), LINKS + 1);
+        assert_eq!(
+            schemas["Link1"],
+            json!({"description": "and with a sibling",
+                   "items": {"$ref": "#/components/schemas/Link2"}})
+        );
+    }
+
+    /// A body schema of about `size` bytes behind a shared parameter, referenced by `operations`
+    /// operations that each accept `media_types` media types.
+    fn multiplying(size: usize, operations: usize, media_types: usize) -> Value {
+        let mut paths = Map::new();
+        for i in 0..operations {
+            paths.insert(
+                format!("/apis/g.io/v1/things{i}"),
+                json!({"post": {"parameters": [{"$ref": "#/parameters/body"}],
+                                "responses": {"200": {"description": "OK"}}}}),
+            );
+        }
+        let consumes: Vec<String> = (0..media_types)
+            .map(|i| format!("application/x-{i}"))
+            .collect();
+        json!({
+            "consumes": consumes,
+            "parameters": {"body": {"name": "body", "in": "body",
+                                    "schema": {"description": "x".repeat(size)}}},
+            "paths": paths,
+        })
+    }
+
+    #[test]
+    fn a_spec_built_to_multiply_itself_is_refused() {
+        // 256 KiB of schema behind 100 references, or in front of 100 media types: either way
+        // 25 MiB of copies from a 256 KiB spec.
+        for spec in [
+            multiplying(256 << 10, 100, 1),
+            multiplying(256 << 10, 1, 100),
+        ] {
+            assert_eq!(
+                group_version_document(&spec, "g.io", "v1"),
+                Err(ConvertError::TooMuchCopying)
+            );
+        }
+        // Kubernetes-sized: small bodies, everywhere, in a few media types.
+        let ordinary = multiplying(200, 2_000, 5);
+        let v3 = group_version_document(&ordinary, "g.io", "v1").unwrap();
+        let content = &v3["paths"]["/apis/g.io/v1/things7"]["post"]["requestBody"]["content"];
+        assert_eq!(content.as_object().unwrap().len(), 5);
+        // Ten thousand media types of a hundred bytes, listed once for the spec, and an empty
+        // schema for three hundred bodies: 6 MB of schema copies, but 300 MB of names.
+        let mut names = multiplying(0, 300, 1);
+        names["parameters"]["body"]["schema"] = json!({});
+        let long: Vec<String> = (0..10_000)
+            .map(|i| format!("application/x-{i}-{}", "n".repeat(90)))
+            .collect();
+        names["consumes"] = json!(long);
+        assert_eq!(
+            group_version_document(&names, "g.io", "v1"),
+            Err(ConvertError::TooMuchCopying)
+        );
+        // A media type listed twice is written once.
+        let mut twice = multiplying(200, 1, 1);
+        twice["consumes"] = json!(["application/json", "application/json"]);
+        let v3 = group_version_document(&twice, "g.io", "v1").unwrap();
+        let content = &v3["paths"]["/apis/g.io/v1/things0"]["post"]["requestBody"]["content"];
+        assert_eq!(content.as_object().unwrap().len(), 1);
     }
 }

@@ -1,7 +1,12 @@
 //! `Impersonate-User`, `-Group`, `-Uid` and `-Extra-<key>`, honoured the way kube-apiserver's
 //! impersonation filter honours them: every requested attribute is checked with a
-//! SubjectAccessReview for verb `impersonate` on behalf of the authenticated requestor, and only
-//! when all are allowed does the request continue as the impersonated user.
+//! SubjectAccessReview for verb `impersonate` on behalf of the authenticated requestor, one after
+//! another in kube's order, and the first refusal ends it; only when all are allowed does the
+//! request continue as the impersonated user.
+//!
+//! Each check may cost the core a review (random names miss the decision cache), so what one
+//! request may ask for is capped at [`MAX_ATTRIBUTES`]; kube has no such cap, but its checks are
+//! in-process.
 
 use std::collections::BTreeMap;
 
@@ -16,6 +21,12 @@ pub const GROUP: &str = "impersonate-group";
 pub const UID: &str = "impersonate-uid";
 pub const EXTRA_PREFIX: &str = "impersonate-extra-";
 const AUTHENTICATION_GROUP: &str = "authentication.k8s.io";
+
+/// The most attributes (the user, its UID, each group, each extra value) one request may ask to
+/// impersonate. Above what front proxies that impersonate with a user's every group send (an
+/// OIDC token carries at most 200, Azure AD's cap); far below the thousand reviews a single
+/// request could otherwise ask of the core.
+pub const MAX_ATTRIBUTES: usize = 256;
 
 /// One attribute to be allowed, in kube's order: the user (or service account), each group,
 /// each extra value, the UID.
@@ -67,6 +78,12 @@ pub struct Request {
 pub enum ImpersonationError {
     #[error("requested impersonation of {0} without impersonating a user (Impersonate-User)")]
     NoUser(&'static str),
+    #[error(
+        "requested impersonation of {0} attributes (the user, its UID, each Impersonate-Group \
+         and each Impersonate-Extra-* value); at most {MAX_ATTRIBUTES} are allowed, send fewer \
+         groups or extra values"
+    )]
+    TooMany(usize),
 }
 
 /// Whether any impersonation header is present (cheap check for the common case).
@@ -90,6 +107,13 @@ pub fn parse(headers: &HeaderMap) -> Result<Option<Request>, ImpersonationError>
             _ if !uid.is_empty() => Err(ImpersonationError::NoUser("a UID")),
             _ => Ok(None),
         };
+    }
+    let requested = 1
+        + usize::from(!uid.is_empty())
+        + groups.len()
+        + extra.values().map(Vec::len).sum::<usize>();
+    if requested > MAX_ATTRIBUTES {
+        return Err(ImpersonationError::TooMany(requested));
     }
     Ok(Some(Request {
         user,
@@ -210,6 +234,21 @@ mod tests {
         assert_eq!(err, ImpersonationError::NoUser("groups"));
         assert!(parse(&headers(&[("Impersonate-Uid", "1")])).is_err());
         assert!(parse(&headers(&[("Impersonate-Extra-Scopes", "x")])).is_err());
+    }
+
+    #[test]
+    fn more_attributes_than_the_cap_are_refused_before_any_check() {
+        let mut h = headers(&[("Impersonate-User", "bob"), ("Impersonate-Uid", "1")]);
+        for i in 0..MAX_ATTRIBUTES - 3 {
+            h.append(GROUP, format!("g{i}").parse().unwrap());
+        }
+        h.append("impersonate-extra-scopes", "a".parse().unwrap());
+        let at_cap = parse(&h).unwrap().unwrap();
+        assert_eq!(checks(&at_cap).len(), MAX_ATTRIBUTES);
+        h.append("impersonate-extra-scopes", "b".parse().unwrap());
+        let err = parse(&h).unwrap_err();
+        assert_eq!(err, ImpersonationError::TooMany(MAX_ATTRIBUTES + 1));
+        assert!(err.to_string().contains("at most 256 are allowed"), "{err}");
     }
 
     #[test]

@@ -58,7 +58,8 @@ fn common_name(subject: &x509_parser::x509::X509Name<'_>) -> Option<String> {
         .map(str::to_owned)
 }
 
-fn leaf_common_name(der: &[u8]) -> Option<String> {
+/// The common name of the certificate `der`, as [`common_name`] reads it (the last of several).
+pub(crate) fn leaf_common_name(der: &[u8]) -> Option<String> {
     let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
     common_name(cert.subject())
 }

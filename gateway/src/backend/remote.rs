@@ -225,6 +225,12 @@ impl RemoteBackend {
         self
     }
 
+    /// Whether a backend's redirect is refused (see [`is_forwarding_redirect`]): documents the
+    /// gateway passes on for itself follow the same rule.
+    pub fn rejects_forwarding_redirects(&self) -> bool {
+        self.reject_forwarding_redirects
+    }
+
     /// Connection failures on this Service's connections ask `queue` to re-check the
     /// APIServices sending on them.
     pub fn reporting_failures_to(self, queue: Queue<String>) -> Self {
@@ -297,8 +303,11 @@ impl RemoteBackend {
         // and every other caller's requests share that connection.
         let http1 = user.name == crate::identity::ANONYMOUS;
         let send = self.send(req, &endpoints, first, http1);
+        // kube-aggregator bounds the whole exchange of group-version discovery, body included:
+        // a backend trickling its answer must not hold the client for the request timeout.
+        let discovery_deadline = tokio::time::Instant::now() + DISCOVERY_TIMEOUT;
         let resp = if discovery {
-            tokio::time::timeout(DISCOVERY_TIMEOUT, send)
+            tokio::time::timeout_at(discovery_deadline, send)
                 .await
                 .map_err(|_| self.unavailable("discovery did not answer within 5s"))?
         } else {
@@ -312,6 +321,15 @@ impl RemoteBackend {
         }
         let mut resp = proxy::client_response(resp, long_running, &self.drain);
         remove_cors_grants(resp.headers_mut());
+        if discovery {
+            resp = resp.map(|b| {
+                body::until(
+                    b,
+                    discovery_deadline,
+                    "discovery did not complete within 5s",
+                )
+            });
+        }
         Ok(resp)
     }
 
@@ -338,9 +356,10 @@ impl RemoteBackend {
         http1: bool,
     ) -> Result<http::Response<Body>, GatewayError> {
         let method = req.method().clone();
-        let (mut req, replay) = Replay::keep(req)
+        let (req, replay) = Replay::keep(req)
             .await
             .map_err(|e| GatewayError::BadRequest(format!("reading the request body: {e}")))?;
+        let (mut req, caller_body) = retry::watch_body(req);
         let mut picked = first;
         let mut sent_again_after_sending = false;
         for attempt in 1..=retry::MAX_ATTEMPTS {
@@ -356,6 +375,16 @@ impl RemoteBackend {
                 }
                 Err(e) => e,
             };
+            // The caller's body failed (it ended before its Content-Length, or its stream was
+            // reset): the backend had nothing to do with it, and the request cannot be sent
+            // again. The caller's own 400, and no mark against the endpoint.
+            if let Some(why) = caller_body.failure() {
+                tracing::debug!(error = %e, %why, "the request body failed while being sent");
+                return Err(GatewayError::BadRequest(format!(
+                    "the request body could not be read to its end ({why}); send a body that \
+                     matches its Content-Length"
+                )));
+            }
             let failure = Failure::of(&e);
             let again = match &replay {
                 Some(replay)

@@ -21,6 +21,7 @@
 //! read before the first attempt. Longer or streamed bodies are sent once.
 
 use std::error::Error;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, Uri, Version};
@@ -145,6 +146,64 @@ impl Replay {
     }
 }
 
+/// `req` with its body watched: [`CallerBody::failure`] tells afterwards whether the caller's
+/// body failed while it was being sent. hyper's HTTP/2 client reports such a failure as a reset
+/// of its own stream, which reads like the backend's connection failing after sending, so the
+/// error alone cannot tell the caller's doing from the backend's.
+pub fn watch_body(req: Request) -> (Request, CallerBody) {
+    let failure = CallerBody(Arc::new(std::sync::OnceLock::new()));
+    if http_body::Body::is_end_stream(req.body()) {
+        return (req, failure);
+    }
+    let seen = failure.clone();
+    let req = req.map(|inner| body::boxed(Watched { inner, seen }));
+    (req, failure)
+}
+
+/// What [`watch_body`] saw of the caller's body.
+#[derive(Clone)]
+pub struct CallerBody(Arc<std::sync::OnceLock<String>>);
+
+impl CallerBody {
+    /// Why the caller's body failed, if it did.
+    pub fn failure(&self) -> Option<&str> {
+        self.0.get().map(String::as_str)
+    }
+}
+
+pin_project_lite::pin_project! {
+    struct Watched {
+        #[pin]
+        inner: body::Body,
+        seen: CallerBody,
+    }
+}
+
+impl http_body::Body for Watched {
+    type Data = Bytes;
+    type Error = body::BoxError;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, body::BoxError>>> {
+        let this = self.project();
+        let frame = this.inner.poll_frame(cx);
+        if let std::task::Poll::Ready(Some(Err(e))) = &frame {
+            let _ = this.seen.0.set(crate::error::chain(e.as_ref()));
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// A copy of `req` to send again if it is refused, for a safe request with no body (the core's
 /// path, which sends to one address and keeps no body).
 pub fn resendable(req: &Request) -> Option<Request> {
@@ -240,5 +299,27 @@ mod tests {
         assert!(!Failure::NotTheBackend.may_send_again(&Method::GET));
         assert!(!refused.is_endpoint_failure());
         assert!(after.is_endpoint_failure() && unreachable.is_endpoint_failure());
+    }
+
+    #[tokio::test]
+    async fn a_caller_body_that_fails_midway_is_noticed() {
+        let frames = futures::stream::iter([
+            Ok::<_, body::BoxError>(http_body::Frame::data(Bytes::from_static(b"{\"a\":"))),
+            Err("stream error received: unexpected end of body".into()),
+        ]);
+        let req = http::Request::post("https://127.0.0.1:1/apis/x")
+            .body(body::boxed(http_body_util::StreamBody::new(frames)))
+            .unwrap();
+        let (req, caller) = watch_body(req);
+        assert_eq!(caller.failure(), None);
+        assert!(req.into_body().collect().await.is_err());
+        assert_eq!(
+            caller.failure(),
+            Some("stream error received: unexpected end of body")
+        );
+        // A body that ends well is nobody's failure.
+        let (req, caller) = watch_body(http::Request::new(body::full("{}")));
+        req.into_body().collect().await.unwrap();
+        assert_eq!(caller.failure(), None);
     }
 }

@@ -59,6 +59,11 @@ struct Args {
     /// (`?events=N&interval_ms=M`), like a VM's console (comma list).
     #[arg(long, value_delimiter = ',')]
     streaming_subresources: Vec<String>,
+    /// Misbehave as a hostile server would (repeatable): `openapi-v2-ref-chain=N`,
+    /// `openapi-v2-nesting=N`, `openapi-v3-redirect`, `slow-discovery` (see
+    /// `e2e::fixture::hostile`).
+    #[arg(long)]
+    hostile: Vec<e2e::fixture::hostile::Hostile>,
 }
 
 #[tokio::main]
@@ -99,6 +104,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     config.goaway_anonymous_http2 = args.goaway_anonymous_http2;
     config.goaway_after_requests = args.goaway_after_requests;
     config.streaming_subresources = args.streaming_subresources;
+    config.hostile = args.hostile;
     let tls = TlsFiles {
         cert: args.tls_cert_file,
         key: args.tls_private_key_file,

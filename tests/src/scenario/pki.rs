@@ -275,6 +275,24 @@ impl Pki {
         assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
     }
 
+    /// Makes `backend` (Service `<namespace>/api`) misbehave as `modes` say from now on (see
+    /// `fixture::hostile`; empty: behave).
+    pub async fn set_backend_hostility(
+        &self,
+        backend: &FixtureAggregated,
+        namespace: &str,
+        modes: &[crate::fixture::hostile::Hostile],
+    ) {
+        let req = Request::put(format!("{}/fixture/hostile", backend.url()))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(serde_json::to_vec(modes).unwrap())))
+            .unwrap();
+        let (status, _, body) = harness::send(&self.backend_client(namespace), req)
+            .await
+            .unwrap();
+        assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    }
+
     /// An APIService for `version.group` backed by Service `namespace/api` on port 443, trusting
     /// the backend CA.
     pub fn apiservice(&self, group: &str, version: &str, namespace: &str) -> ApiService {

@@ -43,14 +43,31 @@ pub enum EncodeError {
         /// What the place requires (`an object`, `an array`).
         expected: &'static str,
     },
+    /// The message would be longer than the limit [`encode`] was given.
+    #[error(
+        "openapi v2 spec: its protobuf form would pass {limit} bytes (free-form values such as \
+         `x-*` extensions, defaults and examples are written as YAML, which indents by nesting \
+         depth); the spec must nest them less deeply"
+    )]
+    TooLarge { limit: usize },
 }
 
-/// Writes `spec`, a Swagger 2.0 document, as a gnostic `openapi.v2.Document` message.
-pub fn encode(spec: &Value) -> Result<Bytes, EncodeError> {
-    let mut w = Writer::default();
+/// How long the protobuf of a spec whose JSON is `json_len` bytes may be. The message is
+/// shorter than the JSON but for the free-form values, written as YAML text; YAML indents by
+/// nesting depth, so a deeply nested extension would print as a hundred times its JSON (a flat
+/// list of small numbers is already twice its JSON). Four times the JSON and a mebibyte is far
+/// above what any real spec needs.
+pub fn size_limit(json_len: usize) -> usize {
+    json_len.saturating_mul(4).saturating_add(1 << 20)
+}
+
+/// Writes `spec`, a Swagger 2.0 document, as a gnostic `openapi.v2.Document` message of at most
+/// `limit` bytes (see [`size_limit`]).
+pub fn encode(spec: &Value, limit: usize) -> Result<Bytes, EncodeError> {
+    let mut w = Writer::within(limit);
     let doc = object(spec, "")?;
     document(&mut w, doc)?;
-    Ok(w.finish())
+    w.finish().ok_or(EncodeError::TooLarge { limit })
 }
 
 /// `value` as an object, or an error naming `path`.

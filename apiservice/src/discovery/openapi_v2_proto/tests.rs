@@ -3,8 +3,13 @@
 
 use serde_json::{json, Value};
 
-use super::yaml::to_yaml;
-use super::{encode, EncodeError};
+use super::yaml::{to_yaml, to_yaml_within};
+use super::{size_limit, EncodeError};
+
+/// Without a size limit: the mappings are what these tests are about.
+fn encode(spec: &Value) -> Result<bytes::Bytes, EncodeError> {
+    super::encode(spec, usize::MAX)
+}
 
 /// A decoded field value.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -389,4 +394,77 @@ fn yaml_scalars_quoted_where_yaml_v3_quotes() {
         to_yaml(&json!({"k": "two\nlines"})),
         "k: |-\n    two\n    lines\n"
     );
+}
+
+/// A value nested `depth` levels deep (arrays in arrays), with `leaves` zeros at the bottom.
+fn nested_array(depth: usize, leaves: usize) -> Value {
+    let mut v = Value::Array(vec![json!(0); leaves]);
+    for _ in 1..depth {
+        v = Value::Array(vec![v]);
+    }
+    v
+}
+
+#[test]
+fn yaml_of_a_deeply_nested_value_is_cut_at_its_limit() {
+    // Each leaf is two bytes of JSON and, 120 levels down, a line of 240 spaces of YAML.
+    let deep = nested_array(120, 1_000);
+    let json_len = serde_json::to_vec(&deep).unwrap().len();
+    let full = to_yaml(&deep);
+    assert!(full.len() > 100 * json_len, "{} vs {json_len}", full.len());
+    assert_eq!(to_yaml_within(&deep, full.len()).as_deref(), Some(&*full));
+    assert_eq!(to_yaml_within(&deep, 10 * json_len), None);
+}
+
+#[test]
+fn a_spec_whose_yaml_would_multiply_it_is_refused_not_written() {
+    // A 200 KB extension that YAML would print as 25 MB (issue 26's structure-aware fuzzing:
+    // deep arrays of many leaves).
+    let spec = doc(json!({"x-deep": nested_array(126, 100_000)}));
+    let json_len = serde_json::to_vec(&spec).unwrap().len();
+    let limit = size_limit(json_len);
+    assert_eq!(
+        super::encode(&spec, limit),
+        Err(EncodeError::TooLarge { limit })
+    );
+    // The same value shallow is written.
+    let shallow = doc(json!({"x-flat": nested_array(2, 100_000)}));
+    let json_len = serde_json::to_vec(&shallow).unwrap().len();
+    assert!(super::encode(&shallow, size_limit(json_len)).is_ok());
+}
+
+#[test]
+fn the_deepest_spec_the_parser_accepts_encodes_on_a_small_stack() {
+    // serde_json refuses nesting past 128 levels, so the encoder's recursion (a few frames per
+    // level) is bounded by that: the deepest schema chain that parses, encoded on a thread with
+    // a quarter of a worker thread's stack.
+    let mut text = String::from(r#"{"definitions":{"a":"#);
+    let levels = 62;
+    for _ in 0..levels {
+        text.push_str(r#"{"properties":{"p":"#);
+    }
+    text.push_str("{}");
+    for _ in 0..levels {
+        text.push_str("}}");
+    }
+    text.push_str("}}");
+    let spec: Value = serde_json::from_str(&text).unwrap();
+    let deeper = text.replacen(
+        r#"{"properties":{"p":"#,
+        r#"{"properties":{"p":{"properties":{"p":"#,
+        1,
+    );
+    let deeper = deeper.replacen("}}", "}}}}", 1);
+    let refused = serde_json::from_str::<Value>(&deeper).unwrap_err();
+    assert!(
+        refused.to_string().starts_with("recursion limit exceeded"),
+        "{refused}"
+    );
+    let encoded = std::thread::Builder::new()
+        .stack_size(512 << 10)
+        .spawn(move || super::encode(&spec, usize::MAX).map(|b| b.len()))
+        .unwrap()
+        .join()
+        .unwrap();
+    assert!(encoded.unwrap() > levels);
 }

@@ -7,15 +7,28 @@ use serde_json::{Map, Value};
 
 use super::{array, child, object, yaml, EncodeError};
 
-/// The output buffer.
-#[derive(Default)]
+/// The output buffer, and how long it may grow.
 pub(crate) struct Writer {
     buf: Vec<u8>,
+    limit: usize,
+    /// Something was left out because it would have passed `limit`.
+    over: bool,
 }
 
 impl Writer {
-    pub(crate) fn finish(self) -> Bytes {
-        Bytes::from(self.buf)
+    pub(crate) fn within(limit: usize) -> Self {
+        Self {
+            buf: Vec::new(),
+            limit,
+            over: false,
+        }
+    }
+
+    /// The message, or `None` if it passed the limit. Only the YAML of free-form values can
+    /// grow faster than the document (see `yaml`): it is cut short as soon as it would pass,
+    /// and after that none is written; everything else is linear in the spec and checked here.
+    pub(crate) fn finish(self) -> Option<Bytes> {
+        (!self.over && self.buf.len() <= self.limit).then(|| Bytes::from(self.buf))
     }
 
     /// A nested message in field `number`, whatever `body` writes (present even when empty, as
@@ -203,7 +216,13 @@ impl<'a> Fields<'a> {
 
 /// `Any { yaml: <value as yaml.v3 prints it> }` (field 1, a `google.protobuf.Any`, stays unset).
 fn any(w: &mut Writer, value: &Value) {
-    w.string(2, &yaml::to_yaml(value));
+    if w.over {
+        return;
+    }
+    match yaml::to_yaml_within(value, w.limit.saturating_sub(w.buf.len())) {
+        Some(text) => w.string(2, &text),
+        None => w.over = true,
+    }
 }
 
 /// A `NamedAny { name, value: Any }` in field `number`.

@@ -16,8 +16,19 @@ use serde_json::Value;
 
 /// `value` as yaml.v3 marshals it (always ending in a newline).
 pub fn to_yaml(value: &Value) -> String {
+    to_yaml_within(value, usize::MAX).unwrap_or_default()
+}
+
+/// [`to_yaml`], or `None` as soon as the text passes `limit` bytes. The text can be far longer
+/// than the JSON: every line is indented by its depth, so a value nested a hundred levels deep
+/// prints each of its leaves behind hundreds of spaces.
+///
+/// The emitter recurses once per nesting level of `value`, which is bounded by the JSON parser
+/// that built it (serde_json refuses documents nested deeper than 128 levels).
+pub fn to_yaml_within(value: &Value, limit: usize) -> Option<String> {
     let mut e = Emitter {
         out: String::new(),
+        limit,
         column: 0,
         whitespace: true,
         indention: true,
@@ -25,7 +36,7 @@ pub fn to_yaml(value: &Value) -> String {
     e.node(value, -1, Context::Root);
     // The document end: a line break unless a block scalar's last break already ended the line.
     e.write_indent(0);
-    e.out
+    (e.out.len() <= limit).then_some(e.out)
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -39,6 +50,8 @@ enum Context {
 /// libyaml's emitter state, as much of it as layout depends on.
 struct Emitter {
     out: String,
+    /// Past this length the rest is not written (see [`to_yaml_within`]).
+    limit: usize,
     column: i32,
     /// The last character written was whitespace (or nothing was written on this line).
     whitespace: bool,
@@ -97,13 +110,23 @@ impl Emitter {
         }
     }
 
+    fn full(&self) -> bool {
+        self.out.len() > self.limit
+    }
+
     fn node(&mut self, value: &Value, indent: i32, context: Context) {
+        if self.full() {
+            return;
+        }
         match value {
             Value::Object(m) if m.is_empty() => self.flow_empty("{}"),
             Value::Array(a) if a.is_empty() => self.flow_empty("[]"),
             Value::Object(m) => {
                 let indent = Self::child_indent(indent, context);
                 for (key, value) in m {
+                    if self.full() {
+                        return;
+                    }
                     self.write_indent(indent);
                     self.string(key, indent, Context::Key);
                     self.indicator(":", false, false);
@@ -113,6 +136,9 @@ impl Emitter {
             Value::Array(a) => {
                 let indent = Self::child_indent(indent, context);
                 for item in a {
+                    if self.full() {
+                        return;
+                    }
                     self.write_indent(indent);
                     self.indicator("-", true, true);
                     self.node(item, indent, Context::SequenceItem);
@@ -191,6 +217,9 @@ impl Emitter {
         self.newline();
         let mut breaks = true;
         for c in s.chars() {
+            if self.full() {
+                return;
+            }
             if c == '\n' {
                 self.newline();
                 breaks = true;

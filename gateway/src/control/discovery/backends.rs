@@ -137,6 +137,9 @@ pub struct ServiceEntry {
     pub converted: ConvertedSpecs,
     /// The last discovery error, logged once per change.
     pub last_error: Option<String>,
+    /// The last OpenAPI document the backend sent that could not be used, logged once per
+    /// change.
+    pub openapi_error: Option<String>,
 }
 
 impl ServiceEntry {

@@ -556,6 +556,10 @@ fn apply_openapi(
     fetch: Result<RemoteOpenApi, FetchError>,
 ) -> Option<bool> {
     let entry = state.services.get_mut(svc)?;
+    if fetch.is_ok() && entry.openapi_error.take().is_some() {
+        tracing::info!(apiservice = %backend_name(entry, svc),
+            "the backend's OpenAPI documents are usable again");
+    }
     match fetch {
         Ok(RemoteOpenApi { root, converted }) => {
             let absent = matches!(root, RootFetch::Absent);
@@ -589,6 +593,16 @@ fn apply_openapi(
                 state.openapi_dirty = true;
             }
             Some(true)
+        }
+        // A document the backend sent that cannot be used is the backend's to fix: said once.
+        Err(e) if e.is_bad_document() => {
+            let why = e.to_string();
+            if entry.openapi_error.as_deref() != Some(&why) {
+                tracing::warn!(apiservice = %backend_name(entry, svc), error = %why,
+                    "the backend's OpenAPI document cannot be used; keeping the last documents");
+                entry.openapi_error = Some(why);
+            }
+            Some(false)
         }
         Err(e) => {
             tracing::debug!(apiservice = %backend_name(entry, svc), error = %e,

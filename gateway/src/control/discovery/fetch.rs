@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use apiservice::discovery::OpenApiRoot;
+use apiservice::discovery::{OpenApiRoot, MAX_JSON_DEPTH};
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, StatusCode};
@@ -54,6 +54,11 @@ pub enum FetchError {
         #[source]
         source: serde_json::Error,
     },
+    #[error(
+        "GET {path}: the {what} nests deeper than {MAX_JSON_DEPTH} levels, which the gateway \
+         does not parse; the server must publish a flatter document"
+    )]
+    TooDeep { path: String, what: &'static str },
     #[error("GET {path}: converting the OpenAPI v2 spec to v3: {message}")]
     Convert { path: String, message: String },
 }
@@ -110,12 +115,34 @@ impl Fetched {
         path: &str,
         what: &'static str,
     ) -> Result<T, FetchError> {
-        serde_json::from_slice(&self.body).map_err(|source| FetchError::Decode {
-            path: path.to_owned(),
-            what,
-            source,
-        })
+        serde_json::from_slice(&self.body).map_err(|source| FetchError::decode(path, what, source))
     }
+}
+
+impl FetchError {
+    /// Whether the server answered with a document the gateway cannot use (as opposed to not
+    /// answering, or answering with an error status).
+    pub fn is_bad_document(&self) -> bool {
+        matches!(
+            self,
+            Self::Decode { .. } | Self::TooDeep { .. } | Self::Convert { .. }
+        )
+    }
+
+    /// A document that does not parse as a `what`: too deep, or not one at all.
+    pub fn decode(path: &str, what: &'static str, source: serde_json::Error) -> Self {
+        let path = path.to_owned();
+        if is_too_deep(&source) {
+            Self::TooDeep { path, what }
+        } else {
+            Self::Decode { path, what, source }
+        }
+    }
+}
+
+/// Whether serde_json refused a document for nesting past its recursion limit.
+pub fn is_too_deep(e: &serde_json::Error) -> bool {
+    e.to_string().starts_with("recursion limit exceeded")
 }
 
 /// Where a document is fetched from, with the gateway's own credentials.
@@ -307,5 +334,37 @@ mod tests {
         assert!(doc.apply(RootFetch::Absent));
         assert_eq!(doc.etag(), None);
         assert!(!doc.apply(RootFetch::Absent));
+    }
+
+    #[test]
+    fn a_document_nested_too_deep_is_named_as_such() {
+        let depth = MAX_JSON_DEPTH + 1;
+        let deep = format!(r#"{{"x-a":{}{}}}"#, "[".repeat(depth), "]".repeat(depth));
+        let answer = Fetched {
+            status: StatusCode::OK,
+            headers: HeaderMap::new(),
+            body: Bytes::from(deep),
+        };
+        let err = answer
+            .decode::<serde_json::Value>("/openapi/v2", "OpenAPI v2 spec")
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "GET /openapi/v2: the OpenAPI v2 spec nests deeper than 128 levels, which the \
+             gateway does not parse; the server must publish a flatter document"
+        );
+        assert!(err.is_bad_document());
+        // A typed document skips fields it does not know without building them (serde_json
+        // skips without recursion), so there depth costs nothing and is no error.
+        let root = answer.decode::<OpenApiRoot>("/openapi/v3", "OpenAPI v3 root");
+        assert_eq!(root.unwrap(), OpenApiRoot::default());
+        let answer = Fetched {
+            body: Bytes::from_static(b"{\"paths\": 1}"),
+            ..answer
+        };
+        let err = answer
+            .decode::<OpenApiRoot>("/openapi/v3", "OpenAPI v3 root")
+            .unwrap_err();
+        assert!(matches!(err, FetchError::Decode { .. }), "{err}");
     }
 }

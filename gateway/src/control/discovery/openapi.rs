@@ -13,7 +13,11 @@
 //!
 //! Group-version documents of remote backends are passed through with their status (a stale
 //! `?hash=` gets a 301 that client-go follows, a revalidation a 304) and their caching headers,
-//! which is why this does not use `RemoteBackend::forward` (that one refuses redirects).
+//! which is why this does not use `RemoteBackend::forward`. Redirects are refused as that one
+//! refuses them (`--aggregator-reject-forwarding-redirect`, a 502), but for the stale-hash 301:
+//! a `Location` naming the same document on the same server, which client-go follows back to
+//! the gateway. Anything else would send the client, and the credentials client-go follows
+//! redirects with, wherever the backend likes (CVE-2022-3172's class).
 
 use std::cmp::Reverse;
 use std::collections::HashSet;
@@ -23,9 +27,11 @@ use std::time::Duration;
 use apiservice::discovery::OpenApiRoot;
 use apiservice::model::GroupVersion;
 use http::header::{self, HeaderMap, HeaderName};
+use http::StatusCode;
 
 use crate::backend::remote::RemoteBackend;
 use crate::body::{self, Response};
+use crate::error::GatewayError;
 
 /// Limit for one group-version document from a remote backend (headers; the body streams).
 const DOCUMENT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -144,6 +150,17 @@ pub async fn pass_through(
     {
         Ok(resp) => {
             let (parts, incoming) = resp.into_parts();
+            if backend.rejects_forwarding_redirects()
+                && is_foreign_redirect(&path_and_query, parts.status, &parts.headers)
+            {
+                tracing::warn!(apiservice = %backend.name, path = %path_and_query, status = %parts.status,
+                    "the backend redirected an OpenAPI v3 document request elsewhere; refused");
+                return GatewayError::BackendRedirect {
+                    api_service: backend.name.to_string(),
+                    status: parts.status.as_u16(),
+                }
+                .into_response();
+            }
             let mut out = Response::new(body::boxed(incoming));
             *out.status_mut() = parts.status;
             *out.headers_mut() = response_headers(&parts.headers);
@@ -155,6 +172,24 @@ pub async fn pass_through(
             e.into_response()
         }
     }
+}
+
+/// Whether a backend's answer to `requested` (path and query) redirects somewhere other than to
+/// the same document on the same server: a 3xx with a `Location` that is not
+/// `<the requested path>` or `<the requested path>?<query>`.
+fn is_foreign_redirect(requested: &str, status: StatusCode, headers: &HeaderMap) -> bool {
+    let Some(location) = headers.get(header::LOCATION) else {
+        return false;
+    };
+    if !status.is_redirection() {
+        return false;
+    }
+    let path = requested.split_once('?').map_or(requested, |(p, _)| p);
+    let same_document = location.to_str().is_ok_and(|l| {
+        l.strip_prefix(path)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('?'))
+    });
+    !same_document
 }
 
 #[cfg(test)]
@@ -322,5 +357,47 @@ mod tests {
         assert!(kept.get(header::CONNECTION).is_none());
         assert!(kept.get(header::SET_COOKIE).is_none());
         assert_eq!(kept[header::LOCATION], "/openapi/v3/apis/g/v1?hash=H2");
+    }
+
+    #[test]
+    fn only_a_redirect_to_the_same_document_is_passed_on() {
+        let requested = "/openapi/v3/apis/g/v1?hash=OLD";
+        let with = |location: &str| headers(&[("location", location)]);
+        let moved = StatusCode::MOVED_PERMANENTLY;
+        for same in ["/openapi/v3/apis/g/v1?hash=NEW", "/openapi/v3/apis/g/v1"] {
+            assert!(
+                !is_foreign_redirect(requested, moved, &with(same)),
+                "{same}"
+            );
+        }
+        for foreign in [
+            "https://attacker.example/openapi/v3/apis/g/v1?hash=NEW",
+            "//attacker.example/openapi/v3/apis/g/v1",
+            "/openapi/v3/apis/g/v1/../../../../api/v1/secrets",
+            "/openapi/v3/apis/g/v10",
+            "/openapi/v3/apis/other/v1?hash=NEW",
+            "/api/v1/namespaces",
+        ] {
+            assert!(
+                is_foreign_redirect(requested, moved, &with(foreign)),
+                "{foreign}"
+            );
+            assert!(is_foreign_redirect(
+                requested,
+                StatusCode::FOUND,
+                &with(foreign)
+            ));
+        }
+        // A 304 (or anything) without a Location sends nobody anywhere.
+        assert!(!is_foreign_redirect(
+            requested,
+            StatusCode::NOT_MODIFIED,
+            &HeaderMap::new()
+        ));
+        assert!(!is_foreign_redirect(
+            requested,
+            StatusCode::OK,
+            &with("https://x.example/")
+        ));
     }
 }

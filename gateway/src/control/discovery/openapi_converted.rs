@@ -165,14 +165,16 @@ pub async fn fetch_converted(
         StatusCode::NOT_FOUND => Ok(V2Fetch::Absent),
         StatusCode::OK => {
             let v2_etag = answer.etag();
-            let spec: Value = answer.decode(V2_PATH, "OpenAPI v2 spec")?;
-            let documents =
-                tokio::task::spawn_blocking(move || convert_all(&spec, &group_versions))
-                    .await
-                    .map_err(|e| FetchError::Convert {
-                        path: V2_PATH.to_owned(),
-                        message: e.to_string(),
-                    })?;
+            // Parsed and converted off the async threads: the spec may be megabytes.
+            let documents = tokio::task::spawn_blocking(move || {
+                let spec: Value = answer.decode(V2_PATH, "OpenAPI v2 spec")?;
+                convert_all(&spec, &group_versions)
+            })
+            .await
+            .map_err(|e| FetchError::Convert {
+                path: V2_PATH.to_owned(),
+                message: e.to_string(),
+            })??;
             Ok(V2Fetch::Converted(ConvertedSpecs { v2_etag, documents }))
         }
         status => Err(FetchError::Status {
@@ -182,21 +184,26 @@ pub async fn fetch_converted(
     }
 }
 
+/// One document per group-version, or the first conversion refused (a spec built to multiply
+/// itself, see `openapi_v2_to_v3::MAX_COPIED_BYTES`): then none, and the last good ones stay.
 fn convert_all(
     spec: &Value,
     group_versions: &[GroupVersion],
-) -> BTreeMap<String, Arc<ConvertedDocument>> {
-    group_versions
-        .iter()
-        .map(|gv| {
-            let document = openapi_v2_to_v3::group_version_document(spec, &gv.group, &gv.version);
-            let key = root_key(gv);
-            (
-                key.clone(),
-                Arc::new(ConvertedDocument::new(key, &document)),
-            )
-        })
-        .collect()
+) -> Result<BTreeMap<String, Arc<ConvertedDocument>>, FetchError> {
+    let mut documents = BTreeMap::new();
+    for gv in group_versions {
+        let document = openapi_v2_to_v3::group_version_document(spec, &gv.group, &gv.version)
+            .map_err(|e| FetchError::Convert {
+                path: V2_PATH.to_owned(),
+                message: format!("{}: {e}", gv.path()),
+            })?;
+        let key = root_key(gv);
+        documents.insert(
+            key.clone(),
+            Arc::new(ConvertedDocument::new(key, &document)),
+        );
+    }
+    Ok(documents)
 }
 
 #[cfg(test)]
@@ -210,7 +217,7 @@ mod tests {
             "paths": {"/apis/g.example.com/v1/things": {"get": {"responses": {"200": {"description": "OK"}}}}},
         });
         let gv = GroupVersion::new("g.example.com", "v1");
-        let mut all = convert_all(&spec, std::slice::from_ref(&gv));
+        let mut all = convert_all(&spec, std::slice::from_ref(&gv)).unwrap();
         Arc::into_inner(all.remove("apis/g.example.com/v1").unwrap()).unwrap()
     }
 

@@ -14,6 +14,10 @@
 //!   form is made on the first request that accepts it (client-go's transport always does),
 //!   once per merged document, so a merge nobody downloads compressed costs no compression.
 //!
+//! A new spec is checked once, when it arrives ([`check_spec`]: it parses, and its protobuf
+//! form stays within its size limit), so that one backend's bad spec costs neither the merge
+//! nor anybody else's updates: it is logged once and the backend's last good spec kept.
+//!
 //! A backend that fails keeps its last spec; one that never answered is left out. Until the
 //! core's spec has been fetched once nothing is published, and `/openapi/v2` goes to the core as
 //! before.
@@ -34,7 +38,7 @@ use serde_json::Value;
 use tokio::sync::OnceCell;
 
 use super::core_watch::FollowUps;
-use super::fetch::{Source, OPENAPI_TIMEOUT};
+use super::fetch::{FetchError, Source, OPENAPI_TIMEOUT};
 use super::DiscoveryCache;
 use crate::backend::core::CoreBackend;
 use crate::body::BoxError;
@@ -121,11 +125,14 @@ fn gzip(bytes: &[u8]) -> Bytes {
 /// What one server last said at `/openapi/v2`.
 #[derive(Default)]
 struct SpecState {
-    /// The body as received (a JSON object).
+    /// The last good body as received (see [`check_spec`]).
     spec: Option<Bytes>,
     etag: Option<String>,
     /// A remote's last failure, to log changes only (the core's are its [`Outage`]'s).
     error: Option<String>,
+    /// The digest of the last body refused by [`check_spec`], and why: sent again, it is
+    /// refused again without parsing it again.
+    refused: Option<(String, String)>,
 }
 
 /// Keeps [`DiscoveryCache`]'s `/openapi/v2` current; see the module docs.
@@ -350,17 +357,32 @@ async fn refresh(source: &Source, state: &mut SpecState) -> Refreshed {
     match fetched {
         Ok(answer) if answer.status == StatusCode::NOT_MODIFIED && state.spec.is_some() => Ok(None),
         Ok(answer) if answer.status == StatusCode::OK => {
-            if is_json_object(&answer.body) {
-                let reason = match &state.spec {
-                    None => Some("add"),
-                    Some(old) if *old != answer.body => Some("update"),
-                    Some(_) => None,
-                };
+            if state.spec.as_ref() == Some(&answer.body) {
                 state.etag = answer.etag();
-                state.spec = Some(answer.body);
-                Ok(reason)
+                Ok(None)
             } else {
-                Err(format!("GET {PATH}: the body is not a JSON object").into())
+                let digest = etag_for(&answer.body);
+                let checked = match &state.refused {
+                    Some((refused, why)) if *refused == digest => Err(why.clone()),
+                    _ => checked(answer.body.clone()).await,
+                };
+                match checked {
+                    Ok(()) => {
+                        let reason = if state.spec.is_none() {
+                            "add"
+                        } else {
+                            "update"
+                        };
+                        state.etag = answer.etag();
+                        state.spec = Some(answer.body);
+                        state.refused = None;
+                        Ok(Some(reason))
+                    }
+                    Err(e) => {
+                        state.refused = Some((digest, e.clone()));
+                        Err(e.into())
+                    }
+                }
             }
         }
         Ok(answer) if answer.status == StatusCode::NOT_FOUND => {
@@ -394,10 +416,28 @@ fn log_remote(state: &mut SpecState, name: &str, outcome: &Refreshed) {
     }
 }
 
-/// Whether `body` is one JSON object, checked without building it.
-fn is_json_object(body: &[u8]) -> bool {
-    body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{')
-        && serde_json::from_slice::<serde::de::IgnoredAny>(body).is_ok()
+/// [`check_spec`] on a blocking thread, one spec at a time (each is parsed whole).
+async fn checked(body: Bytes) -> Result<(), String> {
+    static ONE_AT_A_TIME: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+    let _turn = ONE_AT_A_TIME.acquire().await;
+    tokio::task::spawn_blocking(move || check_spec(&body))
+        .await
+        .unwrap_or_else(|e| Err(format!("checking the spec: {e}")))
+}
+
+/// Whether a spec can take part in the merge: a JSON object the parser takes (nested at most
+/// `MAX_JSON_DEPTH` deep) whose protobuf form is within its size limit. Checked when a new
+/// spec arrives, so that a bad one is refused once, with the server's last good spec kept,
+/// instead of being left out of (or failing) every merge after it.
+fn check_spec(body: &[u8]) -> Result<(), String> {
+    let spec: Value = serde_json::from_slice(body)
+        .map_err(|e| FetchError::decode(PATH, "OpenAPI v2 spec", e).to_string())?;
+    if !spec.is_object() {
+        return Err(format!("GET {PATH}: the body is not a JSON object"));
+    }
+    openapi_v2_proto::encode(&spec, openapi_v2_proto::size_limit(body.len()))
+        .map_err(|e| format!("GET {PATH}: {e}"))?;
+    Ok(())
 }
 
 /// The merged document in both forms. Specs are parsed here, one remote at a time.
@@ -416,11 +456,15 @@ fn build(
             spec,
         })
         .collect();
-    // Both were checked to be JSON objects when fetched.
+    // Every spec passed `check_spec` when it was fetched: each parses, and each encodes within
+    // its own size limit, so the merge (parts of them) encodes within the sum of those.
+    let limit = openapi_v2_proto::size_limit(
+        core.len() + specs.iter().map(|(_, s)| s.len()).sum::<usize>(),
+    );
     let core: Value = serde_json::from_slice(core).unwrap_or_default();
     let merged = aggregate_loading(core, remotes, |spec| serde_json::from_slice(spec).ok());
     let json = Bytes::from(serde_json::to_vec(&merged).unwrap_or_default());
-    let protobuf = openapi_v2_proto::encode(&merged)?;
+    let protobuf = openapi_v2_proto::encode(&merged, limit)?;
     Ok(OpenApiV2 {
         json: Encoded::new(json),
         protobuf: Encoded::new(protobuf),
@@ -434,10 +478,36 @@ mod tests {
 
     #[test]
     fn only_json_objects_count_as_specs() {
-        assert!(is_json_object(b" {\"swagger\": \"2.0\"}"));
-        assert!(!is_json_object(b"[]"));
-        assert!(!is_json_object(b"{\"swagger\": "));
-        assert!(!is_json_object(b"<html>"));
+        assert_eq!(check_spec(b" {\"swagger\": \"2.0\"}"), Ok(()));
+        for bad in [&b"[]"[..], b"{\"swagger\": ", b"<html>"] {
+            assert!(check_spec(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn a_spec_nested_too_deep_or_encoding_too_large_is_refused_with_a_reason() {
+        let depth = apiservice::discovery::MAX_JSON_DEPTH;
+        let deep = format!(r#"{{"x-a":{}{}}}"#, "[".repeat(depth), "]".repeat(depth));
+        assert_eq!(
+            check_spec(deep.as_bytes()),
+            Err(
+                "GET /openapi/v2: the OpenAPI v2 spec nests deeper than 128 levels, which the \
+                 gateway does not parse; the server must publish a flatter document"
+                    .to_owned()
+            )
+        );
+        // 120 levels parse, but as YAML each of the 200 000 leaves sits behind 240 spaces.
+        let mut wide = String::from(r#"{"x-a":"#);
+        wide.push_str(&"[".repeat(120));
+        wide.push_str(&vec!["0"; 200_000].join(","));
+        wide.push_str(&"]".repeat(120));
+        wide.push('}');
+        let refused = check_spec(wide.as_bytes()).unwrap_err();
+        assert!(refused.contains("protobuf form would pass"), "{refused}");
+        assert_eq!(
+            check_spec(br#"{"paths": []}"#).unwrap_err(),
+            "GET /openapi/v2: openapi v2 spec: /paths must be an object"
+        );
     }
 
     #[tokio::test]

@@ -22,7 +22,7 @@ mod merge;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -34,6 +34,7 @@ use apiservice::outage::Outage;
 use gateway_config::tls::Identity;
 pub use merge::{merged, GatewayTrust};
 
+use crate::auth::x509::leaf_common_name;
 use crate::control::apiservices::ProxyIdentity;
 use crate::workqueue::{Backoff, Next, WorkQueue};
 
@@ -73,28 +74,18 @@ impl TrustSources {
             (None, Some(identity)) => identity.certs.iter().skip(1).cloned().collect(),
             (None, None) => Vec::new(),
         };
+        // The name Go backends check against requestheader-allowed-names: the last of several
+        // CNs, as authentication here reads it too.
         let proxy_cn = identity
             .as_ref()
             .and_then(|i| i.certs.first())
-            .and_then(|leaf| common_name(leaf.as_ref()));
+            .and_then(|leaf| leaf_common_name(leaf.as_ref()));
         Ok(GatewayTrust {
             client_ca: client_ca.unwrap_or_default(),
             proxy_ca,
             proxy_cn,
         })
     }
-}
-
-fn common_name(der: &[u8]) -> Option<String> {
-    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
-    let cn = cert
-        .subject()
-        .iter_common_name()
-        .next()?
-        .as_str()
-        .ok()?
-        .to_owned();
-    Some(cn)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -206,7 +197,7 @@ async fn reconcile(api: &Api<ConfigMap>, sources: &TrustSources) -> Result<Writt
     })?;
     match current {
         None => {
-            let Some(data) = merged(&BTreeMap::new(), &ours) else {
+            let Some(data) = merged(&BTreeMap::new(), &ours, SystemTime::now()) else {
                 return Ok(Written::Nothing);
             };
             let object = ConfigMap {
@@ -228,7 +219,7 @@ async fn reconcile(api: &Api<ConfigMap>, sources: &TrustSources) -> Result<Writt
         }
         Some(mut object) => {
             let data = object.data.clone().unwrap_or_default();
-            let Some(next) = merged(&data, &ours) else {
+            let Some(next) = merged(&data, &ours, SystemTime::now()) else {
                 return Ok(Written::Nothing);
             };
             object.data = Some(next);
@@ -242,5 +233,31 @@ async fn reconcile(api: &Api<ConfigMap>, sources: &TrustSources) -> Result<Writt
                 })?;
             Ok(Written::Updated)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::x509::tests::Ca;
+
+    /// Issue 26, finding 8: the published name was the proxy certificate's first CN, while Go
+    /// backends (and the gateway's own authentication) read the last.
+    #[test]
+    fn the_proxy_name_published_is_the_last_common_name_as_go_reads_it() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let leaf = Ca::new("front-proxy").client_named(&["first", "aggregator"]);
+        let identity = Identity {
+            certs: leaf,
+            key: rustls::pki_types::PrivateKeyDer::Pkcs8(vec![0u8; 16].into()),
+        };
+        let (_tx, proxy_identity) = tokio::sync::watch::channel(Some(Arc::new(identity)));
+        let sources = TrustSources {
+            client_ca_file: None,
+            proxy_client_ca_file: None,
+            proxy_identity,
+        };
+        let trust = sources.current().unwrap();
+        assert_eq!(trust.proxy_cn.as_deref(), Some("aggregator"));
     }
 }

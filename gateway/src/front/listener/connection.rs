@@ -296,6 +296,118 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Deadlines<T> {
     }
 }
 
+// === impl Lingering ===
+
+/// How long a connection the gateway closes keeps reading (and discarding) what the client still
+/// sends. Go's server waits 500 ms for the same reason (`rstAvoidanceDelay`); reading instead of
+/// only waiting also lets a client that is still uploading finish and read the answer.
+pub const LINGER: Duration = Duration::from_millis(500);
+
+/// The client's TCP connection, closed the way Go's server closes one.
+///
+/// When the gateway ends a connection while the client may still be sending (an HTTP/1.1
+/// request body it stopped reading: a 413, or any answer that did not need the whole body),
+/// closing the socket with bytes unread makes the kernel answer them with a reset, and a client
+/// still uploading fails its upload (curl: "Send failure: Connection reset by peer") instead of
+/// reading the answer. So once the write side has been shut down (after the response and TLS's
+/// close_notify), what still arrives is read and thrown away until the client closes its side
+/// or [`LINGER`] has passed; only then is the socket closed, and the connection's place under
+/// the connection cap given back.
+pub struct Lingering<P: Send + 'static> {
+    tcp: Option<tokio::net::TcpStream>,
+    /// Set once the write side was shut down: the gateway is the one closing.
+    closing: bool,
+    /// Held until the socket is closed (the connection cap's permit).
+    held: Option<P>,
+}
+
+impl<P: Send + 'static> Lingering<P> {
+    pub fn new(tcp: tokio::net::TcpStream, held: P) -> Self {
+        Self {
+            tcp: Some(tcp),
+            closing: false,
+            held: Some(held),
+        }
+    }
+
+    fn tcp(&mut self) -> &mut tokio::net::TcpStream {
+        self.tcp.as_mut().expect("taken only on drop")
+    }
+}
+
+// Nothing in it is ever pinned: the socket is Unpin and `held` is only moved out on drop.
+impl<P: Send + 'static> Unpin for Lingering<P> {}
+
+impl<P: Send + 'static> Drop for Lingering<P> {
+    fn drop(&mut self) {
+        let (Some(tcp), true) = (self.tcp.take(), self.closing) else {
+            return;
+        };
+        let held = self.held.take();
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
+            let mut tcp = tcp;
+            let mut scratch = [0u8; 16 * 1024];
+            let drain = async {
+                use tokio::io::AsyncReadExt;
+                while let Ok(n) = tcp.read(&mut scratch).await {
+                    if n == 0 {
+                        break;
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(LINGER, drain).await;
+            drop(held);
+        });
+    }
+}
+
+impl<P: Send + 'static> AsyncRead for Lingering<P> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(self.tcp()).poll_read(cx, buf)
+    }
+}
+
+impl<P: Send + 'static> AsyncWrite for Lingering<P> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(self.tcp()).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(self.tcp()).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.tcp.as_ref().is_some_and(|t| t.is_write_vectored())
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(self.tcp()).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let shut = Pin::new(self.tcp()).poll_shutdown(cx);
+        if shut.is_ready() {
+            self.closing = true;
+        }
+        shut
+    }
+}
+
 // === impl Paced ===
 
 /// `body`, handed to hyper at most [`WRITE_WINDOW`] ahead of what reached the socket, in pieces

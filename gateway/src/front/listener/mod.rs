@@ -14,7 +14,9 @@
 //! - each ordinary exchange, writing its response included, by the request timeout: the timeout
 //!   layer arms an [`ExchangeDeadline`] that the listener enforces by resetting the HTTP/2 stream
 //!   or closing the HTTP/1.1 connection;
-//! - what one stalled HTTP/1.1 response holds, by pacing it ([`connection::paced`]).
+//! - what one stalled HTTP/1.1 response holds, by pacing it ([`connection::paced`]);
+//! - a connection the gateway closes, by [`connection::LINGER`]: what the client still sends is
+//!   drained that long so that it reads the answer instead of a reset ([`Lingering`]).
 
 mod connection;
 
@@ -30,7 +32,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use rustls::ServerConfig;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tower::Service;
 
@@ -38,7 +40,7 @@ use crate::body::{self, Request, Response};
 use crate::extensions::ConnInfo;
 use crate::front::stack::timeout::ExchangeDeadline;
 pub use connection::IDLE_TIMEOUT;
-use connection::{ConnState, Deadlines, Protocol};
+use connection::{ConnState, Deadlines, Lingering, Protocol};
 
 pub struct ListenerSettings {
     pub header_read_timeout: Duration,
@@ -218,9 +220,10 @@ where
                 remote,
                 peer_certs: None,
             },
-            _permit: permit,
         };
         let watcher = graceful.watcher();
+        // The permit goes with the socket, which may linger after the connection ends.
+        let tcp = Lingering::new(tcp, permit);
         tokio::spawn(
             conn.serve(tcp, service.clone(), watcher)
                 .instrument(tracing::debug_span!("connection", client = %remote)),
@@ -235,14 +238,15 @@ struct Connection {
     builders: Arc<Builders>,
     stop: watch::Receiver<bool>,
     info: ConnInfo,
-    /// Its place under the connection cap, given back when the connection ends.
-    _permit: OwnedSemaphorePermit,
 }
+
+/// A client's socket: it holds the connection's place under the cap until it is closed.
+type ClientSocket = Lingering<OwnedSemaphorePermit>;
 
 impl Connection {
     async fn serve<S>(
         mut self,
-        tcp: TcpStream,
+        tcp: ClientSocket,
         service: S,
         // Held to the end: the drain on shutdown waits for this connection.
         _draining_waits_for_us: hyper_util::server::graceful::Watcher,
