@@ -63,7 +63,7 @@ pub(super) enum Connected {
 /// limit) before the connection takes streams.
 pub(super) async fn connect(
     connector: &Connector,
-    shared: &Shared,
+    shared: &Arc<Shared>,
     endpoint: &Authority,
 ) -> Result<Connected, PoolError> {
     let uri = Uri::builder()
@@ -102,6 +102,8 @@ pub(super) async fn connect(
     let connection = Arc::new(Mutex::new(Some(connection)));
     tokio::spawn({
         let connection = connection.clone();
+        let pool = Arc::downgrade(shared);
+        let endpoint = endpoint.clone();
         async move {
             let driven = poll_fn(|cx| {
                 let mut slot = lock(&connection);
@@ -113,8 +115,16 @@ pub(super) async fn connect(
                 Poll::Ready(ended)
             })
             .await;
+            let Some(pool) = pool.upgrade() else { return };
             if let Err(e) = driven {
                 tracing::debug!(error = %e, "backend connection ended");
+                // A PING unanswered (hyper drops the socket without a read or write failing,
+                // so `failures::Watched` does not see it) or an HTTP/2 protocol error.
+                pool.failures.report("connection failed");
+            } else if pool.lost_kept(&endpoint) {
+                // Ended gracefully (a GOAWAY): the next passed check dials another; the
+                // check is asked for now, as for a connection the backend closed.
+                pool.failures.report(super::super::failures::CLOSED);
             }
         }
     });
