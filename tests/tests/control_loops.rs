@@ -652,3 +652,46 @@ async fn a_frozen_backend_nobody_calls_is_stale_and_unavailable_within_seconds()
         Duration::from_secs(12),
     );
 }
+
+/// Issue 27, a backend restarted (same port, as a Pod behind a ClusterIP) whose discovery then
+/// takes longer than 5 s, with no request to it: aggregated `/apis` lists it `Stale` within 7 s
+/// of the restart and keeps it so, as kube-aggregator's 5 s discovery deadline makes it; it
+/// never goes back to `Current` on the old document. The backend closes each connection after
+/// one request, so no connection is left from the gateway's own probes and fetches. Before:
+/// nothing noticed the restart and the old document stayed `Current`.
+#[tokio::test]
+async fn a_backend_restarted_with_slow_discovery_is_stale_within_seconds() {
+    let goaway = ["--goaway-after-requests", "1"];
+    let (mut s, alice) = quiet_wardle(&goaway).await;
+    let port = s.backend("wardle").addr.port();
+    s.backend_mut("wardle").process.kill();
+    let listen = format!("127.0.0.1:{port}");
+    let backend = s
+        .pki
+        .start_backend(
+            GROUP,
+            "v1alpha1",
+            &[
+                &["--listen", &listen, "--discovery-delay-ms", "6000"],
+                &goaway[..],
+            ]
+            .concat(),
+        )
+        .await;
+    let since = Instant::now();
+    *s.backend_mut("wardle") = backend;
+    let stale = reaction(
+        "backend restarted with 6 s discovery -> Stale in aggregated /apis",
+        since,
+        Duration::from_secs(12),
+        || alice.flunders_discovered_as("Stale"),
+    )
+    .await;
+    assert_within("Stale", stale, Duration::from_secs(7));
+    tokio::time::sleep_until((since + Duration::from_secs(7)).into()).await;
+    assert!(
+        alice.flunders_discovered_as("Stale").await,
+        "7 s after the restart, aggregated /apis lists {:?}",
+        alice.discovered(GROUP, "flunders").await
+    );
+}

@@ -104,11 +104,26 @@ impl FailureSignal {
         listeners.push((who, listener));
     }
 
-    /// Asks for a re-check because of `what`, unless one was asked for within [`Self::EVERY`].
+    /// Asks for a re-check because of `what`, unless one was asked for within [`Self::EVERY`];
+    /// tells the listeners of every failure but [`CLOSED`] (their queues de-duplicate).
     pub fn report(&self, what: &'static str) {
         let Some(reports) = self.reports.get() else {
             return;
         };
+        if what != CLOSED {
+            // A backend closing a connection may only be done with it (a GOAWAY, an idle
+            // timeout): the availability check tells, and its result reaches the listeners.
+            let listeners: Vec<Listener> = self
+                .listeners
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .map(|(_, l)| l.clone())
+                .collect();
+            for listener in listeners {
+                listener();
+            }
+        }
         let now = Instant::now();
         let Ok(mut last) = reports.last.try_lock() else {
             return; // another connection is reporting right now
@@ -129,21 +144,6 @@ impl FailureSignal {
                 "backend connection failed; re-checking availability"
             );
             reports.queue.add(name.to_string());
-        }
-        if what == CLOSED {
-            // A backend closing a connection may only be done with it (a GOAWAY, an idle
-            // timeout): the availability check tells, and its result reaches the listeners.
-            return;
-        }
-        let listeners: Vec<Listener> = self
-            .listeners
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .map(|(_, l)| l.clone())
-            .collect();
-        for listener in listeners {
-            listener();
         }
     }
 }

@@ -104,6 +104,7 @@ pub(super) async fn connect(
         let connection = connection.clone();
         let pool = Arc::downgrade(shared);
         let endpoint = endpoint.clone();
+        let goaway = goaway.clone();
         async move {
             let driven = poll_fn(|cx| {
                 let mut slot = lock(&connection);
@@ -122,9 +123,15 @@ pub(super) async fn connect(
                 // so `failures::Watched` does not see it) or an HTTP/2 protocol error.
                 pool.failures.report("connection failed");
             } else if pool.lost_kept(&endpoint) {
-                // Ended gracefully (a GOAWAY): the next passed check dials another; the
-                // check is asked for now, as for a connection the backend closed.
-                pool.failures.report(super::super::failures::CLOSED);
+                // The last connection of a kept endpoint ended. After a GOAWAY the backend
+                // only closed it: the availability check, asked for now, dials another when it
+                // passes. Without one the process may have died or restarted: its discovery
+                // is fetched again too.
+                pool.failures.report(if goaway.seen() {
+                    super::super::failures::CLOSED
+                } else {
+                    "closed without GOAWAY"
+                });
             }
         }
     });
