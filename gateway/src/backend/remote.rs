@@ -343,7 +343,10 @@ impl RemoteBackend {
             .map_err(|e| GatewayError::BadRequest(format!("reading the request body: {e}")))?;
         let mut picked = first;
         let mut sent_again_after_sending = false;
-        // Set at the first failure: every attempt after it must have its connection by then.
+        // Set at the first failure: every attempt after it must have its connection by then,
+        // so a frozen backend costs a request at most `DIAL_TIMEOUT` of dialing in all, or the
+        // PING that found its connection dead and `RETRY_DIAL_BUDGET` (see the README).
+        let started = tokio::time::Instant::now();
         let mut dial_deadline = None;
         // Endpoints no connection could be made to within this request: not tried again.
         let mut unreachable: Vec<Authority> = Vec::new();
@@ -363,8 +366,10 @@ impl RemoteBackend {
                 Err(e) => e,
             };
             let failure = Failure::of(&e);
-            let deadline = *dial_deadline
-                .get_or_insert_with(|| tokio::time::Instant::now() + pool::RETRY_DIAL_BUDGET);
+            let deadline = *dial_deadline.get_or_insert_with(|| {
+                (tokio::time::Instant::now() + pool::RETRY_DIAL_BUDGET)
+                    .min(started + pool::DIAL_TIMEOUT)
+            });
             if failure == Failure::Unreachable {
                 unreachable.push(picked.health.authority.clone());
             }

@@ -17,10 +17,8 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 
 use super::goaway::{GoAwaySeen, GoAwayWatch};
-use super::{lock, Connector, H2Connection, PoolError, Shared, SETTINGS_WAIT};
+use super::{lock, Connector, H2Connection, PoolError, Shared, DIAL_TIMEOUT, SETTINGS_WAIT};
 
-/// How long dialing (TCP and TLS) may take.
-const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 use crate::body::Body;
 
 /// An HTTP/2 connection of the pool, with the streams it carries.

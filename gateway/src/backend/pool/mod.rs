@@ -79,7 +79,11 @@ const SETTINGS_WAIT: Duration = Duration::from_secs(5);
 pub const PING_INTERVAL: Duration = Duration::from_secs(1);
 pub const PING_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// How long the retries of one request may spend in all waiting for connections (see
+/// How long dialing one connection (TCP and TLS) may take.
+pub const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long the retries of one request may spend in all waiting for connections after its
+/// first failure, and never past [`DIAL_TIMEOUT`] from its start (see
 /// [`ServiceConnections::send_dialing_until`]).
 pub const RETRY_DIAL_BUDGET: Duration = Duration::from_secs(5);
 
