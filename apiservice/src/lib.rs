@@ -6,6 +6,7 @@
 pub mod discovery;
 pub mod model;
 pub mod order;
+pub mod outage;
 pub mod priority;
 pub mod resolve;
 pub mod route_table;

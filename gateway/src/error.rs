@@ -41,18 +41,32 @@ pub enum GatewayError {
 }
 
 /// `a: b: c` from an error and its sources, the way Go errors read in kube's messages.
-pub fn chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = err.to_string();
-    let mut cur = err.source();
+pub use apiservice::outage::chain;
+
+/// What a caller can check when the core does not answer: the flag, never the address (these
+/// answers reach unauthenticated callers; the log has the URL).
+const CHECK_THE_CORE: &str = "check that the core server is running and that --core-url names it";
+
+/// The answer to a request that needed the core while it did not answer: what failed and what
+/// to check, without the core's address.
+pub fn core_unreachable(cause: &str) -> String {
+    without_addresses(&format!(
+        "the core server (--core-url) is unreachable: {cause}; {CHECK_THE_CORE}"
+    ))
+}
+
+/// What a caller reads about a failed call of the gateway's kube client to the core (a
+/// TokenReview, a SubjectAccessReview): [`core_unreachable`] when the core did not answer,
+/// otherwise the error without addresses.
+pub fn kube_client_message(err: &kube::Error) -> String {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
     while let Some(e) = cur {
-        let s = e.to_string();
-        if !out.contains(&s) {
-            out.push_str(": ");
-            out.push_str(&s);
+        if let Some(gateway) = e.downcast_ref::<GatewayError>() {
+            return gateway.public_message();
         }
         cur = e.source();
     }
-    out
+    without_addresses(&err.to_string())
 }
 
 impl GatewayError {
@@ -100,10 +114,7 @@ impl GatewayError {
     /// backend's endpoint). The log line written where the error happened keeps them.
     pub fn public_message(&self) -> String {
         match self {
-            Self::CoreUnavailable { source, .. } => without_addresses(&format!(
-                "the core server is unreachable: {}",
-                chain(source.as_ref())
-            )),
+            Self::CoreUnavailable { source, .. } => core_unreachable(&chain(source.as_ref())),
             other => without_addresses(&other.to_string()),
         }
     }
@@ -241,7 +252,28 @@ mod tests {
         assert!(err.to_string().contains("10.1.2.3"), "the log keeps it");
         assert_eq!(
             err.public_message(),
-            "the core server is unreachable: tcp connect error: Connection refused"
+            "the core server (--core-url) is unreachable: tcp connect error: Connection refused; \
+             check that the core server is running and that --core-url names it"
+        );
+    }
+
+    #[test]
+    fn a_kube_client_call_the_core_did_not_answer_names_the_flag() {
+        let err = kube::Error::Service(Box::new(GatewayError::CoreUnavailable {
+            url: "http://10.1.2.3:8080".into(),
+            source: "tcp connect error: Connection refused".into(),
+        }));
+        let message = kube_client_message(&err);
+        assert!(
+            message.starts_with("the core server (--core-url) is unreachable: tcp connect error")
+                && message.ends_with("--core-url names it")
+                && !message.contains("10.1.2.3"),
+            "{message}"
+        );
+        let other = kube::Error::Service("answered http://10.1.2.3:8080 with nonsense".into());
+        assert_eq!(
+            kube_client_message(&other),
+            "ServiceError: answered <address> with nonsense"
         );
     }
 }

@@ -5,18 +5,32 @@
 use std::io::IsTerminal;
 
 use gateway_config::{LogFormat, LoggingConfig};
+use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::EnvFilter;
+
+/// kube-client's own warnings when a watch connection ends (`eof in poll`, `timeout in poll`,
+/// the whole error in its Debug form, one per watch): the loop behind each watch logs the loss
+/// of the core once (`apiservice::outage`), so these show only when the filter reaches debug or
+/// names `kube_client` itself.
+const KUBE_CLIENT_AT_DEBUG: &str = "kube_client::client=error";
 
 /// The filter --log-level asks for, or why it is not one. Called before anything starts, so a bad
 /// value is refused like every other setting rather than silently replaced.
 pub fn filter(level: &str) -> Result<EnvFilter, String> {
-    EnvFilter::try_new(level).map_err(|e| {
+    let filter = EnvFilter::try_new(level).map_err(|e| {
         format!(
             "{level:?} is not a valid tracing filter ({e}); use a level (error, warn, info, debug, \
              trace, off) or target=level directives, comma-separated, e.g. \
              info,aggregation_gateway=debug"
         )
-    })
+    })?;
+    let verbose = filter
+        .max_level_hint()
+        .is_some_and(|max| max >= LevelFilter::DEBUG);
+    if verbose || level.contains("kube_client") {
+        return Ok(filter);
+    }
+    Ok(filter.add_directive(KUBE_CLIENT_AT_DEBUG.parse().expect("a valid directive")))
 }
 
 /// Installs the subscriber. RUST_LOG, when set and valid, wins over `level` (the --log-level
@@ -61,6 +75,18 @@ mod tests {
         ] {
             assert!(filter(ok).is_ok(), "{ok}");
         }
+    }
+
+    #[test]
+    fn kube_clients_own_warnings_show_from_debug_on() {
+        let shown = |level: &str| filter(level).unwrap().to_string().contains("kube_client");
+        assert!(shown("info"), "quietened at info");
+        assert!(shown("warn"));
+        // At debug the directive is left out, and a filter naming kube_client is the user's.
+        assert!(!shown("debug"));
+        assert!(!shown("info,aggregation_gateway=trace"));
+        let own = filter("info,kube_client=warn").unwrap().to_string();
+        assert!(!own.contains("kube_client::client=error"), "{own}");
     }
 
     #[test]

@@ -446,7 +446,10 @@ async fn routes_stay_up_while_the_core_restarts_and_follow_the_restarted_core() 
         s.logs()
     );
     let logs = s.logs();
-    assert!(logs.contains("APIService watch failed"), "{logs}");
+    assert!(
+        logs.contains("cannot use the core server") && logs.contains("\"APIService watch\""),
+        "{logs}"
+    );
 
     let poller = Poller::start(&s.gateway, &alice, ALPHA_FLUNDERS);
     let seed = scenario::path_arg(&seed);

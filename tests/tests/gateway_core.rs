@@ -277,24 +277,34 @@ async fn core_down_is_a_503_status_naming_the_core() {
     assert_eq!(s["kind"], "Status");
     assert_eq!(s["reason"], "ServiceUnavailable");
     assert_eq!(s["code"], 503);
-    // It names the core server and what went wrong, but not where the core lives: this answer
-    // reaches unauthenticated callers too (the gateway's log has the URL).
+    // It names the core server, the flag that says where it is, what went wrong and what to
+    // check, but not where the core lives: this answer reaches unauthenticated callers too (the
+    // gateway's log has the URL).
     let message = s["message"].as_str().unwrap();
-    assert!(message.starts_with("the core server is unreachable"), "{s}");
+    assert!(
+        message.starts_with("the core server (--core-url) is unreachable: ")
+            && message.contains("Connection refused")
+            && message
+                .ends_with("check that the core server is running and that --core-url names it"),
+        "{s}"
+    );
     assert!(!message.contains("127.0.0.1"), "{s}");
     assert!(
         gateway.process.logs().contains(&core_url),
         "the log should name the core's URL"
     );
 
+    // With a bearer token the first thing that needs the core is the TokenReview: the same
+    // answer, after what could not be done.
     let kubectl = gateway.kubectl().unwrap();
     let out = kubectl
         .run(&["get", "--raw", "/api/v1/namespaces/default/configmaps"])
         .await;
     assert!(!out.success());
     assert!(
-        out.stderr
-            .contains("the core server at <address> is unreachable")
+        out.stderr.contains(
+            "authentication webhook unavailable: the core server (--core-url) is unreachable: "
+        ) && out.stderr.contains("--core-url names it")
             && !out.stderr.contains("127.0.0.1"),
         "kubectl should print the gateway's message, without the core's address:\n{out}"
     );
@@ -320,7 +330,13 @@ async fn core_down_fails_the_core_server_readiness_check() {
         .unwrap();
     assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
     let one = String::from_utf8_lossy(&one);
-    assert!(one.starts_with("internal server error: "), "{one:?}");
+    // Why, in words a newcomer can act on: the flag, not the address.
+    assert!(
+        one.starts_with("internal server error: the core server (--core-url) is unreachable: ")
+            && one.contains("Connection refused")
+            && one.contains("check that the core server is running and that --core-url names it"),
+        "{one:?}"
+    );
     assert!(!one.contains("127.0.0.1"), "the core's address: {one:?}");
 }
 

@@ -1,11 +1,13 @@
 //! What an operator reads in the gateway's log: one warning per change of an APIService's state,
-//! not one per probe or request; no colour codes when the log goes to a pipe; and a clear error,
+//! not one per probe or request; one warning and one line back per client of the core when the
+//! core goes away for a while; no colour codes when the log goes to a pipe; and a clear error,
 //! not a silent takeover, when two manifest files define the same APIService.
 
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use e2e::harness::{self, FixtureCore, Process};
+use e2e::harness::{self, FixtureCore, Process, DEFAULT_TOKEN};
 use e2e::scenario::{self, Scenario, WARDLE_GROUP};
 use http::StatusCode;
 use serde_json::Value;
@@ -99,6 +101,172 @@ async fn a_flapping_backend_is_one_warning_per_state_change() {
     // Per outage: the availability controller's line and nothing else, however many requests
     // failed or probes ran.
     assert_eq!(routing_warnings.len(), 2, "{routing_warnings:#?}");
+}
+
+/// How long the core stays away in [`a_core_down_for_a_minute_is_one_warning_and_one_line_back_per_client`].
+const CORE_DOWN: Duration = Duration::from_secs(60);
+
+/// What `apiservice::outage` logs when a client of the core loses it and when it is back.
+const LOST: &str = "cannot use the core server";
+const BACK: &str = "the core server answers again";
+
+/// The client that asks the core once a minute: its return may come after the test's wait.
+const EVERY_MINUTE: &str = "OpenAPI v2 fetch of the core";
+
+/// The core goes away for a minute while every loop that uses it keeps trying (their retry
+/// periods shortened where flags allow, so that each retries many times) and users keep sending
+/// requests that need it (a bearer token to review, a request to authorize). Each client of the
+/// core logs one warning with the error's root cause and one line when the core answers again,
+/// with its retries and time down; the full error chains are debug lines. Before, every retry
+/// of every watcher was a warning with the whole chain, and no watcher said when the core was
+/// back.
+#[tokio::test]
+async fn a_core_down_for_a_minute_is_one_warning_and_one_line_back_per_client() {
+    let mut s = Scenario::wardle()
+        .gateway_args(&[
+            "--leader-elect-retry-period",
+            "500ms",
+            "--leader-elect-renew-deadline",
+            "2s",
+            "--leader-elect-lease-duration",
+            "3s",
+            "--discovery-refresh-interval",
+            "1s",
+        ])
+        .start()
+        .await;
+    s.register_wardle_until_available().await;
+    let alice = s.user("alice", &[]);
+    // What the restarted core finds in its storage.
+    let api = s.pki.apiservice(WARDLE_GROUP, "v1alpha1", "wardle");
+    let stored: Value = serde_saphyr::from_str(&api.yaml()).unwrap();
+    let seed = scenario::path_arg(&s.pki.write("core-seed.json", &stored.to_string()));
+    let addr = s.core.addr.to_string();
+
+    let from = s.gateway.process.line_count();
+    s.core.process.kill();
+    // Users keep asking: with a client certificate (authorized by a SubjectAccessReview) and
+    // with a bearer token (a TokenReview), every half second.
+    let asking = AtomicBool::new(true);
+    let ask = async {
+        let bearer = format!("Bearer {DEFAULT_TOKEN}");
+        while asking.load(Ordering::Relaxed) {
+            let _ = scenario::try_get(&s.gateway, Some(&alice), FLUNDERS, &[]).await;
+            let _ =
+                scenario::try_get(&s.gateway, None, FLUNDERS, &[("authorization", &bearer)]).await;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    };
+    let outage = async {
+        tokio::time::sleep(CORE_DOWN).await;
+        let during = outage_lines(&s.gateway.process.lines()[from..]).len();
+        let core = FixtureCore::start(&["--listen", &addr, "--seed", &seed])
+            .await
+            .unwrap();
+        let restarted = std::time::Instant::now();
+        // Every client that lost the core says it is back: the watchers within their backoff
+        // (at most a minute), all but the OpenAPI v2 loop, which asks once a minute.
+        let back = harness::wait_until(Duration::from_secs(90), || async {
+            let lines = outage_lines(&s.gateway.process.lines()[from..]);
+            let lost = clients(&lines, "WARN", LOST);
+            let back = clients(&lines, "INFO", BACK);
+            !lost.is_empty() && lost.iter().all(|c| c == EVERY_MINUTE || back.contains(c))
+        })
+        .await;
+        asking.store(false, Ordering::Relaxed);
+        (core, during, back, restarted.elapsed())
+    };
+    let ((core, during, back, waited), ()) = tokio::join!(outage, ask);
+    s.core = core;
+
+    let all = outage_lines(&s.gateway.process.lines()[from..]);
+    let lost = clients(&all, "WARN", LOST);
+    let returned = clients(&all, "INFO", BACK);
+    let text: String = all.iter().map(|l| format!("{l}\n")).collect();
+    let count = |level: &str| all.iter().filter(|l| l["level"] == level).count();
+    eprintln!(
+        "core down {CORE_DOWN:?}: {during} log lines while it was down (access log aside), {} \
+         until the clients were back {waited:.1?} after the core ({} WARN, {} INFO); {} clients \
+         of the core: {lost:?}",
+        all.len(),
+        count("WARN"),
+        count("INFO"),
+        lost.len()
+    );
+    assert!(back, "not every client said the core was back:\n{text}");
+    // The loops that use the core, and the review clients of the users' requests.
+    for client in [
+        "APIService watch",
+        "Service watch",
+        "core readiness probe",
+        "leader election",
+        "core discovery fetch",
+        "TokenReview",
+        "SubjectAccessReview",
+    ] {
+        assert!(
+            lost.iter().any(|c| c == client),
+            "{client} did not report the outage:\n{text}"
+        );
+    }
+    // One warning and one line back per client (the OpenAPI v2 loop's may be yet to come).
+    let mut unique = lost.clone();
+    unique.dedup();
+    assert_eq!(unique, lost, "one warning per client:\n{text}");
+    let mut missing = lost.clone();
+    missing.retain(|c| !returned.contains(c));
+    assert!(
+        missing.iter().all(|c| c == EVERY_MINUTE) && returned.iter().all(|c| lost.contains(c)),
+        "one line back per client that warned:\n{text}"
+    );
+    let mut unique = returned.clone();
+    unique.dedup();
+    assert_eq!(unique, returned, "one line back per client:\n{text}");
+    let leader = all
+        .iter()
+        .find(|l| l["client"] == "leader election" && is(l, "INFO", BACK))
+        .unwrap();
+    assert!(leader["retries"].as_u64().unwrap() > 10, "{leader}");
+    assert!(
+        leader["down_for"].as_str().unwrap().ends_with('s'),
+        "{leader}"
+    );
+    // The root cause at warn; the chain around it (the core's URL, hyper's layers) at debug.
+    assert!(!text.contains("tcp connect error"), "{text}");
+    // Beside them, only what changed: leadership lost and taken again, the trust ConfigMap
+    // written to the restarted core.
+    let others = all.len() - lost.len() - returned.len();
+    assert!(others <= 4, "{others} more lines:\n{text}");
+}
+
+fn is(line: &Value, level: &str, message: &str) -> bool {
+    line["level"] == level && line["message"].as_str().unwrap_or("").contains(message)
+}
+
+/// The gateway's JSON log lines at error, warn and info in `lines`, without the access log
+/// (one line per request by design).
+fn outage_lines(lines: &[harness::LogLine]) -> Vec<Value> {
+    lines
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(&l.text).ok())
+        .filter(|l| {
+            ["ERROR", "WARN", "INFO"]
+                .iter()
+                .any(|level| l["level"] == *level)
+        })
+        .filter(|l| l["target"] != "access")
+        .collect()
+}
+
+/// The `client` fields of the lines at `level` whose message contains `message`, sorted.
+fn clients(lines: &[Value], level: &str, message: &str) -> Vec<String> {
+    let mut out: Vec<String> = lines
+        .iter()
+        .filter(|l| is(l, level, message))
+        .filter_map(|l| l["client"].as_str().map(str::to_owned))
+        .collect();
+    out.sort();
+    out
 }
 
 /// With stderr a pipe (a container runtime, a file, `kubectl logs`), the text log has no ANSI

@@ -14,11 +14,12 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, ResourceExt};
 use tokio::sync::watch;
-use tracing::{info, warn, Instrument};
+use tracing::{info, Instrument};
 
 use super::slice_index::{SliceIndex, SliceWriter};
 use super::{Changes, Endpoint, Endpoints, ResolveError, ResolveReason, ServiceResolver};
 use crate::model::ServiceRef;
+use crate::outage::Outage;
 
 // === impl KubeResolver ===
 
@@ -45,7 +46,16 @@ impl KubeResolver {
         client: Client,
         endpoint_routing: bool,
     ) -> (Self, impl Future<Output = ()> + Send + 'static) {
-        let service_events = watcher(Api::<Service>::all(client.clone()), Default::default())
+        let services_outage = Arc::new(Outage::new(
+            "Service watch",
+            "routes use the last known Services",
+        ));
+        let slices_outage = Arc::new(Outage::new(
+            "EndpointSlice watch",
+            "routes use the last known endpoints",
+        ));
+        let services_client = services_outage.client(client.clone());
+        let service_events = watcher(Api::<Service>::all(services_client), Default::default())
             .default_backoff()
             // Only spec is read; annotations (last-applied-configuration) and managedFields are
             // most of a cached object's size.
@@ -53,19 +63,26 @@ impl KubeResolver {
                 s.managed_fields_mut().clear();
                 s.annotations_mut().clear();
             });
-        let slice_events = watcher(Api::<EndpointSlice>::all(client), Default::default())
-            .default_backoff()
-            .modify(|s: &mut EndpointSlice| {
-                s.managed_fields_mut().clear();
-                s.annotations_mut().clear();
-            });
-        Self::from_streams(service_events, slice_events, endpoint_routing)
+        let slice_events = watcher(
+            Api::<EndpointSlice>::all(slices_outage.client(client)),
+            Default::default(),
+        )
+        .default_backoff()
+        .modify(|s: &mut EndpointSlice| {
+            s.managed_fields_mut().clear();
+            s.annotations_mut().clear();
+        });
+        Self::from_streams(
+            (service_events, services_outage),
+            (slice_events, slices_outage),
+            endpoint_routing,
+        )
     }
 
     /// [`KubeResolver::start`] fed by any event streams (tests feed them directly).
     fn from_streams<S, E>(
-        service_events: S,
-        slice_events: E,
+        (service_events, services_outage): (S, Arc<Outage>),
+        (slice_events, slices_outage): (E, Arc<Outage>),
         endpoint_routing: bool,
     ) -> (Self, impl Future<Output = ()> + Send + 'static)
     where
@@ -85,17 +102,21 @@ impl KubeResolver {
         // The reflector has applied an event to the store by the time it reaches us, so a
         // subscriber woken here reads the new state.
         let changed = Arc::clone(&resolver.changed);
-        let services_task = drive_cache(service_events.reflect(services_writer), move |e| {
-            if matches!(e, watcher::Event::InitDone) {
-                services_synced.store(true, Ordering::Release);
-            }
-            changed.send_replace(());
-        })
+        let services_task = drive_cache(
+            service_events.reflect(services_writer),
+            services_outage,
+            move |e| {
+                if matches!(e, watcher::Event::InitDone) {
+                    services_synced.store(true, Ordering::Release);
+                }
+                changed.send_replace(());
+            },
+        )
         .instrument(tracing::info_span!("cache", kind = "Service"));
 
         let changed = Arc::clone(&resolver.changed);
         let mut slice_writer = SliceWriter::new(slices);
-        let slices_task = drive_cache(slice_events, move |e| {
+        let slices_task = drive_cache(slice_events, slices_outage, move |e| {
             slice_writer.apply_watcher_event(e);
             changed.send_replace(());
         })
@@ -388,33 +409,25 @@ fn is_ready(e: &DiscoveryEndpoint) -> bool {
 
 // === the watchers ===
 
-/// Runs one cache's watcher stream, handing every event to `apply` and logging errors. kube-rs'
-/// default backoff spaces retries out, so an outage logs every few seconds, not in a loop.
-async fn drive_cache<K, S>(events: S, mut apply: impl FnMut(&watcher::Event<K>))
-where
+/// Runs one cache's watcher stream, handing every event to `apply`. kube-rs' default backoff
+/// spaces retries out, and an outage is logged once ([`Outage`]).
+async fn drive_cache<K, S>(
+    events: S,
+    outage: Arc<Outage>,
+    mut apply: impl FnMut(&watcher::Event<K>),
+) where
     S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
 {
     let mut events = std::pin::pin!(events);
-    let mut failing = false;
     let mut synced = false;
     while let Some(event) = events.next().await {
-        match event {
-            Ok(event) => {
-                if matches!(event, watcher::Event::InitDone) {
-                    if !synced {
-                        info!("cache synced");
-                        synced = true;
-                    } else if failing {
-                        info!("watch recovered");
-                    }
-                    failing = false;
-                }
-                apply(&event);
+        outage.watch_event(&event);
+        if let Ok(event) = event {
+            if !synced && matches!(event, watcher::Event::InitDone) {
+                info!("cache synced");
+                synced = true;
             }
-            Err(error) => {
-                failing = true;
-                warn!(%error, "watch failed; serving from the last known state and retrying with backoff");
-            }
+            apply(&event);
         }
     }
 }
@@ -702,7 +715,9 @@ mod tests {
         }
         let (services_tx, services_rx) = futures::channel::mpsc::unbounded();
         let (slices_tx, slices_rx) = futures::channel::mpsc::unbounded();
-        let (kube, task) = KubeResolver::from_streams(services_rx, slices_rx, false);
+        let outage = || Arc::new(Outage::new("watch", "nothing changes"));
+        let (kube, task) =
+            KubeResolver::from_streams((services_rx, outage()), (slices_rx, outage()), false);
         let task = tokio::spawn(task);
         let statics: Arc<dyn ServiceResolver> = Arc::new(StaticResolver::new(&[]).unwrap());
         let chain = ChainResolver(vec![statics, Arc::new(kube)]);

@@ -7,6 +7,7 @@
 //! complete. We publish only at `InitDone` and on later `Apply`/`Delete` events, never at `Init`.
 
 use std::future::Future;
+use std::sync::Arc;
 
 use ::kube::api::{Api, Patch, PatchParams};
 use ::kube::runtime::reflector::{self, Store};
@@ -14,10 +15,11 @@ use ::kube::runtime::{watcher, WatchStreamExt};
 use ::kube::{Client, ResourceExt};
 
 use futures::{Stream, StreamExt};
-use tracing::{debug, info, warn, Instrument};
+use tracing::{debug, info, Instrument};
 
 use super::{publish, sort_by_name, ApiServiceSet, SetSender, SourceError};
 use crate::model::{set_condition, APIService, APIServiceCondition};
+use crate::outage::Outage;
 
 /// Who the gateway's status writes are recorded as in `metadata.managedFields`, as
 /// kube-apiserver's own availability controller's are recorded as `kube-apiserver`: an operator
@@ -31,9 +33,9 @@ const STATUS_WRITE_ATTEMPTS: usize = 3;
 /// Watches APIServices (optionally only those matching `label_selector`) and publishes the full,
 /// name-sorted set on `tx` after the first complete list and after every later change.
 ///
-/// Runs until every receiver of `tx` is gone. Watch errors (core down, RBAC, 410 Gone) are logged
-/// at warn and retried with kube-rs' default exponential backoff, so an outage produces a log line
-/// every few seconds at most, and the last published set stays in force meanwhile.
+/// Runs until every receiver of `tx` is gone. Watch errors (core down, RBAC) are retried with
+/// kube-rs' default exponential backoff and logged once per outage ([`Outage`]); the last
+/// published set stays in force meanwhile.
 ///
 /// The future runs in an `apiservice_source` span naming the source and the label selector,
 /// wherever it is spawned, so its log lines need not repeat them.
@@ -48,7 +50,11 @@ pub fn run(
         // Absent without a selector (every APIService is watched).
         label_selector = label_selector.as_deref()
     );
-    let api = Api::<APIService>::all(client);
+    let outage = Arc::new(Outage::new(
+        "APIService watch",
+        "the last known APIServices stay in force",
+    ));
+    let api = Api::<APIService>::all(outage.client(client));
     let mut config = watcher::Config::default();
     if let Some(selector) = label_selector.as_deref() {
         config = config.labels(selector);
@@ -57,19 +63,18 @@ pub fn run(
         .default_backoff()
         // managedFields can be several times the size of the object and nothing reads them.
         .modify(|api: &mut APIService| api.managed_fields_mut().clear());
-    drive(events, tx).instrument(span)
+    drive(events, outage, tx).instrument(span)
 }
 
 /// The source's loop over watcher events, separate from the watcher so tests can feed it a
 /// scripted stream (relists, errors) without a server.
-async fn drive<S>(events: S, tx: SetSender)
+async fn drive<S>(events: S, outage: Arc<Outage>, tx: SetSender)
 where
     S: Stream<Item = Result<watcher::Event<APIService>, watcher::Error>> + Send,
 {
     let (store, writer) = reflector::store::<APIService>();
     let mut events = std::pin::pin!(events.reflect(writer));
     let mut synced = false;
-    let mut failing = false;
 
     loop {
         let event = tokio::select! {
@@ -78,15 +83,12 @@ where
             () = tx.closed() => return,
         };
         let Some(event) = event else { return };
+        outage.watch_event(&event);
         match event {
             Ok(watcher::Event::Init) => debug!("APIService watch (re)listing"),
             // Mid-relist: the store keeps the previous complete state until InitDone.
             Ok(watcher::Event::InitApply(_)) => {}
             Ok(watcher::Event::InitDone) => {
-                if failing {
-                    info!("APIService watch recovered");
-                    failing = false;
-                }
                 if !synced {
                     info!(count = store.len(), "APIService watch synced");
                 }
@@ -98,13 +100,8 @@ where
                     publish_store(&store, &tx);
                 }
             }
-            Err(error) => {
-                failing = true;
-                warn!(
-                    error = %error,
-                    "APIService watch failed; keeping the last known APIServices and retrying with backoff"
-                );
-            }
+            // Logged by `outage`.
+            Err(_) => {}
         }
     }
 }
@@ -256,7 +253,8 @@ mod tests {
         use watcher::Event::*;
         let (events_tx, events) = futures::channel::mpsc::unbounded();
         let (tx, mut rx) = super::super::channel();
-        let task = tokio::spawn(drive(events, tx));
+        let outage = Arc::new(Outage::new("APIService watch", "nothing changes"));
+        let task = tokio::spawn(drive(events, outage, tx));
         let send = |e| events_tx.unbounded_send(e).unwrap();
         let quiet = |rx: &mut watch::Receiver<_>| {
             let mut rx = rx.clone();

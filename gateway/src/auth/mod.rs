@@ -269,7 +269,8 @@ impl Authenticator {
                 }
                 Ok(Verdict::Rejected(why)) => failures.push(format!("bearer token: {why}")),
                 Err(e) => {
-                    tracing::warn!(error = %e, "bearer token could not be reviewed");
+                    // The reviewer logs the outage once; this request's 503 says why.
+                    tracing::debug!(error = %e, "bearer token could not be reviewed");
                     return Err(unavailable(&e.to_string()));
                 }
             }
@@ -311,7 +312,7 @@ impl Authenticator {
                     ));
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "impersonation could not be checked");
+                    tracing::debug!(error = %e, "impersonation could not be checked");
                     return Err(status_response(
                         StatusCode::SERVICE_UNAVAILABLE,
                         &without_addresses(&format!(
@@ -361,6 +362,7 @@ pub fn start(
         },
         client,
         DecisionCache::new(
+            "SubjectAccessReview for impersonation",
             config.authz.cache_authorized_ttl,
             config.authz.cache_unauthorized_ttl,
         ),

@@ -2,8 +2,7 @@
 //!
 //! **Shared by request authorization (`front::stack::authz`) and impersonation checks
 //! (`auth::impersonation`).** Describe the question as [`Attributes`] (who: a `UserInfo`; what:
-//! an [`Action`]) and call [`cached_review`] with a [`DecisionCache`]; [`review`] is the uncached
-//! call.
+//! an [`Action`]) and call [`cached_review`] with a [`DecisionCache`].
 //!
 //! Allowed and denied decisions are cached for different times (kube's webhook authorizer
 //! defaults: 5m / 30s). Errors (core unreachable, timed out, 5xx) are never cached. The cache key
@@ -18,7 +17,10 @@ use k8s_openapi::api::authorization::v1::{
 };
 use kube::api::{Api, PostParams};
 
+use apiservice::outage::Outage;
+
 use super::cache::{key_of, TtlCache};
+use crate::error::kube_client_message;
 use crate::identity::UserInfo;
 
 /// How long a review may take before it counts as failed.
@@ -111,13 +113,10 @@ pub fn spec(attrs: &Attributes<'_>) -> SubjectAccessReviewSpec {
     spec
 }
 
-/// One uncached SubjectAccessReview.
-pub async fn review(client: &kube::Client, attrs: &Attributes<'_>) -> Result<Decision, SarError> {
-    review_spec(client, spec(attrs)).await
-}
-
+/// One uncached SubjectAccessReview; a review that cannot be made is logged by `outage`.
 async fn review_spec(
     client: &kube::Client,
+    outage: &Outage,
     spec: SubjectAccessReviewSpec,
 ) -> Result<Decision, SarError> {
     let api: Api<SubjectAccessReview> = Api::all(client.clone());
@@ -125,12 +124,24 @@ async fn review_spec(
         spec,
         ..Default::default()
     };
-    let created = tokio::time::timeout(REVIEW_TIMEOUT, api.create(&PostParams::default(), &sar))
-        .await
-        .map_err(|_| {
-            SarError::Unavailable(format!("no answer within {}s", REVIEW_TIMEOUT.as_secs()).into())
-        })?
-        .map_err(|e| SarError::Unavailable(e.to_string().into()))?;
+    let created = match tokio::time::timeout(
+        REVIEW_TIMEOUT,
+        api.create(&PostParams::default(), &sar),
+    )
+    .await
+    {
+        Ok(Ok(created)) => created,
+        Ok(Err(e)) => {
+            outage.failed(&e);
+            return Err(SarError::Unavailable(kube_client_message(&e).into()));
+        }
+        Err(_) => {
+            let message = format!("no answer within {}s", REVIEW_TIMEOUT.as_secs());
+            outage.failed_with(&message);
+            return Err(SarError::Unavailable(message.into()));
+        }
+    };
+    outage.answered();
     let status = created.status.unwrap_or_default();
     let denied = status.denied.unwrap_or(false);
     Ok(Decision {
@@ -140,19 +151,26 @@ async fn review_spec(
     })
 }
 
-/// Bounded (10 000 decisions) TTL cache of review decisions.
+/// Bounded (10 000 decisions) TTL cache of review decisions, and the log of the reviews that
+/// could not be made (once per outage of the core, not once per request).
 pub struct DecisionCache {
     cache: TtlCache<Decision, SarError>,
     allowed_ttl: Duration,
     denied_ttl: Duration,
+    outage: Outage,
 }
 
 impl DecisionCache {
-    pub fn new(allowed_ttl: Duration, denied_ttl: Duration) -> Self {
+    /// `client` names the reviews in the log: `SubjectAccessReview`, or of what.
+    pub fn new(client: &'static str, allowed_ttl: Duration, denied_ttl: Duration) -> Self {
         Self {
             cache: TtlCache::new(10_000),
             allowed_ttl,
             denied_ttl,
+            outage: Outage::new(
+                client,
+                "requests it must authorize answer 503 until it is back",
+            ),
         }
     }
 }
@@ -177,7 +195,7 @@ pub async fn cached_review(
         .get_or_fetch(
             key,
             |d: &Decision| if d.allowed { allowed_ttl } else { denied_ttl },
-            || review_spec(client, spec),
+            || review_spec(client, &cache.outage, spec),
         )
         .await?;
     Ok((decision, false))

@@ -14,7 +14,10 @@ use http::HeaderMap;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use kube::api::{Api, PostParams};
 
+use apiservice::outage::Outage;
+
 use super::cache::{key_of, TtlCache};
+use crate::error::kube_client_message;
 use crate::identity::UserInfo;
 
 /// How long a review may take before the request fails.
@@ -49,6 +52,8 @@ pub enum TokenError {
 
 pub struct TokenReviewer {
     client: kube::Client,
+    /// Reviews that could not be made, logged once per outage of the core (not per request).
+    outage: Outage,
     cache: TtlCache<Verdict, TokenError>,
     ttl: Duration,
     unauthorized_ttl: Duration,
@@ -59,6 +64,10 @@ impl TokenReviewer {
     pub fn new(client: kube::Client, ttl: Duration, unauthorized_ttl: Duration) -> Self {
         Self {
             client,
+            outage: Outage::new(
+                "TokenReview",
+                "requests with a bearer token answer 503 until it is back",
+            ),
             cache: TtlCache::new(10_000),
             ttl,
             unauthorized_ttl,
@@ -74,13 +83,17 @@ impl TokenReviewer {
                     Verdict::Authenticated(_) => ttl,
                     Verdict::Rejected(_) => unauthorized_ttl,
                 },
-                || review(&self.client, token),
+                || review(&self.client, &self.outage, token),
             )
             .await
     }
 }
 
-async fn review(client: &kube::Client, token: &str) -> Result<Verdict, TokenError> {
+async fn review(
+    client: &kube::Client,
+    outage: &Outage,
+    token: &str,
+) -> Result<Verdict, TokenError> {
     let api: Api<TokenReview> = Api::all(client.clone());
     let request = TokenReview {
         spec: TokenReviewSpec {
@@ -90,14 +103,21 @@ async fn review(client: &kube::Client, token: &str) -> Result<Verdict, TokenErro
         ..Default::default()
     };
     let created =
-        tokio::time::timeout(REVIEW_TIMEOUT, api.create(&PostParams::default(), &request))
+        match tokio::time::timeout(REVIEW_TIMEOUT, api.create(&PostParams::default(), &request))
             .await
-            .map_err(|_| {
-                TokenError::Unavailable(
-                    format!("no answer within {}s", REVIEW_TIMEOUT.as_secs()).into(),
-                )
-            })?
-            .map_err(|e| TokenError::Unavailable(e.to_string().into()))?;
+        {
+            Ok(Ok(created)) => created,
+            Ok(Err(e)) => {
+                outage.failed(&e);
+                return Err(TokenError::Unavailable(kube_client_message(&e).into()));
+            }
+            Err(_) => {
+                let message = format!("no answer within {}s", REVIEW_TIMEOUT.as_secs());
+                outage.failed_with(&message);
+                return Err(TokenError::Unavailable(message.into()));
+            }
+        };
+    outage.answered();
     Ok(verdict(created))
 }
 

@@ -26,11 +26,12 @@
 //! on kube's `Api<Lease>`.
 //!
 //! Logs: one line per change of leadership (this replica leads, stops leading, or sees another
-//! leader); metric `leader_election_master_status{name}` as kube's components export it.
+//! leader) and one per outage of the core ([`Outage`]); metric `leader_election_master_status{name}` as kube's components export it.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use apiservice::outage::{root_cause, Outage};
 use gateway_config::LeaderElection;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
@@ -115,8 +116,10 @@ pub struct LeaderElector {
     master_status: IntGauge,
     /// The Lease record last read and when it was first seen in that state.
     observed: Option<(LeaseSpec, Instant)>,
-    /// The last status of a failed attempt, logged once per change.
+    /// Why the last attempt failed, for the reason a leader steps down.
     last_error: Option<String>,
+    /// Reads and writes of the Lease, logged once per outage of the core.
+    outage: Outage,
 }
 
 // === impl LeaderElector ===
@@ -140,6 +143,10 @@ impl LeaderElector {
             master_status,
             observed: None,
             last_error: None,
+            outage: Outage::new(
+                "leader election",
+                "a leader stops writing APIService status at its renew deadline",
+            ),
         };
         (elector, leadership)
     }
@@ -243,23 +250,21 @@ impl LeaderElector {
 
     /// One try to take or renew the Lease within `limit`; `true` when this replica holds it now.
     async fn attempt(&mut self, limit: Duration) -> bool {
-        let outcome = match tokio::time::timeout(limit, self.try_acquire_or_renew()).await {
-            Ok(Ok(held)) => Ok(held),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err(format!("no answer from the core within {limit:?}")),
-        };
-        match outcome {
-            Ok(held) => {
-                if self.last_error.take().is_some() {
-                    tracing::info!(lease = %self.lease_name(), "leader election: the Lease can be read and written again");
-                }
+        match tokio::time::timeout(limit, self.try_acquire_or_renew()).await {
+            Ok(Ok(held)) => {
+                self.outage.answered();
+                self.last_error = None;
                 held
             }
-            Err(e) => {
-                if self.last_error.as_ref() != Some(&e) {
-                    tracing::warn!(lease = %self.lease_name(), error = %e, "leader election: cannot read or write the Lease");
-                    self.last_error = Some(e);
-                }
+            Ok(Err(e)) => {
+                self.outage.failed(&e);
+                self.last_error = Some(root_cause(&e));
+                false
+            }
+            Err(_) => {
+                let e = format!("no answer from the core within {limit:?}");
+                self.outage.failed_with(&e);
+                self.last_error = Some(e);
                 false
             }
         }

@@ -120,14 +120,17 @@ impl Health {
             let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
             match k {
                 "verbose" => verbose = v != "false",
-                "exclude" => excluded.push(v),
+                "exclude" if !v.trim().is_empty() => excluded.push(v.trim()),
                 _ => {}
             }
         }
+        excluded.sort_unstable();
+        excluded.dedup();
         let mut report = String::new();
         let mut failed = false;
         for c in self.checks.iter().filter(applies) {
-            if excluded.contains(&c.name) {
+            if let Some(at) = excluded.iter().position(|e| *e == c.name) {
+                excluded.remove(at);
                 report.push_str(&format!("[+]{} excluded: ok\n", c.name));
             } else if c.check.is_ok() {
                 report.push_str(&format!("[+]{} ok\n", c.name));
@@ -135,6 +138,14 @@ impl Health {
                 failed = true;
                 report.push_str(&format!("[-]{} failed: reason withheld\n", c.name));
             }
+        }
+        // An exclusion that names no check is likely a typo: say so, as kube-apiserver does.
+        if !excluded.is_empty() {
+            let names: Vec<String> = excluded.iter().map(|e| format!("{e:?}")).collect();
+            report.push_str(&format!(
+                "warn: some health checks cannot be excluded: no matches for {}\n",
+                names.join(", ")
+            ));
         }
         Some(if failed {
             report.push_str(&format!("{} check failed\n", endpoint.name()));
@@ -235,5 +246,39 @@ mod tests {
             200
         );
         assert!(h.respond("/version", "").is_none());
+    }
+
+    /// kube-apiserver's answer to an exclusion that matches no check: the check list says so,
+    /// and the endpoint's result does not change.
+    #[tokio::test]
+    async fn an_exclusion_that_names_no_check_is_reported() {
+        let mut h = Health::new();
+        h.register("core-server", READY, Check::unhealthy("down"));
+        assert_eq!(
+            body(
+                h.respond("/readyz", "verbose&exclude=core-server&exclude=core-sever")
+                    .unwrap()
+            )
+            .await,
+            (
+                200,
+                "[+]ping ok\n[+]core-server excluded: ok\nwarn: some health checks cannot be \
+                 excluded: no matches for \"core-sever\"\nreadyz check passed\n"
+                    .into()
+            )
+        );
+        assert_eq!(
+            body(h.respond("/readyz", "exclude=nope").unwrap()).await,
+            (
+                500,
+                "[+]ping ok\n[-]core-server failed: reason withheld\nwarn: some health checks \
+                 cannot be excluded: no matches for \"nope\"\nreadyz check failed\n"
+                    .into()
+            )
+        );
+        assert_eq!(
+            body(h.respond("/readyz", "exclude=core-server").unwrap()).await,
+            (200, "ok".into())
+        );
     }
 }

@@ -111,7 +111,7 @@ fn build_gateway_into(profile_dir: &Path) -> Result<PathBuf, HarnessError> {
             cmd.args(["--profile", other]);
         }
     }
-    eprintln!("e2e harness: building {GATEWAY_BIN} (once per test process): {cmd:?}");
+    eprintln!("e2e: building {GATEWAY_BIN} (once per process): {cmd:?}");
     let output = cmd
         .stdin(Stdio::null())
         .output()

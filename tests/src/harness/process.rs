@@ -56,10 +56,32 @@ impl std::fmt::Debug for Process {
 impl Process {
     /// Spawns `cmd` with piped stdout/stderr and null stdin; `name` labels its logs.
     pub fn spawn(name: &str, mut cmd: Command) -> Result<Process, HarnessError> {
+        cmd.stdin(Stdio::null());
+        Process::spawn_with_stdin(name, cmd)
+    }
+
+    /// [`Process::spawn`] with a piped stdin, for [`Process::send_line`].
+    pub fn spawn_interactive(name: &str, mut cmd: Command) -> Result<Process, HarnessError> {
+        cmd.stdin(Stdio::piped());
+        Process::spawn_with_stdin(name, cmd)
+    }
+
+    /// Writes `line` and a newline to the process's stdin (see [`Process::spawn_interactive`]).
+    pub fn send_line(&mut self, line: &str) -> Result<(), HarnessError> {
+        use std::io::Write;
+        let context = format!("writing to the stdin of {}", self.name);
+        let stdin = self.child.stdin.as_mut().ok_or_else(|| HarnessError::Io {
+            context: context.clone(),
+            source: std::io::Error::other("its stdin is not piped"),
+        })?;
+        writeln!(stdin, "{line}")
+            .and_then(|()| stdin.flush())
+            .map_err(io_err(context))
+    }
+
+    fn spawn_with_stdin(name: &str, mut cmd: Command) -> Result<Process, HarnessError> {
         let started = Instant::now();
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child = cmd
             .spawn()
             .map_err(io_err(format!("spawning {name} ({cmd:?})")))?;

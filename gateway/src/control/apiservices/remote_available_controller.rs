@@ -46,9 +46,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use apiservice::model::{available_condition, APIServiceCondition, RegisteredAPIService};
+use apiservice::outage::Outage;
 use apiservice::resolve::{Changes, ResolveError, ServiceResolver};
 use apiservice::route_table::{Availability, Route, UnavailableReason};
-use apiservice::source::{ApiServiceSet, SetReceiver};
+use apiservice::source::{ApiServiceSet, SetReceiver, SourceError};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -122,6 +123,8 @@ pub struct AvailabilityController {
     core_owns_status: bool,
     /// The APIServices this replica cannot reach, as the reachability check last said.
     unreachable: Vec<String>,
+    /// Status writes to the core, logged once per outage (not per APIService and check).
+    status_writes: Outage,
 }
 
 /// The outcome of [`ServiceResolver::check_endpoints`]; `None` for routes without one.
@@ -140,8 +143,6 @@ struct Known {
     /// When a write was last attempted: reconciling a disagreeing stored condition waits an
     /// interval after it (see the module docs).
     wrote_at: Option<Instant>,
-    /// The last status write error, logged once per change.
-    write_error: Option<String>,
 }
 
 /// What one check found.
@@ -159,7 +160,7 @@ enum Write {
     /// they write.
     NotLeader,
     Written,
-    Failed(String),
+    Failed(SourceError),
 }
 
 // === impl Write ===
@@ -189,6 +190,10 @@ impl AvailabilityController {
             stored: HashMap::new(),
             core_owns_status: false,
             unreachable: Vec::new(),
+            status_writes: Outage::new(
+                "APIService status write",
+                "Available conditions on the core wait until it is back",
+            ),
         }
     }
 
@@ -297,7 +302,6 @@ impl AvailabilityController {
                             current: None,
                             written: None,
                             wrote_at: None,
-                            write_error: None,
                         },
                     );
                 }
@@ -443,16 +447,12 @@ impl AvailabilityController {
             }
             Write::Written => {
                 k.written = Some(checked.availability.clone());
-                if k.write_error.take().is_some() {
-                    tracing::info!(apiservice = %name, "Available condition written again");
-                }
+                self.status_writes.answered();
                 true
             }
             Write::Failed(e) => {
-                if k.write_error.as_ref() != Some(&e) {
-                    tracing::warn!(apiservice = %name, error = %e, "cannot write the Available condition");
-                    k.write_error = Some(e);
-                }
+                tracing::debug!(apiservice = %name, error = %e, "cannot write the Available condition");
+                self.status_writes.failed(&e);
                 false
             }
         };
@@ -654,6 +654,6 @@ async fn write_condition(
     let condition = availability.condition(api.is_local(), now);
     match apiservice::source::kube::write_available_condition(client, &api.name, condition).await {
         Ok(()) => Write::Written,
-        Err(e) => Write::Failed(e.to_string()),
+        Err(e) => Write::Failed(e),
     }
 }

@@ -176,7 +176,6 @@ impl DiscoveryController {
         let mut state = State {
             core_documents: Some(Box::new(CoreDocuments::new(
                 Source::Core(self.core.clone()),
-                self.core.url().to_owned(),
                 self.refresh_interval,
             ))),
             core_source: Some(Source::Core(self.core.clone())),

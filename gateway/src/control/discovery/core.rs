@@ -8,6 +8,7 @@
 use std::time::{Duration, Instant};
 
 use apiservice::discovery::{from_legacy, from_legacy_core, CoreDiscovery};
+use apiservice::outage::Outage;
 use bytes::Bytes;
 use http::header;
 use http::StatusCode;
@@ -175,11 +176,10 @@ async fn resource_lists(source: &Source, paths: &[String]) -> Vec<APIResourceLis
 /// Everything known about the core's documents between two refreshes.
 pub struct CoreDocuments {
     source: Source,
-    url: String,
     legacy_refresh: Duration,
     api: CoreDocument,
     apis: CoreDocument,
-    last_error: Option<String>,
+    outage: Outage,
 }
 
 /// What one refresh of the core's documents found.
@@ -194,14 +194,16 @@ pub struct Refreshed {
 // === impl CoreDocuments ===
 
 impl CoreDocuments {
-    pub fn new(source: Source, url: String, legacy_refresh: Duration) -> Self {
+    pub fn new(source: Source, legacy_refresh: Duration) -> Self {
         Self {
             source,
-            url,
             legacy_refresh,
             api: CoreDocument::new("/api"),
             apis: CoreDocument::new("/apis"),
-            last_error: None,
+            outage: Outage::new(
+                "core discovery fetch",
+                "the last known /api and /apis of the core are served",
+            ),
         }
     }
 
@@ -213,7 +215,7 @@ impl CoreDocuments {
         })
     }
 
-    /// Revalidates both documents concurrently; logs once per change of error.
+    /// Revalidates both documents concurrently; a failure is logged once per outage.
     pub async fn refresh(&mut self) -> Refreshed {
         let source = &self.source;
         let legacy_refresh = self.legacy_refresh;
@@ -222,26 +224,20 @@ impl CoreDocuments {
             self.apis.refresh(source, legacy_refresh),
         );
         let mut changed = false;
-        let mut errors = Vec::new();
+        let mut failed = None;
         for result in [api, apis] {
             match result {
                 Ok(c) => changed |= c,
-                Err(e) => errors.push(e.to_string()),
+                Err(e) => failed = failed.or(Some(e)),
             }
         }
-        let error = (!errors.is_empty()).then(|| errors.join("; "));
-        if error != self.last_error {
-            match &error {
-                Some(e) => {
-                    tracing::warn!(core = %self.url, error = %e, "cannot refresh the core server's discovery; serving the last known documents")
-                }
-                None => tracing::info!(core = %self.url, "core server discovery refreshed"),
-            }
-            self.last_error = error;
+        match &failed {
+            Some(e) => self.outage.failed(e),
+            None => self.outage.answered(),
         }
         Refreshed {
             changed,
-            complete: self.last_error.is_none(),
+            complete: failed.is_none(),
         }
     }
 }

@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use apiservice::discovery::CoreDiscovery;
+use apiservice::outage::Outage;
 use futures::StreamExt;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
@@ -35,6 +36,8 @@ use tracing::Instrument;
 const APIEXTENSIONS: (&str, &str, &str) =
     ("apiextensions.k8s.io", "v1", "customresourcedefinitions");
 const APIREGISTRATION: (&str, &str, &str) = ("apiregistration.k8s.io", "v1", "apiservices");
+/// What holds while a watch cannot reach the core.
+const POLLED: &str = "the core's discovery is polled meanwhile";
 
 /// What the watchers tell the discovery controller.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -85,20 +88,19 @@ impl CoreWatchers {
         if !self.crds && serves_watch(core, APIEXTENSIONS) {
             self.crds = true;
             tracing::info!("following the core's CustomResourceDefinitions with a watch");
-            let api = Api::<CustomResourceDefinition>::all(self.client.clone());
-            tokio::spawn(
-                follow_crds(api, self.tx.clone()).instrument(tracing::info_span!(
-                    "core_watch",
-                    resource = APIEXTENSIONS.2
-                )),
-            );
+            let outage = Arc::new(Outage::new("CustomResourceDefinition watch", POLLED));
+            let api = Api::<CustomResourceDefinition>::all(outage.client(self.client.clone()));
+            tokio::spawn(follow_crds(api, self.tx.clone(), outage).instrument(
+                tracing::info_span!("core_watch", resource = APIEXTENSIONS.2),
+            ));
         }
         if !self.apiservices && serves_watch(core, APIREGISTRATION) {
             self.apiservices = true;
             tracing::info!("following the core's APIServices with a watch");
-            let api = Api::<APIService>::all(self.client.clone());
+            let outage = Arc::new(Outage::new("APIService watch for discovery", POLLED));
+            let api = Api::<APIService>::all(outage.client(self.client.clone()));
             tokio::spawn(
-                follow(api, self.tx.clone(), |_: &Store<APIService>, _| {}).instrument(
+                follow(api, self.tx.clone(), outage, |_: &Store<APIService>, _| {}).instrument(
                     tracing::info_span!("core_watch", resource = APIREGISTRATION.2),
                 ),
             );
@@ -118,8 +120,12 @@ fn serves_watch(core: &CoreDiscovery, (group, version, resource): (&str, &str, &
         .any(|r| r.resource.as_deref() == Some(resource) && r.verbs.iter().any(|v| v == "watch"))
 }
 
-async fn follow_crds(api: Api<CustomResourceDefinition>, tx: watch::Sender<Signals>) {
-    follow(api, tx, |store, signals| {
+async fn follow_crds(
+    api: Api<CustomResourceDefinition>,
+    tx: watch::Sender<Signals>,
+    outage: Arc<Outage>,
+) {
+    follow(api, tx, outage, |store, signals| {
         signals.established = Arc::new(established_versions(store));
     })
     .await
@@ -127,10 +133,11 @@ async fn follow_crds(api: Api<CustomResourceDefinition>, tx: watch::Sender<Signa
 
 /// Runs one watcher until the controller is gone: a reflector over `api`, and after its first
 /// complete list and every later change, `update` plus a new revision on `tx`. Errors are
-/// retried with kube-rs' default backoff and logged once per failure streak.
+/// retried with kube-rs' default backoff and logged once per outage.
 async fn follow<K>(
     api: Api<K>,
     tx: watch::Sender<Signals>,
+    outage: Arc<Outage>,
     update: impl Fn(&Store<K>, &mut Signals),
 ) where
     K: kube::Resource<DynamicType = ()>
@@ -147,7 +154,6 @@ async fn follow<K>(
         .reflect(writer);
     let mut events = std::pin::pin!(events);
     let mut synced = false;
-    let mut failing = false;
     let mut healthy = false;
     loop {
         let event = tokio::select! {
@@ -155,26 +161,16 @@ async fn follow<K>(
             () = tx.closed() => return,
         };
         let Some(event) = event else { return };
+        outage.watch_event(&event);
         let changed = match event {
             Ok(watcher::Event::InitDone) => {
-                if failing {
-                    tracing::info!("watch recovered");
-                    failing = false;
-                }
                 synced = true;
                 true
             }
             Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => synced,
-            Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => false,
-            Err(error) => {
-                if !failing {
-                    tracing::warn!(%error, "watch failed; retrying with backoff (the core's discovery is polled meanwhile)");
-                    failing = true;
-                }
-                false
-            }
+            Ok(watcher::Event::Init | watcher::Event::InitApply(_)) | Err(_) => false,
         };
-        let now_healthy = synced && !failing;
+        let now_healthy = synced && !outage.is_down();
         if changed || now_healthy != healthy {
             let was = std::mem::replace(&mut healthy, now_healthy);
             tx.send_modify(|signals| {

@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use apiservice::discovery::openapi_v2::{aggregate_loading, RemoteSpec};
 use apiservice::discovery::{etag_for, openapi_v2_proto};
 use apiservice::model::ServiceRef;
+use apiservice::outage::Outage;
 use bytes::Bytes;
 use futures::StreamExt;
 use http::StatusCode;
@@ -36,6 +37,7 @@ use super::core_watch::FollowUps;
 use super::fetch::{Source, OPENAPI_TIMEOUT};
 use super::DiscoveryCache;
 use crate::backend::core::CoreBackend;
+use crate::body::BoxError;
 use crate::control::apiservices::{Routes, Routing, Target};
 use crate::metrics::Metrics;
 
@@ -122,7 +124,7 @@ struct SpecState {
     /// The body as received (a JSON object).
     spec: Option<Bytes>,
     etag: Option<String>,
-    /// The last failure, to log changes only.
+    /// A remote's last failure, to log changes only (the core's are its [`Outage`]'s).
     error: Option<String>,
 }
 
@@ -166,6 +168,10 @@ impl OpenApiV2Controller {
         let mut routes = self.routing.subscribe();
         let mut tick = tokio::time::interval(REFRESH);
         let mut core = SpecState::default();
+        let core_outage = Outage::new(
+            "OpenAPI v2 fetch of the core",
+            "the last fetched spec stays merged",
+        );
         let mut remotes: HashMap<ServiceRef, SpecState> = HashMap::new();
         let mut merged_from: Option<Vec<Contributor>> = None;
         let mut core_changes = self.cache.core_changed.subscribe();
@@ -208,12 +214,19 @@ impl OpenApiV2Controller {
             }
             let mut done = futures::stream::iter(fetches)
                 .map(|(svc, source, name, mut state)| async move {
-                    let reason = refresh(&source, &mut state, &name).await;
-                    (svc, name, state, reason)
+                    let outcome = refresh(&source, &mut state).await;
+                    (svc, name, state, outcome)
                 })
                 .buffer_unordered(CONCURRENT_FETCHES);
-            while let Some((svc, name, state, reason)) = done.next().await {
-                if let Some(reason) = reason {
+            while let Some((svc, name, mut state, outcome)) = done.next().await {
+                match &svc {
+                    None => match &outcome {
+                        Ok(_) => core_outage.answered(),
+                        Err(e) => core_outage.failed(e.as_ref()),
+                    },
+                    Some(_) => log_remote(&mut state, &name, &outcome),
+                }
+                if let Ok(Some(reason)) = outcome {
                     reasons.push((name, reason));
                 }
                 match svc {
@@ -323,8 +336,9 @@ fn contributors(
     (contributors, backends)
 }
 
-/// Revalidates one server's spec; the reason of a change (`add`, `update`, `delete`) or `None`.
-async fn refresh(source: &Source, state: &mut SpecState, name: &str) -> Option<&'static str> {
+/// Revalidates one server's spec: the reason of a change (`add`, `update`, `delete`) or `None`;
+/// on failure the last spec stays.
+async fn refresh(source: &Source, state: &mut SpecState) -> Refreshed {
     let fetched = source
         .get(
             PATH,
@@ -333,7 +347,7 @@ async fn refresh(source: &Source, state: &mut SpecState, name: &str) -> Option<&
             OPENAPI_TIMEOUT,
         )
         .await;
-    let outcome = match fetched {
+    match fetched {
         Ok(answer) if answer.status == StatusCode::NOT_MODIFIED && state.spec.is_some() => Ok(None),
         Ok(answer) if answer.status == StatusCode::OK => {
             if is_json_object(&answer.body) {
@@ -346,30 +360,36 @@ async fn refresh(source: &Source, state: &mut SpecState, name: &str) -> Option<&
                 state.spec = Some(answer.body);
                 Ok(reason)
             } else {
-                Err(format!("GET {PATH}: the body is not a JSON object"))
+                Err(format!("GET {PATH}: the body is not a JSON object").into())
             }
         }
         Ok(answer) if answer.status == StatusCode::NOT_FOUND => {
             state.etag = None;
             Ok(state.spec.take().map(|_| "delete"))
         }
-        Ok(answer) => Err(format!("GET {PATH}: {}", answer.status)),
-        Err(e) => Err(e.to_string()),
-    };
+        Ok(answer) => Err(format!("GET {PATH}: {}", answer.status).into()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// What [`refresh`] found.
+type Refreshed = Result<Option<&'static str>, BoxError>;
+
+/// A remote APIService's fetch, logged once per change of its error.
+fn log_remote(state: &mut SpecState, name: &str, outcome: &Refreshed) {
     match outcome {
-        Ok(reason) => {
+        Ok(_) => {
             if state.error.take().is_some() {
                 tracing::info!(apiservice = name, "OpenAPI v2 spec fetched again");
             }
-            reason
         }
         Err(e) => {
-            if state.error.as_deref() != Some(&e) {
+            let e = e.to_string();
+            if state.error.as_ref() != Some(&e) {
                 tracing::warn!(apiservice = name, error = %e,
                     "cannot fetch the OpenAPI v2 spec; keeping the last one");
                 state.error = Some(e);
             }
-            None
         }
     }
 }

@@ -30,6 +30,7 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use kube::runtime::{watcher, WatchStreamExt};
 use tracing::Instrument;
 
+use apiservice::outage::Outage;
 use gateway_config::tls::Identity;
 pub use merge::{merged, GatewayTrust};
 
@@ -137,6 +138,12 @@ pub async fn run(kube: kube::Client, mut sources: TrustSources) {
     // (403 without RBAC on the ConfigMap, a body that does not decode) is retried at once, in a
     // loop that keeps a CPU busy and floods the core.
     let mut changes = watcher(api.clone(), watch_config).default_backoff().boxed();
+    // The reconciles say whether the core answers; the watch's own errors are retried by the
+    // watcher, and the resync covers the gap.
+    let outage = Outage::new(
+        "authentication ConfigMap update",
+        "aggregated servers keep the trust last published",
+    );
     queue.queue().add(());
     loop {
         tokio::select! {
@@ -159,14 +166,15 @@ pub async fn run(kube: kube::Client, mut sources: TrustSources) {
                 }
                 Next::Done(key, outcome) => match outcome {
                     Ok(written) => {
+                        outage.answered();
                         if written != Written::Nothing {
                             tracing::info!(?written, configmap = %format!("{NAMESPACE}/{NAME}"), "published the gateway's client CA and proxy identity");
                         }
                         queue.resync(key, Some(RESYNC));
                     }
                     Err(e) => {
-                        let delay = queue.retry(key);
-                        tracing::warn!(error = %e, retry_in = ?delay, "could not update the authentication configmap");
+                        outage.failed(&e);
+                        queue.retry(key);
                     }
                 },
             },

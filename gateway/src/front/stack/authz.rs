@@ -76,7 +76,11 @@ impl Authorizer {
     ) -> Self {
         Self {
             client,
-            cache: DecisionCache::new(config.cache_authorized_ttl, config.cache_unauthorized_ttl),
+            cache: DecisionCache::new(
+                "SubjectAccessReview",
+                config.cache_authorized_ttl,
+                config.cache_unauthorized_ttl,
+            ),
             routing,
             remote: config.webhook,
             metrics: config.authorize_metrics,
@@ -203,7 +207,8 @@ where
             {
                 Ok((decision, _cached)) => decision,
                 Err(e) => {
-                    tracing::warn!(error = %e, user = %user.name, path = %req.uri().path(), "authorization failed");
+                    // The decision cache logs the outage once; this request's 503 says why.
+                    tracing::debug!(error = %e, user = %user.name, path = %req.uri().path(), "authorization failed");
                     let resp = status_response(
                             StatusCode::SERVICE_UNAVAILABLE,
                             &without_addresses(&format!(
@@ -328,7 +333,11 @@ mod tests {
         let routing = Routing::new();
         let authorizer = Authorizer {
             client: core(reviews.clone()),
-            cache: DecisionCache::new(Duration::from_secs(60), Duration::from_secs(60)),
+            cache: DecisionCache::new(
+                "SubjectAccessReview",
+                Duration::from_secs(60),
+                Duration::from_secs(60),
+            ),
             routing: routing.clone(),
             remote: true,
             metrics: false,
