@@ -537,3 +537,161 @@ async fn a_hung_backend_does_not_delay_another_apiservices_availability() {
         .await;
     drop(stopped);
 }
+
+/// The wardle APIService on the core, Available and discovered `Current`, with not one request
+/// sent to its backend through the gateway: what the gateway then knows of the backend, it
+/// learnt on its own (its probes, its discovery fetches, the connections it keeps).
+async fn quiet_wardle(backend_args: &[&str]) -> (Scenario, User) {
+    let s = Scenario::builder()
+        .backend("wardle", GROUP, "v1alpha1", backend_args)
+        .availability_interval("30s")
+        .start()
+        .await;
+    create_apiservice_on_core(&s.core, &s.pki.apiservice(GROUP, "v1alpha1", "wardle")).await;
+    let alice = User::new(&s.gateway, &s.user("alice", &[]));
+    let ready = harness::wait_until(Duration::from_secs(10), || async {
+        alice.flunders_discovered_as("Current").await && condition_is(&s.core, "True").await
+    })
+    .await;
+    assert!(
+        ready,
+        "{NAME} was never Available and discovered\n{}",
+        s.logs()
+    );
+    // Past the first round of fetches and checks, so none of them is what notices the change.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    (s, alice)
+}
+
+/// Issue 27, a backend killed with no request to it: aggregated `/apis` lists it `Stale` within
+/// 2 s and the core shows `Available=False` within 3 s, from the connection the gateway keeps to
+/// it closing, not from a request or the 30 s resync. The backend closes each connection after
+/// one request (kube-apiserver's `--goaway-chance` at its extreme), so no connection is left
+/// from the gateway's own probes and fetches, as none is after 90 s without traffic. Before:
+/// the resync (up to 30 s).
+#[tokio::test]
+async fn a_killed_backend_nobody_calls_is_stale_and_unavailable_within_seconds() {
+    let (mut s, alice) = quiet_wardle(&["--goaway-after-requests", "1"]).await;
+    let since = Instant::now();
+    s.backend_mut("wardle").process.kill();
+    let limit = Duration::from_secs(10);
+    let (stale, unavailable) = tokio::join!(
+        reaction(
+            "killed backend, no requests -> Stale in aggregated /apis",
+            since,
+            limit,
+            || alice.flunders_discovered_as("Stale")
+        ),
+        reaction(
+            "killed backend, no requests -> Available=False on the core",
+            since,
+            limit,
+            || condition_is(&s.core, "False")
+        ),
+    );
+    assert_within("Stale", stale, Duration::from_secs(2));
+    assert_within("Available=False", unavailable, Duration::from_secs(3));
+}
+
+/// Issue 27, a backend frozen (SIGSTOP: the kernel still accepts connections, nothing answers)
+/// with no request to it: the HTTP/2 PINGs on the connection the gateway keeps go unanswered,
+/// and within 8 s aggregated `/apis` lists it `Stale` and the core shows `Available=False`; a
+/// request sent 0.3 s after the freeze gets the 503 naming the APIService within 12 s. Before:
+/// Stale and unavailable only after the next resync and probe timeout, the request hung for
+/// most of a minute (a fresh 10 s dial per retry).
+#[tokio::test]
+async fn a_frozen_backend_nobody_calls_is_stale_and_unavailable_within_seconds() {
+    let (s, alice) = quiet_wardle(&[]).await;
+    let since = Instant::now();
+    let stopped = Stopped::stop(s.backend("wardle").process.id());
+    let limit = Duration::from_secs(20);
+    let request = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let sent = Instant::now();
+        let answer = tokio::time::timeout(limit, alice.get(FLUNDERS, "application/json")).await;
+        let took = sent.elapsed();
+        eprintln!(
+            "reaction: frozen backend -> request sent 0.3 s after answered {:?} in {} ms",
+            answer
+                .as_ref()
+                .ok()
+                .and_then(Option::as_ref)
+                .map(|(status, _)| *status),
+            took.as_millis()
+        );
+        match answer {
+            Ok(Some((StatusCode::SERVICE_UNAVAILABLE, body)))
+                if body["message"].as_str().is_some_and(|m| m.contains(NAME)) =>
+            {
+                Some(took)
+            }
+            _ => None,
+        }
+    };
+    let (stale, unavailable, refused) = tokio::join!(
+        reaction(
+            "frozen backend, no requests -> Stale in aggregated /apis",
+            since,
+            limit,
+            || alice.flunders_discovered_as("Stale")
+        ),
+        reaction(
+            "frozen backend, no requests -> Available=False on the core",
+            since,
+            limit,
+            || condition_is(&s.core, "False")
+        ),
+        request,
+    );
+    drop(stopped);
+    assert_within("Stale", stale, Duration::from_secs(8));
+    assert_within("Available=False", unavailable, Duration::from_secs(8));
+    assert_within(
+        "503 to a request sent 0.3 s after",
+        refused,
+        Duration::from_secs(12),
+    );
+}
+
+/// Issue 27, a backend restarted (same port, as a Pod behind a ClusterIP) whose discovery then
+/// takes longer than 5 s, with no request to it: aggregated `/apis` lists it `Stale` within 7 s
+/// of the restart and keeps it so, as kube-aggregator's 5 s discovery deadline makes it; it
+/// never goes back to `Current` on the old document. The backend closes each connection after
+/// one request, so no connection is left from the gateway's own probes and fetches. Before:
+/// nothing noticed the restart and the old document stayed `Current`.
+#[tokio::test]
+async fn a_backend_restarted_with_slow_discovery_is_stale_within_seconds() {
+    let goaway = ["--goaway-after-requests", "1"];
+    let (mut s, alice) = quiet_wardle(&goaway).await;
+    let port = s.backend("wardle").addr.port();
+    s.backend_mut("wardle").process.kill();
+    let listen = format!("127.0.0.1:{port}");
+    let backend = s
+        .pki
+        .start_backend(
+            GROUP,
+            "v1alpha1",
+            &[
+                &["--listen", &listen, "--discovery-delay-ms", "6000"],
+                &goaway[..],
+            ]
+            .concat(),
+        )
+        .await;
+    let since = Instant::now();
+    *s.backend_mut("wardle") = backend;
+    let stale = reaction(
+        "backend restarted with 6 s discovery -> Stale in aggregated /apis",
+        since,
+        Duration::from_secs(12),
+        || alice.flunders_discovered_as("Stale"),
+    )
+    .await;
+    assert_within("Stale", stale, Duration::from_secs(7));
+    tokio::time::sleep_until((since + Duration::from_secs(7)).into()).await;
+    assert!(
+        alice.flunders_discovered_as("Stale").await,
+        "7 s after the restart, aggregated /apis lists {:?}",
+        alice.discovered(GROUP, "flunders").await
+    );
+}

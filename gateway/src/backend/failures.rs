@@ -6,7 +6,15 @@
 //! * a connection that could not be made (refused, unreachable, TLS refused);
 //! * a request that failed in transport (reset, closed mid-response);
 //! * a pooled connection the backend closed or reset, seen when it happens, not at the next
-//!   request: the process behind it may have died ([`Watched`]).
+//!   request: the process behind it may have died ([`Watched`]);
+//! * a pooled connection whose HTTP/2 PING went unanswered: the process may be frozen. The pool
+//!   keeps one connection per endpoint of every routed Service (`pool`), so this holds with no
+//!   traffic at all.
+//!
+//! Besides the availability controller, others may listen ([`FailureSignal::listen`]): the
+//! discovery controller re-fetches the Service's discovery at once on a failure (not on a plain
+//! close, which a backend sending GOAWAY after each request would turn into a fetch loop), so a
+//! frozen backend goes `Stale` without waiting for its availability check to time out first.
 //!
 //! A report only asks for a re-check of the APIService; the check decides. So a report that
 //! means nothing (a backend closing an idle connection, a tunnel ending) costs one probe and
@@ -28,13 +36,21 @@ use tokio::time::Instant;
 
 use crate::workqueue::Queue;
 
+/// What a connection the backend closed (end of stream) is reported as.
+pub const CLOSED: &str = "closed by the backend";
+
 /// Connection failures of one backend Service's connections, for the availability
 /// controller's queue. The connections are shared by every APIService that names the Service
 /// (see `pool`), so a failure asks for a re-check of each of them.
 pub struct FailureSignal {
     api_services: Mutex<Vec<Arc<str>>>,
     reports: OnceLock<Reports>,
+    /// Other loops told of each report, by who listens (one entry each, replaced).
+    listeners: Mutex<Vec<(&'static str, Listener)>>,
 }
+
+/// What a listener does with a report: mark its own key dirty.
+pub type Listener = Arc<dyn Fn() + Send + Sync>;
 
 struct Reports {
     queue: Queue<String>,
@@ -50,6 +66,7 @@ impl FailureSignal {
         Arc::new(Self {
             api_services: Mutex::new(Vec::new()),
             reports: OnceLock::new(),
+            listeners: Mutex::new(Vec::new()),
         })
     }
 
@@ -78,11 +95,35 @@ impl FailureSignal {
         });
     }
 
-    /// Asks for a re-check because of `what`, unless one was asked for within [`Self::EVERY`].
+    /// Reports of failures (not of a connection the backend merely closed) also call
+    /// `listener`; a second listener named `who` replaces the first (a loop that subscribes
+    /// again on every change of its inputs holds one entry).
+    pub fn listen(&self, who: &'static str, listener: Listener) {
+        let mut listeners = self.listeners.lock().unwrap_or_else(|e| e.into_inner());
+        listeners.retain(|(name, _)| *name != who);
+        listeners.push((who, listener));
+    }
+
+    /// Asks for a re-check because of `what`, unless one was asked for within [`Self::EVERY`];
+    /// tells the listeners of every failure but [`CLOSED`] (their queues de-duplicate).
     pub fn report(&self, what: &'static str) {
         let Some(reports) = self.reports.get() else {
             return;
         };
+        if what != CLOSED {
+            // A backend closing a connection may only be done with it (a GOAWAY, an idle
+            // timeout): the availability check tells, and its result reaches the listeners.
+            let listeners: Vec<Listener> = self
+                .listeners
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .map(|(_, l)| l.clone())
+                .collect();
+            for listener in listeners {
+                listener();
+            }
+        }
         let now = Instant::now();
         let Ok(mut last) = reports.last.try_lock() else {
             return; // another connection is reporting right now
@@ -186,7 +227,7 @@ impl AsyncRead for WatchedStream {
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
         match &polled {
             Poll::Ready(Ok(())) if buf.filled().len() == before && buf.remaining() > 0 => {
-                self.ended("closed by the backend")
+                self.ended(CLOSED)
             }
             Poll::Ready(Err(_)) => self.ended("read failed"),
             _ => {}

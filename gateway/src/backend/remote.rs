@@ -29,7 +29,7 @@ use crate::workqueue::Queue;
 
 use super::balance::Picked;
 use super::failures::{FailureSignal, Watched};
-use super::pool::{Connector, PoolError, PoolSettings, ServiceConnections};
+use super::pool::{self, Connector, PoolError, PoolSettings, ServiceConnections};
 use super::probe::{Probe, ProbeError};
 use super::retry::{self, Failure, Replay};
 use crate::backend::proxy::{self, Upstream};
@@ -362,11 +362,20 @@ impl RemoteBackend {
         let (mut req, caller_body) = retry::watch_body(req);
         let mut picked = first;
         let mut sent_again_after_sending = false;
+        // Set at the first failure: every attempt after it must have its connection by then,
+        // so a frozen backend costs a request at most `DIAL_TIMEOUT` of dialing in all, or the
+        // PING that found its connection dead and `RETRY_DIAL_BUDGET` (see the README).
+        let started = tokio::time::Instant::now();
+        let mut dial_deadline = None;
+        // Endpoints no connection could be made to within this request: not tried again.
+        let mut unreachable: Vec<Authority> = Vec::new();
         for attempt in 1..=retry::MAX_ATTEMPTS {
             let sent = if http1 {
                 self.connections.send_http1(req).await
             } else {
-                self.connections.send(req).await
+                self.connections
+                    .send_dialing_until(req, dial_deadline)
+                    .await
             };
             let e = match sent {
                 Ok(resp) => {
@@ -386,9 +395,22 @@ impl RemoteBackend {
                 )));
             }
             let failure = Failure::of(&e);
+            let deadline = *dial_deadline.get_or_insert_with(|| {
+                (tokio::time::Instant::now() + pool::RETRY_DIAL_BUDGET)
+                    .min(started + pool::DIAL_TIMEOUT)
+            });
+            if failure == Failure::Unreachable {
+                unreachable.push(picked.health.authority.clone());
+            }
+            let next = endpoints
+                .iter()
+                .filter_map(|e| e.authority().parse::<Authority>().ok())
+                .any(|a| !unreachable.contains(&a));
             let again = match &replay {
                 Some(replay)
                     if attempt < retry::MAX_ATTEMPTS
+                        && next
+                        && tokio::time::Instant::now() < deadline
                         && failure.may_send_again(&method)
                         && !(failure == Failure::AfterSending && sent_again_after_sending) =>
                 {
@@ -432,6 +454,20 @@ impl RemoteBackend {
             .probe()
             .check(resolve, &path, &DISCOVERY_USER)
             .await
+    }
+
+    /// Keeps one HTTP/2 connection open to each endpoint of the Service, so that one dying or
+    /// freezing is noticed without traffic (see `pool`). Called after a passed availability
+    /// check.
+    pub fn keep_connections(&self) {
+        let Ok(endpoints) = self.resolver.endpoints(&self.spec.service) else {
+            return;
+        };
+        let authorities: Vec<Authority> = endpoints
+            .iter()
+            .filter_map(|e| e.authority().parse().ok())
+            .collect();
+        self.connections.keep(&authorities);
     }
 
     /// A GET the gateway makes on its own behalf (discovery, OpenAPI), bounded by `timeout`: as

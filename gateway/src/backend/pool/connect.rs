@@ -17,10 +17,8 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 
 use super::goaway::{GoAwaySeen, GoAwayWatch};
-use super::{lock, Connector, H2Connection, PoolError, Shared, SETTINGS_WAIT};
+use super::{lock, Connector, H2Connection, PoolError, Shared, DIAL_TIMEOUT, SETTINGS_WAIT};
 
-/// How long dialing (TCP and TLS) may take.
-const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 use crate::body::Body;
 
 /// An HTTP/2 connection of the pool, with the streams it carries.
@@ -63,7 +61,7 @@ pub(super) enum Connected {
 /// limit) before the connection takes streams.
 pub(super) async fn connect(
     connector: &Connector,
-    shared: &Shared,
+    shared: &Arc<Shared>,
     endpoint: &Authority,
 ) -> Result<Connected, PoolError> {
     let uri = Uri::builder()
@@ -102,6 +100,9 @@ pub(super) async fn connect(
     let connection = Arc::new(Mutex::new(Some(connection)));
     tokio::spawn({
         let connection = connection.clone();
+        let pool = Arc::downgrade(shared);
+        let endpoint = endpoint.clone();
+        let goaway = goaway.clone();
         async move {
             let driven = poll_fn(|cx| {
                 let mut slot = lock(&connection);
@@ -113,8 +114,22 @@ pub(super) async fn connect(
                 Poll::Ready(ended)
             })
             .await;
+            let Some(pool) = pool.upgrade() else { return };
             if let Err(e) = driven {
                 tracing::debug!(error = %e, "backend connection ended");
+                // A PING unanswered (hyper drops the socket without a read or write failing,
+                // so `failures::Watched` does not see it) or an HTTP/2 protocol error.
+                pool.failures.report("connection failed");
+            } else if pool.lost_kept(&endpoint) {
+                // The last connection of a kept endpoint ended. After a GOAWAY the backend
+                // only closed it: the availability check, asked for now, dials another when it
+                // passes. Without one the process may have died or restarted: its discovery
+                // is fetched again too.
+                pool.failures.report(if goaway.seen() {
+                    super::super::failures::CLOSED
+                } else {
+                    "closed without GOAWAY"
+                });
             }
         }
     });

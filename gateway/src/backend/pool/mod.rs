@@ -21,6 +21,14 @@
 //!
 //! HTTP/1.1 (upgrades, and backends that do not offer `h2`) stays on hyper-util's pooled
 //! client, which opens a connection per concurrent request anyway.
+//!
+//! *Kept connections* (issue 27). A backend nobody calls has no connection to notice it dying or
+//! freezing with: kube-aggregator learns of it at its next check, 30 s later. So every endpoint
+//! the availability controller last found passing keeps one HTTP/2 connection ([`keep`]
+//! (ServiceConnections::keep)), never closed for being idle, pinged at the APIService's
+//! `http2-ping-interval` (one PING per interval while idle: hyper sends one only when nothing was
+//! read for an interval). Its close, reset or unanswered PING is reported (`failures`), which
+//! re-checks availability and discovery at once; the next passed check dials it again.
 
 use std::collections::HashMap;
 use std::error::Error;
@@ -63,6 +71,22 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// How long a new connection may take to announce its settings before it counts as failed.
 const SETTINGS_WAIT: Duration = Duration::from_secs(5);
 
+/// The default PING interval and timeout of a connection: a frozen backend is noticed within
+/// their sum (2 s) after the last thing it sent, and marked unavailable one probe timeout (5 s)
+/// later, inside issue 27's 8 s. An idle connection costs one 17-byte frame each way a second;
+/// a PING missed by a backend that is only slow costs that connection's streams and one
+/// availability check, which passes. `http2-ping-interval`/`-timeout` set others.
+pub const PING_INTERVAL: Duration = Duration::from_secs(1);
+pub const PING_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How long dialing one connection (TCP and TLS) may take.
+pub const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long the retries of one request may spend in all waiting for connections after its
+/// first failure, and never past [`DIAL_TIMEOUT`] from its start (see
+/// [`ServiceConnections::send_dialing_until`]).
+pub const RETRY_DIAL_BUDGET: Duration = Duration::from_secs(5);
+
 /// The bounds of one pool.
 #[derive(Clone, Copy, Debug)]
 pub struct PoolSettings {
@@ -83,8 +107,8 @@ impl Default for PoolSettings {
         Self {
             max_connections: 64,
             stream_wait: Duration::from_secs(10),
-            ping_interval: Duration::from_secs(10),
-            ping_timeout: Duration::from_secs(5),
+            ping_interval: PING_INTERVAL,
+            ping_timeout: PING_TIMEOUT,
         }
     }
 }
@@ -194,6 +218,8 @@ struct Shared {
     changed: Notify,
     settings: PoolSettings,
     next_id: AtomicU64,
+    /// Where a kept connection's end is reported (see `failures`).
+    failures: Arc<FailureSignal>,
 }
 
 /// The connections to one resolved address of the Service (one Pod with
@@ -207,6 +233,8 @@ struct Endpoint {
     waiting: usize,
     /// The endpoint did not pick `h2`: every request goes over HTTP/1.1.
     http1: bool,
+    /// One connection stays open without traffic (see [`ServiceConnections::keep`]).
+    kept: bool,
 }
 
 // === impl ServiceConnections ===
@@ -228,6 +256,7 @@ impl ServiceConnections {
             changed: Notify::new(),
             settings,
             next_id: AtomicU64::new(0),
+            failures: failures.clone(),
         });
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(close_idle(Arc::downgrade(&shared)));
@@ -262,13 +291,24 @@ impl ServiceConnections {
     /// response body is finished or dropped. One attempt: whether to send again is the caller's
     /// decision (see `retry`); a connection whose server refused the stream with a GOAWAY takes
     /// no new streams.
-    pub async fn send(&self, mut req: Request) -> Result<http::Response<Body>, PoolError> {
+    pub async fn send(&self, req: Request) -> Result<http::Response<Body>, PoolError> {
+        self.send_dialing_until(req, None).await
+    }
+
+    /// [`Self::send`], with any connection it needs made (or waited for) by `dial_deadline`:
+    /// the retries of one request share one deadline (see `remote`), so a backend that accepts
+    /// TCP but never completes TLS costs the request one wait, not one per attempt.
+    pub async fn send_dialing_until(
+        &self,
+        mut req: Request,
+        dial_deadline: Option<Instant>,
+    ) -> Result<http::Response<Body>, PoolError> {
         let endpoint = req
             .uri()
             .authority()
             .cloned()
             .ok_or_else(|| PoolError::Connect("the request names no backend address".into()))?;
-        let Some(stream) = self.stream(&endpoint).await? else {
+        let Some(stream) = self.stream(&endpoint, dial_deadline).await? else {
             return self.send_http1(req).await;
         };
         *req.version_mut() = Version::HTTP_2;
@@ -281,6 +321,33 @@ impl ServiceConnections {
                 }
                 Err(PoolError::Http2(e))
             }
+        }
+    }
+
+    /// Keeps one HTTP/2 connection open to each of `endpoints` (and to no other): dials one in
+    /// the background where there is none, and never closes the last one for being idle. The
+    /// availability controller calls this after each passed check, so a connection lost since
+    /// is dialed again within one check.
+    pub fn keep(&self, endpoints: &[Authority]) {
+        let mut dial = Vec::new();
+        {
+            let mut map = self.shared.lock();
+            for (authority, ep) in map.iter_mut() {
+                ep.kept = endpoints.contains(authority);
+            }
+            for authority in endpoints {
+                let ep = map.entry(authority.clone()).or_default();
+                ep.kept = true;
+                ep.close_unused();
+                if !ep.http1 && ep.connecting == 0 && ep.open() == 0 {
+                    ep.connecting += 1;
+                    dial.push(authority.clone());
+                }
+            }
+        }
+        for endpoint in dial {
+            let pool = self.spread();
+            tokio::spawn(async move { pool.add_connection(&endpoint).await });
         }
     }
 
@@ -300,9 +367,16 @@ impl ServiceConnections {
     /// A free stream on a connection to `endpoint`, or `None` when the endpoint speaks HTTP/1.1
     /// only. Opens a connection when every one is full (or busy, see [`BUSY_STREAMS`]), and
     /// waits at most `stream_wait` for a stream when none may be opened.
-    async fn stream(&self, endpoint: &Authority) -> Result<Option<Stream>, PoolError> {
+    async fn stream(
+        &self,
+        endpoint: &Authority,
+        dial_deadline: Option<Instant>,
+    ) -> Result<Option<Stream>, PoolError> {
         let shared = &self.shared;
-        let deadline = Instant::now() + shared.settings.stream_wait;
+        let mut deadline = Instant::now() + shared.settings.stream_wait;
+        if let Some(dial_deadline) = dial_deadline {
+            deadline = deadline.min(dial_deadline);
+        }
         loop {
             let changed = shared.changed.notified();
             tokio::pin!(changed);
@@ -361,7 +435,17 @@ impl ServiceConnections {
                 // Boxed: a connection attempt (TCP, TLS and HTTP/2 handshakes) is a large
                 // future, and inline it would make every request's future that large, to be
                 // moved and allocated on every request although connecting is rare.
-                let connected = Box::pin(self.connect(endpoint)).await;
+                let connected = match dial_deadline {
+                    None => Box::pin(self.connect(endpoint)).await,
+                    Some(at) => tokio::time::timeout_at(at, Box::pin(self.connect(endpoint)))
+                        .await
+                        .unwrap_or_else(|_| {
+                            Err(PoolError::NoConnection {
+                                endpoint: endpoint.clone(),
+                                waited: RETRY_DIAL_BUDGET,
+                            })
+                        }),
+                };
                 let mut endpoints = shared.lock();
                 let ep = endpoints.entry(endpoint.clone()).or_default();
                 connecting.release(ep);
@@ -461,7 +545,9 @@ async fn close_idle(shared: Weak<Shared>) {
         for ep in endpoints.values_mut() {
             ep.close_unused();
         }
-        endpoints.retain(|_, ep| !ep.connections.is_empty() || ep.connecting + ep.waiting > 0);
+        endpoints.retain(|_, ep| {
+            ep.kept || !ep.connections.is_empty() || ep.connecting + ep.waiting > 0
+        });
     }
 }
 
@@ -475,17 +561,46 @@ impl Shared {
     fn lock(&self) -> MutexGuard<'_, HashMap<Authority, Endpoint>> {
         lock(&self.endpoints)
     }
+
+    /// Whether `endpoint` is kept (see [`ServiceConnections::keep`]) and has no open
+    /// connection left, nor one on its way.
+    fn lost_kept(&self, endpoint: &Authority) -> bool {
+        self.lock()
+            .get(endpoint)
+            .is_some_and(|ep| ep.kept && ep.connecting == 0 && ep.open() == 0)
+    }
 }
 
 // === impl Endpoint ===
 
 impl Endpoint {
-    /// Drops closed connections and those unused for [`IDLE_TIMEOUT`].
+    /// Drops closed connections and those unused for [`IDLE_TIMEOUT`], but the first open one
+    /// of a kept endpoint.
     fn close_unused(&mut self) {
+        let mut keep_one = self.kept;
         self.connections.retain(|c| {
-            !c.send.is_closed()
-                && (c.streams > 0 || (!c.going_away() && c.idle_since.elapsed() < IDLE_TIMEOUT))
+            if c.send.is_closed() {
+                return false;
+            }
+            if c.streams > 0 {
+                return true;
+            }
+            if c.going_away() {
+                return false;
+            }
+            if c.idle_since.elapsed() < IDLE_TIMEOUT {
+                return true;
+            }
+            std::mem::take(&mut keep_one)
         });
+    }
+
+    /// Connections that take streams.
+    fn open(&self) -> usize {
+        self.connections
+            .iter()
+            .filter(|c| !c.send.is_closed() && !c.going_away())
+            .count()
     }
 
     fn least_busy_with_room(&mut self) -> Option<&mut H2Conn> {

@@ -12,8 +12,9 @@
 //!   than [`UNAVAILABLE_RECHECK`] (upstream: 30 s), so a backend that is back is routed again
 //!   within about a second without waiting for traffic; a passed one after the availability
 //!   interval (the informer resync upstream).
-//! * Connection failures the proxy sees on real traffic (`backend::failures`) add the key too,
-//!   so a backend that dies is re-checked at once instead of at the next resync.
+//! * Connection failures the proxy sees (`backend::failures`) add the key too, so a backend that
+//!   dies is re-checked at once instead of at the next resync: on real traffic, and without
+//!   any, on the one connection per endpoint a passed check keeps open and pinged.
 //! * Every result is published at once on the results channel, which the route controller turns
 //!   into the next route table.
 //! * With the kube source, the stored condition is reconciled, not only written on change: a
@@ -390,7 +391,10 @@ impl AvailabilityController {
                 }
                 (Target::Remote(backend), _) => {
                     match backend.probe(&api.group, &api.version).await {
-                        Ok(()) => Availability::Available,
+                        Ok(()) => {
+                            backend.keep_connections();
+                            Availability::Available
+                        }
                         Err(e) => Availability::unavailable(
                             UnavailableReason::FailedDiscoveryCheck,
                             e.to_string(),

@@ -408,6 +408,16 @@ fn reconcile(state: &mut State, table: Arc<Routes>, queue: &mut WorkQueue<Key, O
             (None, None) => true,
             _ => false,
         };
+        if let Some(backend) = &backend {
+            // A connection of the Service failing (closed, reset, a PING unanswered) fetches
+            // its discovery at once: a dead backend goes `Stale` without waiting for its
+            // availability check to fail first.
+            let (queue, key) = (queue.queue().clone(), Key::Discovery(key.clone()));
+            backend
+                .connections()
+                .failures()
+                .listen("discovery", Arc::new(move || queue.add(key.clone())));
+        }
         if entry.apiservices != apiservices || !same_backend {
             entry.apiservices = apiservices;
             entry.backend = backend;
