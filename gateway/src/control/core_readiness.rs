@@ -2,18 +2,58 @@
 //! while it passes, every 500 ms while it fails, so a core that comes back is seen quickly. A
 //! readiness probe is a timer by nature (kube-apiserver's own health checks poll too); the same
 //! loop refreshes the service-account token the gateway sends, once a minute.
+//!
+//! The first pass also starts the controllers that list and watch on the core ([`CoreStarted`]).
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Method, StatusCode};
+use tokio::sync::watch;
 
 use crate::backend::core::CoreBackend;
 use crate::health_check::Check;
 
-/// Keeps the `core-server` readiness check current. Any HTTP answer below 500 from the core's
-/// `/readyz` counts: the question is whether requests can reach it, not who may read that path.
-pub async fn run(core: Arc<CoreBackend>, check: Arc<Check>) {
+/// Whether the core's `/readyz` has passed once since the gateway started: what the controllers
+/// that list and watch on the core wait for before their first request.
+///
+/// A starting kube-apiserver accepts connections well before it can answer them: until its
+/// informers have synced its RBAC authorizer finds no role at all and refuses every list with 403
+/// (`clusterrole ... not found`), and until its post-start hooks have run (`rbac/bootstrap-roles`
+/// among them) the roles may not exist. Its `/readyz` answers 500 all that time (and is readable
+/// by anyone: `--authorization-always-allow-paths`). A gateway started beside it, as a sidecar
+/// core is, would log a Forbidden per watch and back off; it waits for the core instead, as the
+/// `core-server` check already makes the gateway unready meanwhile.
+#[derive(Clone)]
+pub struct CoreStarted(watch::Receiver<bool>);
+
+impl CoreStarted {
+    /// Resolves once the core's `/readyz` has passed (at once if it already has).
+    pub async fn wait(mut self) {
+        // An error means the readiness loop is gone, which happens only at shutdown.
+        let _ = self.0.wait_for(|started| *started).await;
+    }
+
+    /// `fut`, started only once the core is.
+    pub fn then_run<F: Future>(self, fut: F) -> impl Future<Output = F::Output> {
+        async move {
+            self.wait().await;
+            fut.await
+        }
+    }
+}
+
+/// A [`CoreStarted`] and the switch [`run`] flips on the first pass.
+pub fn core_started() -> (watch::Sender<bool>, CoreStarted) {
+    let (tx, rx) = watch::channel(false);
+    (tx, CoreStarted(rx))
+}
+
+/// Keeps the `core-server` readiness check current, and flips `started` on its first pass. Any
+/// HTTP answer below 500 from the core's `/readyz` counts: the question is whether requests can
+/// reach it, not who may read that path.
+pub async fn run(core: Arc<CoreBackend>, check: Arc<Check>, started: watch::Sender<bool>) {
     let mut refresh_token = tokio::time::interval(Duration::from_secs(60));
     loop {
         let req = http::Request::builder()
@@ -28,6 +68,7 @@ pub async fn run(core: Arc<CoreBackend>, check: Arc<Check>) {
                     tracing::info!(core = %core.url(), "core server reachable");
                 }
                 check.pass();
+                started.send_if_modified(|started| !std::mem::replace(started, true));
             }
             Ok(Ok(resp)) => check.fail(&format!(
                 "core server at {} answered /readyz with {}",
