@@ -182,7 +182,7 @@ async fn a_duplicate_apiservice_name_across_files_keeps_the_working_route() {
 }
 
 /// A core that is still starting, as kube-apiserver is for a few seconds beside a sidecar gateway:
-/// `/readyz` answers 500 and every list 403 until its RBAC authorizer has synced. The gateway
+/// every request, `/readyz` included, gets 403 until its RBAC authorizer has synced. The gateway
 /// waits for it: unready meanwhile, Ready soon after the core is, and no Forbidden in its log.
 /// Before, the APIService, Service and EndpointSlice watches and the discovery refresh each
 /// logged a 403 warning at once and backed off (the real node's native-sidecar shape saw seven).

@@ -7,7 +7,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http::{Method, StatusCode};
 use tokio::sync::watch;
@@ -19,12 +19,13 @@ use crate::health_check::Check;
 /// that list and watch on the core wait for before their first request.
 ///
 /// A starting kube-apiserver accepts connections well before it can answer them: until its
-/// informers have synced its RBAC authorizer finds no role at all and refuses every list with 403
-/// (`clusterrole ... not found`), and until its post-start hooks have run (`rbac/bootstrap-roles`
-/// among them) the roles may not exist. Its `/readyz` answers 500 all that time (and is readable
-/// by anyone: `--authorization-always-allow-paths`). A gateway started beside it, as a sidecar
-/// core is, would log a Forbidden per watch and back off; it waits for the core instead, as the
-/// `core-server` check already makes the gateway unready meanwhile.
+/// informers have synced, its RBAC authorizer finds no binding or role and refuses every request
+/// with 403, `/readyz` included (anyone may read it only through the `system:public-info-viewer`
+/// role); then `/readyz` answers 500 until its post-start hooks have run (`rbac/bootstrap-roles`
+/// among them). A gateway started beside it, as a sidecar core is, would log a Forbidden per
+/// watch and back off; it waits for any other answer below 500 from `/readyz` instead (a 2xx, or
+/// a 404 from a core without one, which has nothing to wait for). A 401 or 403 is waited out for at most [`REFUSED_READYZ_WAIT`]: a
+/// core may refuse `/readyz` to the gateway's identity for good.
 #[derive(Clone)]
 pub struct CoreStarted(watch::Receiver<bool>);
 
@@ -44,17 +45,21 @@ impl CoreStarted {
     }
 }
 
+/// How long a `/readyz` that answers 401 or 403 holds the watches back.
+pub const REFUSED_READYZ_WAIT: Duration = Duration::from_secs(30);
+
 /// A [`CoreStarted`] and the switch [`run`] flips on the first pass.
 pub fn core_started() -> (watch::Sender<bool>, CoreStarted) {
     let (tx, rx) = watch::channel(false);
     (tx, CoreStarted(rx))
 }
 
-/// Keeps the `core-server` readiness check current, and flips `started` on its first pass. Any
-/// HTTP answer below 500 from the core's `/readyz` counts: the question is whether requests can
-/// reach it, not who may read that path.
+/// Keeps the `core-server` readiness check current, and flips `started` once the core has
+/// started ([`CoreStarted`]). Any HTTP answer below 500 from the core's `/readyz` passes the check:
+/// the question is whether requests can reach it, not who may read that path.
 pub async fn run(core: Arc<CoreBackend>, check: Arc<Check>, started: watch::Sender<bool>) {
     let mut refresh_token = tokio::time::interval(Duration::from_secs(60));
+    let mut refused_since: Option<Instant> = None;
     loop {
         let req = http::Request::builder()
             .method(Method::GET)
@@ -68,7 +73,9 @@ pub async fn run(core: Arc<CoreBackend>, check: Arc<Check>, started: watch::Send
                     tracing::info!(core = %core.url(), "core server reachable");
                 }
                 check.pass();
-                started.send_if_modified(|started| !std::mem::replace(started, true));
+                if !*started.borrow() && has_started(&core, resp.status(), &mut refused_since) {
+                    started.send_replace(true);
+                }
             }
             Ok(Ok(resp)) => check.fail(&format!(
                 "core server at {} answered /readyz with {}",
@@ -87,8 +94,34 @@ pub async fn run(core: Arc<CoreBackend>, check: Arc<Check>, started: watch::Send
             )),
         }
         tokio::select! {
-            _ = tokio::time::sleep(if check.is_ok() { Duration::from_secs(5) } else { Duration::from_millis(500) }) => {}
+            _ = tokio::time::sleep(if check.is_ok() && *started.borrow() { Duration::from_secs(5) } else { Duration::from_millis(500) }) => {}
             _ = refresh_token.tick() => core.refresh_token(),
         }
     }
+}
+
+/// Whether a `/readyz` answer below 500 means the core has started (see [`CoreStarted`]).
+fn has_started(
+    core: &CoreBackend,
+    status: StatusCode,
+    refused_since: &mut Option<Instant>,
+) -> bool {
+    if status != StatusCode::UNAUTHORIZED && status != StatusCode::FORBIDDEN {
+        if refused_since.is_some() {
+            tracing::info!(core = %core.url(), %status, "core server started");
+        }
+        return true;
+    }
+    let since = *refused_since.get_or_insert_with(Instant::now);
+    if since.elapsed() < REFUSED_READYZ_WAIT {
+        return false;
+    }
+    tracing::warn!(
+        core = %core.url(),
+        %status,
+        "the core server has refused /readyz to the gateway's identity for {}s; starting the \
+         watches on it without knowing whether it is ready",
+        REFUSED_READYZ_WAIT.as_secs()
+    );
+    true
 }

@@ -56,7 +56,7 @@ struct Args {
     /// kube-apiserver does (UnauthenticatedHTTP2DOSMitigation, on by default).
     #[arg(long)]
     goaway_anonymous_http2: bool,
-    /// Start as a kube-apiserver still starting: /readyz 500, every API request 403, until
+    /// Start as a kube-apiserver still starting: every request (/readyz too) 403 until
     /// `POST /fixture/ready`.
     #[arg(long)]
     starting: bool,
