@@ -419,9 +419,19 @@ async fn one_sick_endpoint_of_three_is_ejected_then_readmitted() {
     let gateway = target(&s, &alice);
     let report = under_load(&gateway, 6, tokio::time::sleep(Duration::from_secs(1))).await;
     assert!(report.failures().is_empty(), "{}", report.summary());
+    // Spread, not speed: each endpoint takes a fair share of whatever a loaded machine managed
+    // in the second (a fixed count failed under CI-like load with 19 of about 60).
+    let mut seen = Vec::new();
     for ns in ["pool-a", "pool-b", "pool-c"] {
-        let seen = requests_seen(&s, ns).await;
-        assert!(seen > 20, "{ns} got {seen} requests: load is not spread");
+        seen.push((ns, requests_seen(&s, ns).await));
+    }
+    let total: usize = seen.iter().map(|(_, n)| n).sum();
+    assert!(total >= 30, "only {total} requests in a second: {seen:?}");
+    for (ns, n) in &seen {
+        assert!(
+            *n * 5 >= total,
+            "{ns} got {n} of {total} requests: load is not spread ({seen:?})"
+        );
     }
 
     let sick = s.backend("pool-c").addr;
