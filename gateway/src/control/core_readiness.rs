@@ -37,11 +37,9 @@ impl CoreStarted {
     }
 
     /// `fut`, started only once the core is.
-    pub fn then_run<F: Future>(self, fut: F) -> impl Future<Output = F::Output> {
-        async move {
-            self.wait().await;
-            fut.await
-        }
+    pub async fn then_run<F: Future>(self, fut: F) -> F::Output {
+        self.wait().await;
+        fut.await
     }
 }
 
