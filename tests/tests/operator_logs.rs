@@ -1,13 +1,14 @@
 //! What an operator reads in the gateway's log: one warning per change of an APIService's state,
 //! not one per probe or request; one warning and one line back per client of the core when the
-//! core goes away for a while; no colour codes when the log goes to a pipe; and a clear error,
-//! not a silent takeover, when two manifest files define the same APIService.
+//! core goes away for a while; no colour codes when the log goes to a pipe; a clear error, not a
+//! silent takeover, when two manifest files define the same APIService; and no Forbidden from a
+//! core that is still starting.
 
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use e2e::harness::{self, FixtureCore, Process, DEFAULT_TOKEN};
+use e2e::harness::{self, FixtureCore, Gateway, GatewayOptions, Process, DEFAULT_TOKEN};
 use e2e::scenario::{self, Scenario, WARDLE_GROUP};
 use http::StatusCode;
 use serde_json::Value;
@@ -345,5 +346,65 @@ async fn a_duplicate_apiservice_name_across_files_keeps_the_working_route() {
             "aggregation_gateway_invalid_apiservice{{name=\"{NAME}\"}} 1"
         )),
         "{metrics}"
+    );
+}
+
+/// A core that is still starting, as kube-apiserver is for a few seconds beside a sidecar gateway:
+/// every request, `/readyz` included, gets 403 until its RBAC authorizer has synced. The gateway
+/// waits for it: unready meanwhile, Ready soon after the core is, and no Forbidden in its log.
+/// Before, the APIService, Service and EndpointSlice watches and the discovery refresh each
+/// logged a 403 warning at once and backed off (the real node's native-sidecar shape saw seven).
+#[tokio::test]
+async fn a_core_still_starting_is_waited_for_not_logged_as_forbidden() {
+    let core = FixtureCore::start(&["--starting"])
+        .await
+        .expect("fixture core starts");
+    // The default APIService source: the core's APIServices, and its Services to resolve them.
+    let gateway = Gateway::start(GatewayOptions::new(core.url()))
+        .await
+        .expect("gateway starts");
+    let client = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
+    let readyz = format!("{}/readyz", gateway.url());
+    let ready = || async {
+        harness::get(&client, &readyz)
+            .await
+            .is_ok_and(|(status, _, _)| status == StatusCode::OK)
+    };
+    // Several of the gateway's readiness probes and every controller's first try fall in here.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !ready().await,
+        "Ready before its core:\n{}",
+        gateway.process.logs()
+    );
+
+    let req = http::Request::post(format!("{}/fixture/ready", core.url()))
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let (status, _, _) = harness::send(&scenario::core_client(), req).await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+    // Ready means the APIServices were listed and discovery fetched from the core.
+    assert!(
+        harness::wait_until(Duration::from_secs(5), ready).await,
+        "not Ready 5 s after the core:\n{}",
+        gateway.process.logs()
+    );
+
+    let lines: Vec<Value> = gateway
+        .process
+        .lines()
+        .iter()
+        .filter_map(|l| serde_json::from_str(&l.text).ok())
+        .collect();
+    let refused: Vec<String> = lines
+        .iter()
+        .filter(|l| l["level"] == "WARN" || l["level"] == "ERROR")
+        .map(Value::to_string)
+        .filter(|l| l.contains("403") || l.to_lowercase().contains("forbidden"))
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "the starting core's refusals were logged:\n{}",
+        refused.join("\n")
     );
 }

@@ -268,9 +268,9 @@ async fn the_flag_turns_it_off() {
     assert_eq!(data(&core).await, None, "{}", gateway.process.logs());
 }
 
-/// A core that refuses the gateway the ConfigMap (403 on every request, as a core whose RBAC does
-/// not grant it would): the gateway retries with a growing delay instead of at once, in a loop
-/// that kept a CPU busy and flooded the core with requests.
+/// A core that refuses the gateway the ConfigMap (403 on every request but `/readyz`, as a
+/// started core whose RBAC does not grant it would): the gateway retries with a growing delay
+/// instead of at once, in a loop that kept a CPU busy and flooded the core with requests.
 #[tokio::test]
 async fn a_core_that_refuses_the_configmap_is_not_asked_in_a_tight_loop() {
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -292,6 +292,11 @@ async fn a_core_that_refuses_the_configmap_is_not_asked_in_a_tight_loop() {
                         if req.uri().path().contains("/configmaps") {
                             counter.fetch_add(1, Ordering::Relaxed);
                         }
+                        // Started: the gateway's watches wait for a ready core.
+                        if req.uri().path() == "/readyz" {
+                            let ok = http::Response::new(Full::new(Bytes::from_static(b"ok")));
+                            return std::future::ready(Ok::<_, std::convert::Infallible>(ok));
+                        }
                         let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
                         "reason": "Forbidden", "code": 403, "message": "forbidden"});
                         let resp = http::Response::builder()
@@ -299,7 +304,7 @@ async fn a_core_that_refuses_the_configmap_is_not_asked_in_a_tight_loop() {
                             .header(http::header::CONTENT_TYPE, "application/json")
                             .body(Full::new(Bytes::from(status.to_string())))
                             .unwrap();
-                        async move { Ok::<_, std::convert::Infallible>(resp) }
+                        std::future::ready(Ok::<_, std::convert::Infallible>(resp))
                     },
                 );
                 let _ = hyper::server::conn::http1::Builder::new()

@@ -18,6 +18,7 @@ use crate::control::apiservices::{
     AvailabilityController, AvailabilityMap, BackendFactory, ProxyIdentity, RouteController,
     Routing,
 };
+use crate::control::core_readiness::CoreStarted;
 use crate::control::leader_election::Leadership;
 use crate::health_check::Check;
 use crate::metrics::Metrics;
@@ -28,6 +29,8 @@ pub struct ApiServiceExtras {
     pub leadership: Option<Leadership>,
     /// The readiness check `aggregated-apiservice-reachable`, when asked for.
     pub reachable: Option<Arc<Check>>,
+    /// The watches on the core (APIServices, Services, EndpointSlices) start once it has.
+    pub core_started: CoreStarted,
 }
 
 /// Starts the APIService source, Service resolution, and the route and availability
@@ -46,8 +49,8 @@ pub fn start(
     let (results_tx, results_rx) = watch::channel(AvailabilityMap::default());
 
     let kube_source = matches!(api.source, ApiServiceSource::Kube { .. });
-    let resolver = resolver(api, &kube, kube_source)?;
-    start_source(api, &kube, set_tx);
+    let resolver = resolver(api, &kube, kube_source, &extras.core_started)?;
+    start_source(api, &kube, set_tx, extras.core_started);
 
     let availability = AvailabilityController::new(
         routing.clone(),
@@ -92,6 +95,7 @@ fn resolver(
     api: &ApiServiceConfig,
     kube: &kube::Client,
     kube_source: bool,
+    core_started: &CoreStarted,
 ) -> Result<Arc<dyn ServiceResolver>, StartError> {
     let mut resolvers: Vec<Arc<dyn ServiceResolver>> = Vec::new();
     if !api.static_services.is_empty() {
@@ -102,7 +106,7 @@ fn resolver(
     if kube_source || api.static_services.is_empty() {
         let (resolver, run) = KubeResolver::start(kube.clone(), api.endpoint_routing);
         // apiservice's futures carry their own spans (`service_resolver`, `apiservice_source`).
-        tokio::spawn(run);
+        tokio::spawn(core_started.clone().then_run(run));
         resolvers.push(Arc::new(resolver));
     }
     Ok(Arc::new(ChainResolver(resolvers)))
@@ -113,14 +117,15 @@ fn start_source(
     api: &ApiServiceConfig,
     kube: &kube::Client,
     set_tx: apiservice::source::SetSender,
+    core_started: CoreStarted,
 ) {
     match &api.source {
         ApiServiceSource::Kube { label_selector } => {
-            tokio::spawn(apiservice::source::kube::run(
+            tokio::spawn(core_started.then_run(apiservice::source::kube::run(
                 kube.clone(),
                 label_selector.clone(),
                 set_tx,
-            ));
+            )));
         }
         ApiServiceSource::File { dir } => {
             tokio::spawn(apiservice::source::file::run(dir.clone(), set_tx));

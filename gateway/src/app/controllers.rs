@@ -5,6 +5,11 @@
 //! The checks are registered in the order `/readyz?verbose` lists them: `core-server`,
 //! `shutdown`, `apiservice-sources-synced`, `aggregated-apiservice-reachable` (when asked for),
 //! and the discovery controller's.
+//!
+//! The loops that list and watch on the core (the APIService source, Service resolution, leader
+//! election, the trust ConfigMap, discovery and OpenAPI) make their first request only once the
+//! core's `/readyz` has passed ([`CoreStarted`]): a kube-apiserver that is still starting refuses
+//! them with 403.
 
 use std::sync::Arc;
 
@@ -17,11 +22,12 @@ use super::apiservices::{self, ApiServiceExtras};
 use super::clients::Clients;
 use super::StartError;
 use crate::control::apiservices::{ProxyIdentity, Routing};
+use crate::control::core_readiness::{self, CoreStarted};
 use crate::control::discovery::openapi_v2::OpenApiV2Controller;
 use crate::control::discovery::{readiness, DiscoveryCache, DiscoveryController};
 use crate::control::flowcontrol::{self, FlowControl};
 use crate::control::leader_election::{LeaderElector, Leadership};
-use crate::control::{core_readiness, trust};
+use crate::control::trust;
 use crate::handlers::health::{self, Health};
 use crate::handlers::router::Gateway;
 use crate::health_check::Check;
@@ -55,6 +61,7 @@ impl Controllers {
         health.register("core-server", health::READY, core_check.clone());
         let shutdown_check = Check::healthy();
         health.register("shutdown", health::READY_ONLY, shutdown_check.clone());
+        let (core_started_tx, core_started) = core_readiness::core_started();
         let routing = Routing::new();
         health.register(
             "apiservice-sources-synced",
@@ -64,6 +71,7 @@ impl Controllers {
 
         if config.trust.manage {
             trust::start(
+                core_started.clone(),
                 clients.kube(),
                 trust::TrustSources {
                     client_ca_file: config.authn.client_ca_file.clone(),
@@ -74,10 +82,11 @@ impl Controllers {
         }
 
         // Asked for by validation only with the kube source, the one that writes status.
-        let (leader, leadership) = match start_leader_election(config, clients, metrics) {
-            Some((leader, leadership)) => (Some(leader), Some(leadership)),
-            None => (None, None),
-        };
+        let (leader, leadership) =
+            match start_leader_election(config, clients, metrics, &core_started) {
+                Some((leader, leadership)) => (Some(leader), Some(leadership)),
+                None => (None, None),
+            };
         let reachable = config.apiservices.readyz_reachable.then(|| {
             let check = Check::healthy();
             health.register(
@@ -97,14 +106,22 @@ impl Controllers {
             ApiServiceExtras {
                 leadership,
                 reachable,
+                core_started: core_started.clone(),
             },
         )?;
 
-        let discovery = start_discovery(config, clients, &routing, metrics, &mut health);
+        let discovery = start_discovery(
+            config,
+            clients,
+            &routing,
+            metrics,
+            &mut health,
+            core_started.clone(),
+        );
         let flow_control = config
             .limits
             .priority_and_fairness
-            .then(|| start_flow_control(config, clients, metrics));
+            .then(|| start_flow_control(config, clients, metrics, core_started));
         let gateway = Arc::new(Gateway {
             core: clients.core.clone(),
             health,
@@ -114,7 +131,7 @@ impl Controllers {
             flow_control,
         });
         tokio::spawn(
-            core_readiness::run(gateway.core.clone(), core_check)
+            core_readiness::run(gateway.core.clone(), core_check, core_started_tx)
                 .instrument(tracing::info_span!("core_readiness")),
         );
         Ok(Self {
@@ -130,6 +147,7 @@ fn start_leader_election(
     config: &Config,
     clients: &Clients,
     metrics: &Metrics,
+    core_started: &CoreStarted,
 ) -> Option<(Leader, Leadership)> {
     let settings = config.leader_election.clone()?;
     let gauge = metrics
@@ -138,8 +156,9 @@ fn start_leader_election(
     let (elector, leadership) = LeaderElector::new(clients.kube(), settings, gauge);
     let (stop, stop_rx) = watch::channel(false);
     let task = tokio::spawn(
-        elector
-            .run(stop_rx)
+        core_started
+            .clone()
+            .then_run(elector.run(stop_rx))
             .instrument(tracing::info_span!("leader_election")),
     );
     Some((Leader { stop, task }, leadership))
@@ -149,7 +168,12 @@ fn start_leader_election(
 /// APIService source, the core's FlowSchemas and PriorityLevelConfigurations as they change (the
 /// `file` and `none` sources keep the built-in one: their core need not be kube-apiserver); and
 /// the loop that lends seats between levels.
-fn start_flow_control(config: &Config, clients: &Clients, metrics: &Metrics) -> Arc<FlowControl> {
+fn start_flow_control(
+    config: &Config,
+    clients: &Clients,
+    metrics: &Metrics,
+    core_started: CoreStarted,
+) -> Arc<FlowControl> {
     let limits = &config.limits;
     let flow_control = Arc::new(FlowControl::new(
         limits
@@ -160,10 +184,12 @@ fn start_flow_control(config: &Config, clients: &Clients, metrics: &Metrics) -> 
     ));
     flowcontrol::source::use_built_in(&flow_control);
     if matches!(config.apiservices.source, ApiServiceSource::Kube { .. }) {
-        tokio::spawn(flowcontrol::source::run(
+        // The core's FlowSchemas are read once the core has started, as every other watch on it;
+        // until then the built-in configuration is in force.
+        tokio::spawn(core_started.then_run(flowcontrol::source::run(
             clients.kube(),
             flow_control.clone(),
-        ));
+        )));
     }
     tokio::spawn(
         flow_control
@@ -182,31 +208,35 @@ fn start_discovery(
     routing: &Arc<Routing>,
     metrics: &Arc<Metrics>,
     health: &mut Health,
+    core_started: CoreStarted,
 ) -> Arc<DiscoveryCache> {
     let discovery = Arc::new(DiscoveryCache::new(routing.clone()));
     let synced = Check::unhealthy("discovery controller not started yet");
     health.register(readiness::CHECK_NAME, health::READY, synced.clone());
-    tokio::spawn(
-        DiscoveryController::new(
-            discovery.clone(),
-            clients.core.clone(),
-            routing.clone(),
-            metrics.clone(),
-            config.apiservices.discovery_refresh_interval,
-            synced,
-        )
-        .run()
-        .instrument(tracing::info_span!("discovery_controller")),
+    let controller = DiscoveryController::new(
+        discovery.clone(),
+        clients.core.clone(),
+        routing.clone(),
+        metrics.clone(),
+        config.apiservices.discovery_refresh_interval,
+        synced,
     );
     tokio::spawn(
-        OpenApiV2Controller::new(
-            discovery.clone(),
-            clients.core.clone(),
-            routing.clone(),
-            metrics.clone(),
-        )
-        .run()
-        .instrument(tracing::info_span!("openapi_v2")),
+        core_started
+            .clone()
+            .then_run(controller.run())
+            .instrument(tracing::info_span!("discovery_controller")),
+    );
+    let openapi_v2 = OpenApiV2Controller::new(
+        discovery.clone(),
+        clients.core.clone(),
+        routing.clone(),
+        metrics.clone(),
+    );
+    tokio::spawn(
+        core_started
+            .then_run(openapi_v2.run())
+            .instrument(tracing::info_span!("openapi_v2")),
     );
     discovery
 }

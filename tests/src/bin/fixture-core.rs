@@ -56,6 +56,10 @@ struct Args {
     /// kube-apiserver does (UnauthenticatedHTTP2DOSMitigation, on by default).
     #[arg(long)]
     goaway_anonymous_http2: bool,
+    /// Start as a kube-apiserver still starting: every request (/readyz too) 403 until
+    /// `POST /fixture/ready`.
+    #[arg(long)]
+    starting: bool,
 }
 
 fn load_seed(path: Option<&PathBuf>) -> Result<Vec<Value>, String> {
@@ -94,6 +98,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     config.seed.extend(seed);
     config.goaway_anonymous_http2 = args.goaway_anonymous_http2;
     config.forbid_list = args.forbid_list;
+    config.starting = args.starting;
     for group in &args.groups {
         let (name, versions) = group
             .split_once('=')

@@ -36,6 +36,7 @@ pub use merge::{merged, GatewayTrust};
 
 use crate::auth::x509::leaf_common_name;
 use crate::control::apiservices::ProxyIdentity;
+use crate::control::core_readiness::CoreStarted;
 use crate::workqueue::{Backoff, Next, WorkQueue};
 
 pub const NAMESPACE: &str = "kube-system";
@@ -173,8 +174,8 @@ pub async fn run(kube: kube::Client, mut sources: TrustSources) {
     }
 }
 
-/// Starts [`run`] in its own span, unless there is nothing to publish.
-pub fn start(kube: kube::Client, sources: TrustSources) {
+/// Starts [`run`] in its own span once the core has started, unless there is nothing to publish.
+pub fn start(core_started: CoreStarted, kube: kube::Client, sources: TrustSources) {
     match sources.current() {
         Ok(trust) if trust.is_empty() => {
             tracing::info!("no client CA and no proxy client CA to publish in {NAMESPACE}/{NAME}");
@@ -182,7 +183,11 @@ pub fn start(kube: kube::Client, sources: TrustSources) {
         }
         _ => {}
     }
-    tokio::spawn(run(kube, sources).instrument(tracing::info_span!("authentication_configmap")));
+    tokio::spawn(
+        core_started
+            .then_run(run(kube, sources))
+            .instrument(tracing::info_span!("authentication_configmap")),
+    );
 }
 
 async fn reconcile(api: &Api<ConfigMap>, sources: &TrustSources) -> Result<Written, TrustError> {
