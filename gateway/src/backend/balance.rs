@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use apiservice::resolve::Endpoint;
+use backon::{BackoffBuilder, ExponentialBuilder};
 use http::uri::Authority;
 use tokio::time::Instant;
 
@@ -230,10 +231,18 @@ fn ejection_interval(ejections: u32) -> Duration {
 }
 
 /// Waits out an ejection, then probes the endpoint until it passes (re-admitted) or the
-/// balancer is gone; gives up, forgetting the endpoint, after [`MAX_PROBES`].
-async fn readmit(balancer: Weak<Balancer>, health: Arc<EndpointHealth>, mut interval: Duration) {
-    for _ in 0..MAX_PROBES {
-        tokio::time::sleep(interval).await;
+/// balancer is gone; gives up, forgetting the endpoint, after [`MAX_PROBES`]. The waits are
+/// `backon`'s exponential backoff (as the work queue's), from the ejection's length up to
+/// [`EJECTION_MAX`]: the same steps as [`ejection_interval`], without jitter.
+async fn readmit(balancer: Weak<Balancer>, health: Arc<EndpointHealth>, ejected_for: Duration) {
+    let waits = ExponentialBuilder::default()
+        .with_min_delay(ejected_for)
+        .with_max_delay(EJECTION_MAX)
+        .with_factor(2.0)
+        .with_max_times(MAX_PROBES as usize)
+        .build();
+    for wait in waits {
+        tokio::time::sleep(wait).await;
         let Some(b) = balancer.upgrade() else { return };
         let probe = (b.probe)(health.authority.clone());
         drop(b);
@@ -248,8 +257,8 @@ async fn readmit(balancer: Weak<Balancer>, health: Arc<EndpointHealth>, mut inte
             tracing::info!(endpoint = %health.authority, "backend endpoint re-admitted after a passing probe");
             return;
         }
+        // A failed probe counts as an ejection in a row: the next ejection starts longer.
         state.ejections += 1;
-        interval = ejection_interval(state.ejections);
     }
     if let Some(b) = balancer.upgrade() {
         lock(&b.endpoints).retain(|_, h| !Arc::ptr_eq(h, &health));
