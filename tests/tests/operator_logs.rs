@@ -104,8 +104,10 @@ async fn a_flapping_backend_is_one_warning_per_state_change() {
     assert_eq!(routing_warnings.len(), 2, "{routing_warnings:#?}");
 }
 
-/// How long the core stays away in [`a_core_down_for_a_minute_is_one_warning_and_one_line_back_per_client`].
-const CORE_DOWN: Duration = Duration::from_secs(60);
+/// How long the core stays away in [`a_core_down_for_half_a_minute_is_one_warning_and_one_line_back_per_client`].
+// Half a minute: every loop has retried many times by then (leader election every 500 ms here);
+// the before/after figures for a minute are in issue 28's note.
+const CORE_DOWN: Duration = Duration::from_secs(30);
 
 /// What `apiservice::outage` logs when a client of the core loses it and when it is back.
 const LOST: &str = "cannot use the core server";
@@ -114,7 +116,7 @@ const BACK: &str = "the core server answers again";
 /// The client that asks the core once a minute: its return may come after the test's wait.
 const EVERY_MINUTE: &str = "OpenAPI v2 fetch of the core";
 
-/// The core goes away for a minute while every loop that uses it keeps trying (their retry
+/// The core goes away for half a minute while every loop that uses it keeps trying (their retry
 /// periods shortened where flags allow, so that each retries many times) and users keep sending
 /// requests that need it (a bearer token to review, a request to authorize). Each client of the
 /// core logs one warning with the error's root cause and one line when the core answers again,
@@ -122,7 +124,7 @@ const EVERY_MINUTE: &str = "OpenAPI v2 fetch of the core";
 /// of every watcher was a warning with the whole chain, and no watcher said when the core was
 /// back.
 #[tokio::test]
-async fn a_core_down_for_a_minute_is_one_warning_and_one_line_back_per_client() {
+async fn a_core_down_for_half_a_minute_is_one_warning_and_one_line_back_per_client() {
     let mut s = Scenario::wardle()
         .gateway_args(&[
             "--leader-elect-retry-period",

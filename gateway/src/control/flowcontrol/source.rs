@@ -13,13 +13,14 @@
 
 use std::sync::Arc;
 
+use apiservice::outage::Outage;
 use futures::{FutureExt, Stream, StreamExt};
 use k8s_openapi::api::flowcontrol::v1::{FlowSchema, PriorityLevelConfiguration};
 use kube::api::Api;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Resource, ResourceExt};
-use tracing::{debug, info, warn, Instrument};
+use tracing::{debug, info, Instrument};
 
 use super::controller::{built_in_objects, Summary};
 use super::FlowControl;
@@ -75,11 +76,15 @@ pub async fn run(client: kube::Client, fc: Arc<FlowControl>) {
     drive(levels, schemas, &fc).instrument(span).await;
 }
 
-/// One kind's watch: its store and what the core said last.
+/// What holds while a watch cannot reach the core, for its one warning.
+const MEANWHILE: &str = "the priority and fairness configuration in force stays";
+
+/// One kind's watch: its store, what the core said last, and whether the core answers it (one
+/// warning when it stops, one line when it is back, as every client of the core).
 struct Kind<K: Resource<DynamicType = ()> + Clone + 'static> {
     store: Store<K>,
     listing: Listing,
-    failing: bool,
+    outage: Outage,
 }
 
 impl<K> Kind<K>
@@ -90,21 +95,24 @@ where
     fn event(&mut self, event: Result<watcher::Event<K>, watcher::Error>) -> bool {
         let kind = K::kind(&());
         match event {
-            Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => false,
+            Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {
+                self.outage.watch_event(&event);
+                false
+            }
             Ok(watcher::Event::InitDone) => {
-                if self.failing {
-                    info!(%kind, "watch recovered");
-                    self.failing = false;
-                }
+                self.outage.answered();
                 self.listing = Listing::Synced;
                 true
             }
             Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => {
+                self.outage.answered();
                 self.listing == Listing::Synced
             }
             Err(watcher::Error::InitialListFailed(kube::Error::Api(status)))
                 if status.code == 404 =>
             {
+                // An answer all the same: the core is there and says it has no such kind.
+                self.outage.answered();
                 let changed = self.listing != Listing::NotFound;
                 if changed {
                     debug!(%kind, "the core does not serve it");
@@ -112,11 +120,8 @@ where
                 self.listing = Listing::NotFound;
                 changed
             }
-            Err(error) => {
-                if !self.failing {
-                    warn!(%kind, %error, "watch failed; keeping the configuration in force and retrying with backoff");
-                    self.failing = true;
-                }
+            Err(_) => {
+                self.outage.watch_event(&event);
                 false
             }
         }
@@ -145,12 +150,12 @@ where
     let mut pl = Kind {
         store: level_store,
         listing: Listing::Pending,
-        failing: false,
+        outage: Outage::new("PriorityLevelConfiguration watch", MEANWHILE),
     };
     let mut fs = Kind {
         store: schema_store,
         listing: Listing::Pending,
-        failing: false,
+        outage: Outage::new("FlowSchema watch", MEANWHILE),
     };
     let events = futures::stream::select(
         levels.reflect(level_writer).map(Either::Levels),
