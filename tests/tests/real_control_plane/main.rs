@@ -23,6 +23,7 @@ mod chart;
 mod crds;
 mod discovery;
 mod file_source;
+mod flood;
 mod flowcontrol;
 mod flunders;
 mod leader_election;
@@ -94,6 +95,8 @@ async fn session_against_the_real_control_plane() {
                 "kubectl get apiservices shows the status written" => status::get_apiservices,
                 "priority and fairness classifies as kube-apiserver, from its FlowSchemas" =>
                     flowcontrol::classifies_as_kube_apiserver,
+                "priority and fairness: a flood beside kube-apiserver's starves no one" =>
+                    flood::a_flood_starves_no_one,
                 "the gateway and kube-apiserver do not fight over status" => status::no_status_fight,
                 "two replicas elect one Lease holder, and hand over when it is killed" =>
                     leader_election::one_holder_and_a_handover,
