@@ -64,16 +64,37 @@ pub fn use_built_in(fc: &FlowControl) {
 /// Watches the core's objects and keeps the configuration in step, until the process ends.
 pub async fn run(client: kube::Client, fc: Arc<FlowControl>) {
     let span = tracing::info_span!("flowcontrol_source");
+    let outages = Outages::new();
+    // Through `Outage::client`, a watch that resumes after an outage from its resourceVersion,
+    // with no event to report, still says the core is back.
     let levels = watcher(
-        Api::<PriorityLevelConfiguration>::all(client.clone()),
+        Api::<PriorityLevelConfiguration>::all(outages.levels.client(client.clone())),
         watcher::Config::default(),
     )
     .default_backoff()
     .modify(|o| o.managed_fields_mut().clear());
-    let schemas = watcher(Api::<FlowSchema>::all(client), watcher::Config::default())
-        .default_backoff()
-        .modify(|o| o.managed_fields_mut().clear());
-    drive(levels, schemas, &fc).instrument(span).await;
+    let schemas = watcher(
+        Api::<FlowSchema>::all(outages.schemas.client(client)),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .modify(|o| o.managed_fields_mut().clear());
+    drive(levels, schemas, &fc, outages).instrument(span).await;
+}
+
+/// One [`Outage`] per watched kind.
+struct Outages {
+    levels: Arc<Outage>,
+    schemas: Arc<Outage>,
+}
+
+impl Outages {
+    fn new() -> Self {
+        Self {
+            levels: Arc::new(Outage::new("PriorityLevelConfiguration watch", MEANWHILE)),
+            schemas: Arc::new(Outage::new("FlowSchema watch", MEANWHILE)),
+        }
+    }
 }
 
 /// What holds while a watch cannot reach the core, for its one warning.
@@ -84,7 +105,7 @@ const MEANWHILE: &str = "the priority and fairness configuration in force stays"
 struct Kind<K: Resource<DynamicType = ()> + Clone + 'static> {
     store: Store<K>,
     listing: Listing,
-    outage: Outage,
+    outage: Arc<Outage>,
 }
 
 impl<K> Kind<K>
@@ -140,7 +161,7 @@ enum Either<A, B> {
 }
 
 /// The loop over both watches, apart from the watchers so that tests can script them.
-async fn drive<L, S>(levels: L, schemas: S, fc: &FlowControl)
+async fn drive<L, S>(levels: L, schemas: S, fc: &FlowControl, outages: Outages)
 where
     L: Stream<Item = Result<watcher::Event<PriorityLevelConfiguration>, watcher::Error>> + Send,
     S: Stream<Item = Result<watcher::Event<FlowSchema>, watcher::Error>> + Send,
@@ -150,12 +171,12 @@ where
     let mut pl = Kind {
         store: level_store,
         listing: Listing::Pending,
-        outage: Outage::new("PriorityLevelConfiguration watch", MEANWHILE),
+        outage: outages.levels,
     };
     let mut fs = Kind {
         store: schema_store,
         listing: Listing::Pending,
-        outage: Outage::new("FlowSchema watch", MEANWHILE),
+        outage: outages.schemas,
     };
     let events = futures::stream::select(
         levels.reflect(level_writer).map(Either::Levels),
@@ -271,7 +292,7 @@ mod tests {
         let (fs_tx, fs_rx): (Tx<FlowSchema>, _) = mpsc::unbounded();
         let task = tokio::spawn({
             let fc = fc.clone();
-            async move { drive(pl_rx, fs_rx, &fc).await }
+            async move { drive(pl_rx, fs_rx, &fc, Outages::new()).await }
         });
         // Before the lists: the mandatory configuration.
         assert_eq!(schema_names(&fc), ["exempt", "catch-all"]);
@@ -319,7 +340,7 @@ mod tests {
         let (_fs_tx2, fs_rx2): (Tx<FlowSchema>, _) = mpsc::unbounded();
         let task2 = tokio::spawn({
             let fc2 = fc2.clone();
-            async move { drive(pl_rx2, fs_rx2, &fc2).await }
+            async move { drive(pl_rx2, fs_rx2, &fc2, Outages::new()).await }
         });
         pl_tx2.unbounded_send(Err(not_found())).unwrap();
         settle().await;
