@@ -155,6 +155,7 @@ fn pool(roots: rustls::RootCertStore, max_connections: usize) -> ServiceConnecti
     let http1 = crate::backend::client_builder().build(connector.clone());
     let probe = Probe::new(tls, ServerName::try_from("api.wardle.svc").unwrap());
     ServiceConnections::new(
+        connector.clone(),
         connector,
         http1,
         probe,
