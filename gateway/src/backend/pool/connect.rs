@@ -62,7 +62,8 @@ pub(super) enum Connected {
 /// What dialing an endpoint gave: a TLS connection that picked `h2`, or the server's refusal
 /// of HTTP/2.
 pub(super) enum Dialed {
-    Http2(MaybeHttpsStream<TokioIo<WatchedStream>>),
+    /// Boxed: a TLS connection's state is large, and dialing is rare.
+    Http2(Box<MaybeHttpsStream<TokioIo<WatchedStream>>>),
     /// The server did not pick `h2`.
     Http1,
 }
@@ -86,7 +87,7 @@ pub(super) async fn dial(connector: &Connector, endpoint: &Authority) -> Result<
         })?
         .map_err(PoolError::Connect)?;
     if io.connected().is_negotiated_h2() {
-        Ok(Dialed::Http2(io))
+        Ok(Dialed::Http2(Box::new(io)))
     } else {
         Ok(Dialed::Http1)
     }
@@ -100,7 +101,7 @@ pub(super) async fn connect(
     endpoint: &Authority,
 ) -> Result<Connected, PoolError> {
     let io = match dial(connector, endpoint).await? {
-        Dialed::Http2(io) => io,
+        Dialed::Http2(io) => *io,
         Dialed::Http1 => return Ok(Connected::Http1),
     };
     let (io, goaway) = GoAwayWatch::new(TokioIo::new(io));

@@ -153,7 +153,7 @@ async fn watch(connector: Connector, pings: Pings, mut state: State) {
 /// Dials one connection and drives it until it ends.
 async fn watch_once(connector: &Connector, pings: Pings, state: &mut State) -> Ended {
     let io = match dial(connector, &state.endpoint).await {
-        Ok(Dialed::Http2(io)) => io,
+        Ok(Dialed::Http2(io)) => *io,
         Ok(Dialed::Http1) => return Ended::Http1,
         Err(e) => return Ended::Failed("kept connection could not be made", e.to_string()),
     };
