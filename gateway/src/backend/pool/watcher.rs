@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use backon::{BackoffBuilder, ExponentialBuilder};
 use futures::FutureExt;
 use http::uri::Authority;
 use hyper::client::conn::http2;
@@ -128,8 +129,18 @@ enum Ended {
     Http1,
 }
 
+/// The waits between dials: [`MIN_BACKOFF`] doubling up to [`MAX_BACKOFF`].
+fn backoff() -> impl Iterator<Item = Duration> {
+    ExponentialBuilder::default()
+        .with_min_delay(MIN_BACKOFF)
+        .with_max_delay(MAX_BACKOFF)
+        .with_factor(2.0)
+        .without_max_times()
+        .build()
+}
+
 async fn watch(connector: Connector, pings: Pings, mut state: State) {
-    let mut backoff = MIN_BACKOFF;
+    let mut delays = backoff();
     loop {
         let since = Instant::now();
         match watch_once(&connector, pings, &mut state).await {
@@ -143,10 +154,9 @@ async fn watch(connector: Connector, pings: Pings, mut state: State) {
             Ended::Failed(what, detail) => state.down(what, &detail),
         }
         if since.elapsed() >= STABLE {
-            backoff = MIN_BACKOFF;
+            delays = backoff();
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(MAX_BACKOFF);
+        tokio::time::sleep(delays.next().unwrap_or(MAX_BACKOFF)).await;
     }
 }
 
