@@ -243,6 +243,18 @@ const FLOWERS_PATH: &str = "/apis/flowers.example.com/v1/namespaces/{namespace}/
 /// How soon a spec must be merged beside a hung one: 1.4 to 1.9 s measured on a loaded 2-core
 /// machine; half the hung fetch's 10 s timeout, which is what it waited for before.
 const BOUND: Duration = Duration::from_secs(5);
+/// How long a reaction is waited for before the test gives up.
+const LIMIT: Duration = Duration::from_secs(15);
+
+/// Prints how long `what` took to reach the merged spec, and fails unless within [`BOUND`].
+fn assert_within_bound(s: &Scenario, what: &str, took: Option<Duration>) {
+    eprintln!("reaction: {what} -> in /openapi/v2 {took:?}");
+    assert!(
+        took.is_some_and(|t| t <= BOUND),
+        "{what}: took {took:?} (bound {BOUND:?})\n{}",
+        s.logs()
+    );
+}
 
 /// Whether the merged `/openapi/v2` the gateway serves has `path` among its paths and, if given,
 /// `definition` among its definitions.
@@ -310,20 +322,8 @@ async fn a_hung_backend_spec_does_not_delay_another_backends_new_spec() {
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     s.register(&s.pki.apiservice(FLOWERS_GROUP, "v1", "flowers"));
-    let took = until_merged(
-        &s,
-        &alice,
-        Some(FLOWERS_PATH),
-        None,
-        Duration::from_secs(15),
-    )
-    .await;
-    eprintln!("reaction: new APIService beside a hung spec -> in /openapi/v2 {took:?}");
-    assert!(
-        took.is_some_and(|t| t <= BOUND),
-        "the new spec took {took:?} (bound {BOUND:?})\n{}",
-        s.logs()
-    );
+    let took = until_merged(&s, &alice, Some(FLOWERS_PATH), None, LIMIT).await;
+    assert_within_bound(&s, "new APIService beside a hung spec", took);
 }
 
 /// Issue 27: a backend that comes back (killed, restarted on the same port with a new spec) has
@@ -360,18 +360,7 @@ async fn a_backend_that_comes_back_has_its_new_spec_merged_within_seconds() {
         )
         .await;
     *s.backend_mut("flowers") = restarted;
-    let took = until_merged(
-        &s,
-        &alice,
-        Some("/apis/flowers.example.com/v1/hostile-deep"),
-        Some("Deep"),
-        Duration::from_secs(15),
-    )
-    .await;
-    eprintln!("reaction: backend back with a new spec -> in /openapi/v2 {took:?}");
-    assert!(
-        took.is_some_and(|t| t <= BOUND),
-        "the restarted backend's spec took {took:?} (bound {BOUND:?})\n{}",
-        s.logs()
-    );
+    let deep = Some("/apis/flowers.example.com/v1/hostile-deep");
+    let took = until_merged(&s, &alice, deep, Some("Deep"), LIMIT).await;
+    assert_within_bound(&s, "backend back with a new spec", took);
 }

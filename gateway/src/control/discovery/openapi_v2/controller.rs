@@ -370,3 +370,33 @@ fn start_merge(state: &mut State) -> Option<Merging> {
         started,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn service() -> ServiceRef {
+        ServiceRef {
+            namespace: "wardle".into(),
+            name: "api".into(),
+            port: 443,
+        }
+    }
+
+    /// kube-aggregator's rates for a failing remote spec: a minute, doubling, up to an hour;
+    /// a success starts over. The core's retries stay within its one-minute resync.
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_remote_spec_backs_off_from_a_minute_to_an_hour() {
+        let mut queue: WorkQueue<Key, ()> = WorkQueue::new(backoff);
+        let remote = Key::Remote(service());
+        let minutes: Vec<u64> = (0..8)
+            .map(|_| queue.retry(remote.clone()).as_secs() / 60)
+            .collect();
+        assert_eq!(minutes, [1, 2, 4, 8, 16, 32, 60, 60]);
+        queue.resync(remote.clone(), Some(RESYNC));
+        assert_eq!(queue.retry(remote), RESYNC);
+        let core: Vec<Duration> = (0..10).map(|_| queue.retry(Key::Core)).collect();
+        assert_eq!(core[0], Duration::from_millis(500));
+        assert_eq!(core[9], RESYNC);
+    }
+}
