@@ -347,25 +347,30 @@ fn finish(
 fn start_merge(state: &mut State) -> Option<Merging> {
     let contributors = state.contributors.as_ref()?;
     let core_spec = state.core.spec.clone()?;
+    let spec_of = |c: &Contributor| state.remotes.get(&c.service)?.spec.spec.clone();
+    // A new APIService whose spec has not arrived yet changes nothing in the document: it is
+    // counted in when its spec is, by the merge that spec starts (a merge can take seconds).
+    let counted: Vec<Contributor> = contributors
+        .iter()
+        .filter(|c| spec_of(c).is_some() || state.merged_from.iter().any(|m| m.name == c.name))
+        .cloned()
+        .collect();
     let mut reasons = std::mem::take(&mut state.reasons);
     // The order the fetches finished in is not the metric's business.
     reasons.sort();
-    reasons.extend(set_changes(&state.merged_from, contributors));
+    reasons.extend(set_changes(&state.merged_from, &counted));
     if reasons.is_empty() {
         return None;
     }
-    let specs: Vec<(Contributor, Bytes)> = contributors
+    let specs: Vec<(Contributor, Bytes)> = counted
         .iter()
-        .filter_map(|c| {
-            let spec = state.remotes.get(&c.service)?.spec.spec.clone()?;
-            Some((c.clone(), spec))
-        })
+        .filter_map(|c| Some((c.clone(), spec_of(c)?)))
         .collect();
     let started = Instant::now();
     let task = tokio::task::spawn_blocking(move || build(&core_spec, &specs));
     Some(Merging {
         task,
-        contributors: contributors.clone(),
+        contributors: counted,
         reasons,
         started,
     })
