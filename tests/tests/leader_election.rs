@@ -1,5 +1,6 @@
 //! Several replicas, one core: only the replica holding the Lease writes APIService status, and
-//! another takes over within seconds when it goes away, killed or shut down.
+//! another takes over within seconds when it goes away, killed or shut down. A core that serves
+//! no Leases is said clearly, with the fix (`--leader-elect=false`).
 //!
 //! The two replicas are made to disagree, as replicas on different nodes do when a network path
 //! breaks: `a` reaches the wardle backend, `b` is given an address where nothing listens. The
@@ -233,6 +234,72 @@ async fn one_replica_writes_status_and_another_takes_over_when_it_goes_away() {
     assert!(
         b_logs.contains("leader election: released the Lease"),
         "{b_logs}"
+    );
+}
+
+/// Issue 27: a core that serves no `coordination.k8s.io/v1` Leases (the fixture started
+/// `--without-leases`). The gateway logs it once, naming `--leader-elect=false` as the fix, and
+/// `/healthz/leaderElection` fails with the same text, while `/readyz` stays ready (the proxy
+/// works); no status is written. A replica started with `--leader-elect=false` writes it. Before:
+/// one warning about a failed Lease request, no check, and the condition never written.
+#[tokio::test]
+async fn a_core_without_leases_is_said_clearly_and_leader_elect_false_writes_status() {
+    const SAID: &str = "the core serves no coordination.k8s.io/v1 Leases";
+    const FIX: &str = "--leader-elect=false";
+    let s = Scenario::wardle()
+        .core_args(&["--without-leases"])
+        .gateway_args(&ELECTION)
+        .start()
+        .await;
+    s.kubectl(&s.user("alice", &[]))
+        .apply_yaml(&s.pki.apiservice(WARDLE_GROUP, "v1alpha1", "wardle").yaml())
+        .await;
+    let said_lines = || {
+        s.gateway
+            .process
+            .lines()
+            .into_iter()
+            .filter(|l| l.text.contains(SAID))
+            .map(|l| l.text)
+            .collect::<Vec<_>>()
+    };
+    let said = harness::wait_until(Duration::from_secs(10), || async {
+        !said_lines().is_empty()
+    })
+    .await;
+    assert!(said, "nothing said about the missing Leases\n{}", s.logs());
+    // Many retry periods (250 ms) later: still the one line.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let lines = said_lines();
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert!(lines[0].contains(FIX), "{}", lines[0]);
+
+    let admin = s.user("admin", &["system:masters"]);
+    let (status, _, body) =
+        scenario::get_raw(&s.gateway, &admin, "/healthz/leaderElection", &[]).await;
+    let body = String::from_utf8_lossy(&body);
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
+    assert!(body.contains(SAID) && body.contains(FIX), "{body}");
+    let (status, _, body) = scenario::get_raw(&s.gateway, &admin, "/readyz", &[]).await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "a replica that cannot lead still serves: {}",
+        String::from_utf8_lossy(&body)
+    );
+    assert_eq!(available_condition(&s.core, NAME).await, None);
+
+    // The fix: one replica that writes status without a Lease.
+    let b = s
+        .pki
+        .start_gateway(&s.core, &scenario_config(&s), &[FIX, EVERY_SECOND])
+        .await;
+    assert!(
+        until_condition(&s.core, "True", Duration::from_secs(10))
+            .await
+            .is_some(),
+        "the replica started with {FIX} never wrote Available=True\n{}",
+        b.process.logs()
     );
 }
 

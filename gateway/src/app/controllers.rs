@@ -3,8 +3,8 @@
 //! is gathered in one [`Gateway`].
 //!
 //! The checks are registered in the order `/readyz?verbose` lists them: `core-server`,
-//! `shutdown`, `apiservice-sources-synced`, `aggregated-apiservice-reachable` (when asked for),
-//! and the discovery controller's.
+//! `shutdown`, `apiservice-sources-synced`, `leaderElection` (`/healthz` only, with leader
+//! election), `aggregated-apiservice-reachable` (when asked for), and the discovery controller's.
 //!
 //! The loops that list and watch on the core (the APIService source, Service resolution, leader
 //! election, the trust ConfigMap, discovery and OpenAPI) make their first request only once the
@@ -26,7 +26,7 @@ use crate::control::core_readiness::{self, CoreStarted};
 use crate::control::discovery::openapi_v2::OpenApiV2Controller;
 use crate::control::discovery::{readiness, DiscoveryCache, DiscoveryController};
 use crate::control::flowcontrol::{self, FlowControl};
-use crate::control::leader_election::{LeaderElector, Leadership};
+use crate::control::leader_election::{self, LeaderElector, Leadership};
 use crate::control::trust;
 use crate::handlers::health::{self, Health};
 use crate::handlers::router::Gateway;
@@ -83,7 +83,7 @@ impl Controllers {
 
         // Asked for by validation only with the kube source, the one that writes status.
         let (leader, leadership) =
-            match start_leader_election(config, clients, metrics, &core_started) {
+            match start_leader_election(config, clients, metrics, &core_started, &mut health) {
                 Some((leader, leadership)) => (Some(leader), Some(leadership)),
                 None => (None, None),
             };
@@ -148,12 +148,19 @@ fn start_leader_election(
     clients: &Clients,
     metrics: &Metrics,
     core_started: &CoreStarted,
+    health: &mut Health,
 ) -> Option<(Leader, Leadership)> {
     let settings = config.leader_election.clone()?;
     let gauge = metrics
         .leader_election_master_status
         .with_label_values(&[settings.name.as_str()]);
-    let (elector, leadership) = LeaderElector::new(clients.kube(), settings, gauge);
+    let check = Check::healthy();
+    health.register(
+        leader_election::CHECK_NAME,
+        health::HEALTHZ_ONLY,
+        check.clone(),
+    );
+    let (elector, leadership) = LeaderElector::new(clients.kube(), settings, gauge, check);
     let (stop, stop_rx) = watch::channel(false);
     let task = tokio::spawn(
         core_started

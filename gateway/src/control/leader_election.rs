@@ -25,8 +25,19 @@
 //! conflicts and judges expiry by the holder's wall clock. The protocol itself is a page of code
 //! on kube's `Api<Lease>`.
 //!
+//! A core that serves no `coordination.k8s.io/v1` Leases (a Kubernetes-style server that is not
+//! kube-apiserver) makes every replica a candidate forever, and no replica writes status. That
+//! is said, not guessed around (taking over the writing without a Lease would make several
+//! replicas fight over the condition): one log line naming `--leader-elect=false` as the fix, and
+//! the `/healthz` check [`CHECK_NAME`] failing with the same text while it lasts. On `/healthz`
+//! only, as kube-controller-manager and kube-scheduler report their leader election: not on
+//! `/readyz`, which would take every replica out of its Service for what is a status-writing
+//! problem (the proxy works), nor on `/livez`, since a restart changes nothing.
+//!
 //! Logs: one line per change of leadership (this replica leads, stops leading, or sees another
-//! leader) and one per outage of the core ([`Outage`]); metric `leader_election_master_status{name}` as kube's components export it.
+//! leader), one when the core turns out to serve no Leases (and one if it serves them again),
+//! and one per outage of the core ([`Outage`]); metric `leader_election_master_status{name}` as
+//! kube's components export it.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -42,8 +53,15 @@ use prometheus::IntGauge;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::health_check::Check;
+
 /// Who writes the Lease, as `managedFields` shows it.
 const FIELD_MANAGER: &str = "aggregation-gateway";
+/// The `/healthz` check that fails while no replica can lead, named as kube-controller-manager
+/// and kube-scheduler name theirs (`/healthz/leaderElection`).
+pub const CHECK_NAME: &str = "leaderElection";
+/// The group-version whose `leases` the election needs.
+const LEASES_GROUP_VERSION: &str = "coordination.k8s.io/v1";
 
 /// Whether this replica may write status now. Cheap to clone; read by the availability
 /// controller before every status write.
@@ -109,6 +127,8 @@ impl Leadership {
 /// Runs the election for one replica; see the module docs.
 pub struct LeaderElector {
     api: Api<Lease>,
+    /// For the core's discovery, asked when the Lease cannot be created.
+    client: kube::Client,
     settings: LeaderElection,
     identity: String,
     leadership: Leadership,
@@ -120,6 +140,8 @@ pub struct LeaderElector {
     last_error: Option<String>,
     /// Reads and writes of the Lease, logged once per outage of the core.
     outage: Outage,
+    /// Fails while the core serves no Leases ([`CHECK_NAME`]).
+    check: Arc<Check>,
 }
 
 // === impl LeaderElector ===
@@ -131,12 +153,14 @@ impl LeaderElector {
         client: kube::Client,
         settings: LeaderElection,
         master_status: IntGauge,
+        check: Arc<Check>,
     ) -> (Self, Leadership) {
         let identity = format!("{}_{}", hostname(), uuid::Uuid::new_v4());
         let leadership = Leadership::new();
         master_status.set(0);
         let elector = Self {
-            api: Api::namespaced(client, &settings.namespace),
+            api: Api::namespaced(client.clone(), &settings.namespace),
+            client,
             settings,
             identity,
             leadership: leadership.clone(),
@@ -147,6 +171,7 @@ impl LeaderElector {
                 "leader election",
                 "a leader stops writing APIService status at its renew deadline",
             ),
+            check,
         };
         (elector, leadership)
     }
@@ -216,6 +241,42 @@ impl LeaderElector {
         }
     }
 
+    /// Whether the core's discovery lists `leases` in `coordination.k8s.io/v1`; asked after a
+    /// 404 on the Lease, which may also mean a missing namespace. `true` when it cannot tell.
+    async fn core_serves_leases(&self) -> bool {
+        match self
+            .client
+            .list_api_group_resources(LEASES_GROUP_VERSION)
+            .await
+        {
+            Ok(list) => list.resources.iter().any(|r| r.name == "leases"),
+            Err(e) => !is_not_found(&e),
+        }
+    }
+
+    /// The core serves no Leases: said once, and the check fails, until it serves them.
+    fn leases_not_served(&mut self) {
+        if !self.check.is_ok() {
+            return;
+        }
+        let why = format!(
+            "the core serves no {LEASES_GROUP_VERSION} Leases, so no replica can take the Lease {} \
+             and APIService status is never written (kubectl get apiservices shows Unknown); \
+             run a single replica with --leader-elect=false to write status without a Lease",
+            self.lease_name()
+        );
+        tracing::error!(lease = %self.lease_name(), "leader election: {why}");
+        self.check.fail(&why);
+    }
+
+    /// The core serves Leases (again): the check passes.
+    fn leases_served(&mut self) {
+        if !self.check.is_ok() {
+            tracing::info!(lease = %self.lease_name(), "leader election: the core serves Leases now");
+            self.check.pass();
+        }
+    }
+
     fn lease_name(&self) -> String {
         format!("{}/{}", self.settings.namespace, self.settings.name)
     }
@@ -253,11 +314,17 @@ impl LeaderElector {
         match tokio::time::timeout(limit, self.try_acquire_or_renew()).await {
             Ok(Ok(held)) => {
                 self.outage.answered();
+                self.leases_served();
                 self.last_error = None;
                 held
             }
             Ok(Err(e)) => {
-                self.outage.failed(&e);
+                if is_not_found(&e) && !self.core_serves_leases().await {
+                    self.outage.answered();
+                    self.leases_not_served();
+                } else {
+                    self.outage.failed(&e);
+                }
                 self.last_error = Some(root_cause(&e));
                 false
             }
@@ -407,6 +474,11 @@ impl LeaderElector {
         let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
         i32::try_from(secs).unwrap_or(i32::MAX)
     }
+}
+
+/// A 404 from the core: no such object, or no such resource.
+fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(status) if status.code == 404)
 }
 
 /// The holder a Lease names; an empty name is nobody (client-go writes "" on release).

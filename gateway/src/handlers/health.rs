@@ -63,6 +63,9 @@ pub struct Health {
 pub const ALL: &[Endpoint] = &[Endpoint::Livez, Endpoint::Readyz, Endpoint::Healthz];
 pub const READY: &[Endpoint] = &[Endpoint::Readyz, Endpoint::Healthz];
 pub const READY_ONLY: &[Endpoint] = &[Endpoint::Readyz];
+/// Checks that neither restart a replica nor take it out of service: what an operator asks
+/// `/healthz` about, as of kube-controller-manager's `leaderElection`.
+pub const HEALTHZ_ONLY: &[Endpoint] = &[Endpoint::Healthz];
 
 // === impl Health ===
 

@@ -60,7 +60,7 @@ struct Args {
     #[arg(long, value_delimiter = ',')]
     streaming_subresources: Vec<String>,
     /// Misbehave as a hostile server would (repeatable): `openapi-v2-ref-chain=N`,
-    /// `openapi-v2-nesting=N`, `openapi-v3-redirect`, `slow-discovery` (see
+    /// `openapi-v2-nesting=N`, `openapi-v3-redirect`, `openapi-v2-hangs`, `slow-discovery` (see
     /// `e2e::fixture::hostile`).
     #[arg(long)]
     hostile: Vec<e2e::fixture::hostile::Hostile>,

@@ -44,6 +44,10 @@ struct Args {
     /// CRD (with --crds; the real-node suite's third chart shape).
     #[arg(long, requires = "crds")]
     without_apiservices: bool,
+    /// Leave `coordination.k8s.io` (Leases) out, as a Kubernetes-style server that is not
+    /// kube-apiserver may.
+    #[arg(long)]
+    without_leases: bool,
     /// Refuse list and watch of this resource (`<plural>.<group>`) with a 403, as RBAC that
     /// does not grant them would; repeated.
     #[arg(long = "forbid-list", value_name = "RESOURCE")]
@@ -114,6 +118,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     }
     if args.without_apiservices {
         core_server::without_apiservices(&mut config);
+    }
+    if args.without_leases {
+        core_server::without_leases(&mut config);
     }
     let tls = match (args.tls_cert_file, args.tls_private_key_file) {
         (Some(cert), Some(key)) => Some(TlsFiles {
