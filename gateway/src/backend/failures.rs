@@ -44,7 +44,9 @@ pub const CLOSED: &str = "closed by the backend";
 /// controller's queue. The connections are shared by every APIService that names the Service
 /// (see `pool`), so a failure asks for a re-check of each of them.
 pub struct FailureSignal {
-    api_services: Mutex<Vec<Arc<str>>>,
+    /// The APIServices sending on these connections, each with how many of its backends do (a
+    /// rebuilt route holds the new one before the old one is dropped).
+    api_services: Mutex<Vec<(Arc<str>, usize)>>,
     reports: OnceLock<Reports>,
     /// Other loops told of each report, by who listens (one entry each, replaced).
     listeners: Mutex<Vec<(&'static str, Listener)>>,
@@ -56,6 +58,9 @@ pub type Listener = Arc<dyn Fn() + Send + Sync>;
 struct Reports {
     queue: Queue<String>,
     last: Mutex<Option<Instant>>,
+    /// When the listeners were last told: they are rate-limited apart, so that a plain close
+    /// (which they are not told of) cannot hold back a failure's news.
+    last_told: Mutex<Option<Instant>>,
 }
 
 impl FailureSignal {
@@ -74,8 +79,21 @@ impl FailureSignal {
     /// `api_service` sends on these connections: failures re-check it too.
     pub fn add_api_service(&self, api_service: &Arc<str>) {
         let mut names = self.api_services.lock().unwrap_or_else(|e| e.into_inner());
-        if !names.contains(api_service) {
-            names.push(api_service.clone());
+        match names.iter_mut().find(|(name, _)| name == api_service) {
+            Some((_, backends)) => *backends += 1,
+            None => names.push((api_service.clone(), 1)),
+        }
+    }
+
+    /// A backend of `api_service` is gone; with the last one, the name goes too, so that a
+    /// deleted APIService is neither re-checked nor used to probe an endpoint.
+    pub fn remove_api_service(&self, api_service: &str) {
+        let mut names = self.api_services.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(at) = names.iter().position(|(name, _)| &**name == api_service) {
+            names[at].1 -= 1;
+            if names[at].1 == 0 {
+                names.remove(at);
+            }
         }
     }
 
@@ -85,7 +103,7 @@ impl FailureSignal {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .first()
-            .cloned()
+            .map(|(name, _)| name.clone())
     }
 
     /// From now on, failures ask `queue` to re-check the APIServices (set once).
@@ -93,6 +111,7 @@ impl FailureSignal {
         let _ = self.reports.set(Reports {
             queue,
             last: Mutex::new(None),
+            last_told: Mutex::new(None),
         });
     }
 
@@ -106,14 +125,15 @@ impl FailureSignal {
     }
 
     /// Asks for a re-check because of `what`, unless one was asked for within [`Self::EVERY`];
-    /// tells the listeners of every failure but [`CLOSED`] (their queues de-duplicate).
+    /// tells the listeners of every failure but [`CLOSED`], at most once per [`Self::EVERY`]
+    /// too, so a flood of failing requests costs each of them a timestamp check, not a call.
     pub fn report(&self, what: &'static str) {
         let Some(reports) = self.reports.get() else {
             return;
         };
-        if what != CLOSED {
-            // A backend closing a connection may only be done with it (a GOAWAY, an idle
-            // timeout): the availability check tells, and its result reaches the listeners.
+        // A backend closing a connection may only be done with it (a GOAWAY, an idle timeout):
+        // the availability check tells, and its result reaches the listeners.
+        if what != CLOSED && due(&reports.last_told) {
             let listeners: Vec<Listener> = self
                 .listeners
                 .lock()
@@ -125,19 +145,16 @@ impl FailureSignal {
                 listener();
             }
         }
-        let now = Instant::now();
-        let Ok(mut last) = reports.last.try_lock() else {
-            return; // another connection is reporting right now
-        };
-        if last.is_some_and(|at| now.duration_since(at) < Self::EVERY) {
+        if !due(&reports.last) {
             return;
         }
-        *last = Some(now);
-        let names = self
+        let names: Vec<Arc<str>> = self
             .api_services
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .clone();
+            .iter()
+            .map(|(name, _)| name.clone())
+            .collect();
         for name in names {
             tracing::debug!(
                 apiservice = %name,
@@ -147,6 +164,20 @@ impl FailureSignal {
             reports.queue.add(name.to_string());
         }
     }
+}
+
+/// Whether [`FailureSignal::EVERY`] has passed since `last`, taking the slot if so; `false`
+/// while another connection is taking it right now.
+fn due(last: &Mutex<Option<Instant>>) -> bool {
+    let now = Instant::now();
+    let Ok(mut last) = last.try_lock() else {
+        return false;
+    };
+    if last.is_some_and(|at| now.duration_since(at) < FailureSignal::EVERY) {
+        return false;
+    }
+    *last = Some(now);
+    true
 }
 
 // === impl Watched ===

@@ -67,6 +67,14 @@ pub struct RemoteBackend {
     reject_forwarding_redirects: bool,
 }
 
+// === impl RemoteBackend ===
+
+impl Drop for RemoteBackend {
+    fn drop(&mut self) {
+        self.connections.failures().remove_api_service(&self.name);
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum RemoteSetupError {
     #[error("{name}: spec.caBundle: {source}")]
@@ -666,6 +674,64 @@ mod tests {
                 .await
                 .is_err()
         );
+    }
+
+    /// A deleted APIService's name leaves its Service's connections with its last backend, so
+    /// an endpoint probe never asks the backend for a group-version it no longer serves.
+    #[tokio::test]
+    async fn a_deleted_apiservice_leaves_its_services_connections() {
+        let api = |name: &str, version: &str| RegisteredAPIService {
+            traffic: Default::default(),
+            name: name.into(),
+            group: "shared.io".into(),
+            version: version.into(),
+            group_priority_minimum: 100,
+            version_priority: 10,
+            backend: apiservice::model::Backend::Local,
+        };
+        let spec = RemoteBackendSpec {
+            service: apiservice::model::ServiceRef {
+                namespace: "ns".into(),
+                name: "api".into(),
+                port: 443,
+            },
+            ca_bundle: None,
+            insecure_skip_tls_verify: true,
+        };
+        let (_, drain) = watch::channel(false);
+        let resolver: Arc<dyn ServiceResolver> = Arc::new(Closed(1));
+        let alpha = api("v1alpha1.shared.io", "v1alpha1");
+        let connections = Arc::new(
+            RemoteBackend::service_connections(&alpha.name, &spec, &Default::default(), None)
+                .unwrap(),
+        );
+        let backend = |a: &RegisteredAPIService| {
+            RemoteBackend::with_connections(
+                a,
+                &spec,
+                connections.clone(),
+                resolver.clone(),
+                drain.clone(),
+            )
+        };
+        let first = connections.failures().clone();
+        let alpha_backend = backend(&alpha);
+        // The route table was rebuilt: a second backend for the same APIService, then the old
+        // one dropped.
+        let alpha_rebuilt = backend(&alpha);
+        drop(alpha_backend);
+        let beta_backend = backend(&api("v1beta1.shared.io", "v1beta1"));
+        assert_eq!(
+            first.first_api_service().as_deref(),
+            Some("v1alpha1.shared.io")
+        );
+        drop(alpha_rebuilt);
+        assert_eq!(
+            first.first_api_service().as_deref(),
+            Some("v1beta1.shared.io")
+        );
+        drop(beta_backend);
+        assert_eq!(first.first_api_service(), None);
     }
 
     #[test]
