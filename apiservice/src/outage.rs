@@ -108,10 +108,14 @@ impl Outage {
         if !self.down.load(Ordering::Acquire) {
             return;
         }
-        let Some(down) = lock(&self.state).take() else {
+        // The flag is cleared under the lock: a failure racing in between would otherwise set
+        // the state again and then see the flag cleared, and the outage would never be said.
+        let mut state = lock(&self.state);
+        let Some(down) = state.take() else {
             return;
         };
         self.down.store(false, Ordering::Release);
+        drop(state);
         tracing::info!(
             client = self.client,
             retries = down.retries + 1,

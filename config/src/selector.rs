@@ -8,108 +8,22 @@
 /// `key`, `!key`, `key=value`, `key==value`, `key!=value`, `key in (a,b)`, `key notin (a,b)`,
 /// `key>1`, `key<1`, comma-separated; keys and values validated as label keys and values.
 pub(crate) fn check_label_selector(selector: &str) -> Result<(), String> {
-    let tokens = selector_tokens(selector);
-    let mut pos = 0;
-    let next = |pos: &mut usize| {
-        let t = tokens.get(*pos).cloned().unwrap_or(Tok::End);
-        *pos += 1;
-        t
+    let mut parser = Parser {
+        tokens: selector_tokens(selector),
+        pos: 0,
     };
-    let peek = |pos: usize| tokens.get(pos).cloned().unwrap_or(Tok::End);
-    if peek(0) == Tok::End {
+    if parser.peek() == Tok::End {
         return Ok(());
     }
     loop {
-        let negated = peek(pos) == Tok::Sym("!");
-        if negated {
-            pos += 1;
-        }
-        let key = match next(&mut pos) {
-            Tok::Word(k) => k,
-            other => return Err(format!("expected a label key, found {}", other.describe())),
-        };
-        check_label_key(&key)?;
-        let ends = |t: &Tok| matches!(t, Tok::End | Tok::Sym(","));
-        if !negated && !ends(&peek(pos)) {
-            let op = match next(&mut pos) {
-                Tok::Word(w) if w == "in" || w == "notin" => w,
-                Tok::Sym(s) if ["=", "==", "!=", ">", "<"].contains(&s) => s.to_owned(),
-                other => {
-                    return Err(format!(
-                        "after {key:?} expected an operator (=, ==, !=, in, notin, >, <) or ',', \
-                         found {}",
-                        other.describe()
-                    ))
-                }
-            };
-            let mut values = Vec::new();
-            if op == "in" || op == "notin" {
-                if next(&mut pos) != Tok::Sym("(") {
-                    return Err(format!(
-                        "{key} {op} needs a parenthesized list: {key} {op} (a,b)"
-                    ));
-                }
-                // Empty items are empty values: "()", "(a,)" and "(a,,b)" are all valid.
-                loop {
-                    match next(&mut pos) {
-                        Tok::Word(v) => {
-                            values.push(v);
-                            match next(&mut pos) {
-                                Tok::Sym(",") => continue,
-                                Tok::Sym(")") => break,
-                                other => {
-                                    return Err(format!(
-                                        "in the values of {key:?} expected ',' or ')', found {}",
-                                        other.describe()
-                                    ))
-                                }
-                            }
-                        }
-                        Tok::Sym(",") => values.push(String::new()),
-                        Tok::Sym(")") => {
-                            values.push(String::new());
-                            break;
-                        }
-                        other => {
-                            return Err(format!(
-                                "in the values of {key:?} expected a value, ',' or ')', found {}",
-                                other.describe()
-                            ))
-                        }
-                    }
-                }
-            } else {
-                match peek(pos) {
-                    t if ends(&t) => values.push(String::new()),
-                    Tok::Word(v) => {
-                        pos += 1;
-                        values.push(v);
-                    }
-                    other => {
-                        return Err(format!(
-                            "after {key}{op} expected a value, found {}",
-                            other.describe()
-                        ))
-                    }
-                }
-                if (op == ">" || op == "<") && values[0].parse::<i64>().is_err() {
-                    return Err(format!(
-                        "{key}{op}{}: '>' and '<' compare with an integer",
-                        values[0]
-                    ));
-                }
-            }
-            for v in &values {
-                check_label_value(&key, v)?;
-            }
-        }
-        match next(&mut pos) {
+        let key = parser.requirement()?;
+        match parser.next() {
             Tok::End => return Ok(()),
             Tok::Sym(",") => {
-                if !matches!(peek(pos), Tok::Word(_) | Tok::Sym("!")) {
+                if !matches!(parser.peek(), Tok::Word(_) | Tok::Sym("!")) {
                     return Err(format!(
                         "expected a requirement after ',', found {}",
-                        peek(pos).describe()
+                        parser.peek().describe()
                     ));
                 }
             }
@@ -121,6 +35,129 @@ pub(crate) fn check_label_selector(selector: &str) -> Result<(), String> {
             }
         }
     }
+}
+
+/// A cursor over the tokens, one method per rule of the grammar. Every loop consumes a token,
+/// and the token list is finite, so parsing ends.
+struct Parser {
+    tokens: Vec<Tok>,
+    pos: usize,
+}
+
+// === impl Parser ===
+
+impl Parser {
+    fn peek(&self) -> Tok {
+        self.tokens.get(self.pos).cloned().unwrap_or(Tok::End)
+    }
+
+    fn next(&mut self) -> Tok {
+        let t = self.peek();
+        self.pos += 1;
+        t
+    }
+
+    /// `!key`, `key`, or `key <op> <values>`; returns the key for the caller's messages.
+    fn requirement(&mut self) -> Result<String, String> {
+        let negated = self.peek() == Tok::Sym("!");
+        if negated {
+            self.pos += 1;
+        }
+        let key = match self.next() {
+            Tok::Word(k) => k,
+            other => return Err(format!("expected a label key, found {}", other.describe())),
+        };
+        check_label_key(&key)?;
+        if negated || ends_requirement(&self.peek()) {
+            return Ok(key);
+        }
+        let op = self.operator(&key)?;
+        let values = if op == "in" || op == "notin" {
+            self.value_set(&key, &op)?
+        } else {
+            vec![self.single_value(&key, &op)?]
+        };
+        for v in &values {
+            check_label_value(&key, v)?;
+        }
+        Ok(key)
+    }
+
+    fn operator(&mut self, key: &str) -> Result<String, String> {
+        match self.next() {
+            Tok::Word(w) if w == "in" || w == "notin" => Ok(w),
+            Tok::Sym(s) if ["=", "==", "!=", ">", "<"].contains(&s) => Ok(s.to_owned()),
+            other => Err(format!(
+                "after {key:?} expected an operator (=, ==, !=, in, notin, >, <) or ',', found {}",
+                other.describe()
+            )),
+        }
+    }
+
+    /// `(a,b)`. Empty items are empty values: "()", "(a,)" and "(a,,b)" are all valid.
+    fn value_set(&mut self, key: &str, op: &str) -> Result<Vec<String>, String> {
+        if self.next() != Tok::Sym("(") {
+            return Err(format!(
+                "{key} {op} needs a parenthesized list: {key} {op} (a,b)"
+            ));
+        }
+        let mut values = Vec::new();
+        loop {
+            match self.next() {
+                Tok::Word(v) => {
+                    values.push(v);
+                    match self.next() {
+                        Tok::Sym(",") => continue,
+                        Tok::Sym(")") => return Ok(values),
+                        other => {
+                            return Err(format!(
+                                "in the values of {key:?} expected ',' or ')', found {}",
+                                other.describe()
+                            ))
+                        }
+                    }
+                }
+                Tok::Sym(",") => values.push(String::new()),
+                Tok::Sym(")") => {
+                    values.push(String::new());
+                    return Ok(values);
+                }
+                other => {
+                    return Err(format!(
+                        "in the values of {key:?} expected a value, ',' or ')', found {}",
+                        other.describe()
+                    ))
+                }
+            }
+        }
+    }
+
+    /// The value after `=`, `==`, `!=`, `>` or `<`; empty when the requirement ends there.
+    fn single_value(&mut self, key: &str, op: &str) -> Result<String, String> {
+        let value = match self.peek() {
+            t if ends_requirement(&t) => String::new(),
+            Tok::Word(v) => {
+                self.pos += 1;
+                v
+            }
+            other => {
+                return Err(format!(
+                    "after {key}{op} expected a value, found {}",
+                    other.describe()
+                ))
+            }
+        };
+        if (op == ">" || op == "<") && value.parse::<i64>().is_err() {
+            return Err(format!(
+                "{key}{op}{value}: '>' and '<' compare with an integer"
+            ));
+        }
+        Ok(value)
+    }
+}
+
+fn ends_requirement(t: &Tok) -> bool {
+    matches!(t, Tok::End | Tok::Sym(","))
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -570,10 +570,6 @@ async fn quiet_wardle(backend_args: &[&str]) -> (Scenario, User) {
 /// from the gateway's own probes and fetches, as none is after 90 s without traffic. Before:
 /// the resync (up to 30 s).
 #[tokio::test]
-#[ignore = "issue 27, open: with a backend that sends GOAWAY after every request the gateway's \
-            kept connection churns (each check's connection is GOAWAYed, the next check dials \
-            again), so at the moment of the kill there may be none; fails 2 runs in 4 with \
-            the file's tests in parallel. Run with --ignored."]
 async fn a_killed_backend_nobody_calls_is_stale_and_unavailable_within_seconds() {
     let (mut s, alice) = quiet_wardle(&["--goaway-after-requests", "1"]).await;
     let since = Instant::now();
@@ -664,10 +660,6 @@ async fn a_frozen_backend_nobody_calls_is_stale_and_unavailable_within_seconds()
 /// one request, so no connection is left from the gateway's own probes and fetches. Before:
 /// nothing noticed the restart and the old document stayed `Current`.
 #[tokio::test]
-#[ignore = "issue 27, open: with a backend that sends GOAWAY after every request the gateway's \
-            kept connection churns (each check's connection is GOAWAYed, the next check dials \
-            again), so at the moment of the kill there may be none; fails 2 runs in 4 with \
-            the file's tests in parallel. Run with --ignored."]
 async fn a_backend_restarted_with_slow_discovery_is_stale_within_seconds() {
     let goaway = ["--goaway-after-requests", "1"];
     let (mut s, alice) = quiet_wardle(&goaway).await;
@@ -701,5 +693,71 @@ async fn a_backend_restarted_with_slow_discovery_is_stale_within_seconds() {
         alice.flunders_discovered_as("Stale").await,
         "7 s after the restart, aggregated /apis lists {:?}",
         alice.discovered(GROUP, "flunders").await
+    );
+}
+
+/// The PINGs the wardle backend counted on each HTTP/2 connection, in the order it accepted
+/// them (the fixture follows the frames it reads; see `e2e::fixture::pings`).
+async fn pings_received(s: &Scenario) -> Vec<u64> {
+    let url = format!("{}/fixture/connections", s.backend("wardle").url());
+    let (status, _, body) = harness::get(&s.pki.backend_client("wardle"), &url)
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::OK);
+    scenario::json_or_null(&body)["pings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_u64().unwrap())
+        .collect()
+}
+
+/// PINGs per connection between two counts.
+fn pings_between(before: &[u64], after: &[u64]) -> Vec<u64> {
+    after
+        .iter()
+        .enumerate()
+        .map(|(i, n)| n - before.get(i).copied().unwrap_or(0))
+        .collect()
+}
+
+/// Issue 27: an idle backend gets at most one PING per `http2-ping-interval` (1 s) on each
+/// connection, and one connection to it stays up and pinged even while requests flow and the
+/// backend closes every connection after one request (GOAWAY): the gateway's kept connection
+/// carries no requests. Before: the kept connection was one of the pool's, so each request's
+/// GOAWAY closed it and no connection was pinged across the requests.
+#[tokio::test]
+async fn an_idle_backend_gets_one_ping_per_interval_on_a_connection_requests_never_close() {
+    const WINDOW: Duration = Duration::from_secs(5);
+    let (s, alice) = quiet_wardle(&["--goaway-after-requests", "1"]).await;
+    let start = pings_received(&s).await;
+    tokio::time::sleep(WINDOW).await;
+    let idle_end = pings_received(&s).await;
+    let busy_since = Instant::now();
+    let mut served = 0;
+    while busy_since.elapsed() < WINDOW {
+        served += u32::from(alice.reaches_backend(FLUNDERS).await);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let busy_end = pings_received(&s).await;
+    let idle = pings_between(&start, &idle_end);
+    let busy = pings_between(&idle_end, &busy_end);
+    eprintln!("pings per connection: idle 5 s {idle:?}; 5 s with {served} requests {busy:?}");
+    assert!(served >= 10, "only {served} requests were served");
+    // One per second over 5 s, and one more for where the window falls.
+    let most = WINDOW.as_secs() + 1;
+    assert!(
+        idle.iter().all(|&n| n <= most),
+        "a connection of an idle backend got more than {most} PINGs in 5 s: {idle:?}"
+    );
+    let kept = idle
+        .iter()
+        .zip(&busy)
+        .any(|(&idle, &busy)| idle >= 3 && busy >= 3);
+    assert!(
+        kept,
+        "no connection was pinged both while the backend was idle and while requests flowed \
+         (idle {idle:?}, busy {busy:?})\n{}",
+        s.logs()
     );
 }

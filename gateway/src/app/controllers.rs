@@ -199,9 +199,7 @@ fn start_flow_control(
         )));
     }
     tokio::spawn(
-        flow_control
-            .clone()
-            .run_borrowing()
+        FlowControl::run_borrowing(Arc::downgrade(&flow_control))
             .instrument(tracing::info_span!("flowcontrol_borrowing")),
     );
     flow_control

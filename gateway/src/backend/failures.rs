@@ -7,9 +7,10 @@
 //! * a request that failed in transport (reset, closed mid-response);
 //! * a pooled connection the backend closed or reset, seen when it happens, not at the next
 //!   request: the process behind it may have died ([`Watched`]);
-//! * a pooled connection whose HTTP/2 PING went unanswered: the process may be frozen. The pool
-//!   keeps one connection per endpoint of every routed Service (`pool`), so this holds with no
-//!   traffic at all.
+//! * a pooled connection whose HTTP/2 PING went unanswered: the process may be frozen;
+//! * the connection kept to each endpoint of every routed Service, which carries no requests
+//!   (`pool::watcher`): closed without GOAWAY, reset, a PING unanswered, a re-dial failing, and
+//!   its return; once per change, so this holds with no traffic at all.
 //!
 //! Besides the availability controller, others may listen ([`FailureSignal::listen`]): the
 //! discovery controller re-fetches the Service's discovery at once on a failure (not on a plain

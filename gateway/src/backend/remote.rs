@@ -197,6 +197,7 @@ impl RemoteBackend {
             true,
             Some(failures.clone()),
         );
+        let kept = connector(tls_config(trust.clone())?, sni.clone(), true, None);
         let http1 = super::client_builder().build(connector(
             tls_config(trust.clone())?,
             sni.clone(),
@@ -206,6 +207,7 @@ impl RemoteBackend {
         let probe = Probe::new(tls_config(trust)?, sni);
         Ok(ServiceConnections::new(
             pooled,
+            kept,
             http1,
             probe,
             failures,
@@ -367,7 +369,8 @@ impl RemoteBackend {
         // PING that found its connection dead and `RETRY_DIAL_BUDGET` (see the README).
         let started = tokio::time::Instant::now();
         let mut dial_deadline = None;
-        // Endpoints no connection could be made to within this request: not tried again.
+        // Endpoints no connection could be made to within this request, or whose kept
+        // connection failed: not tried again.
         let mut unreachable: Vec<Authority> = Vec::new();
         for attempt in 1..=retry::MAX_ATTEMPTS {
             let sent = if http1 {
@@ -399,7 +402,11 @@ impl RemoteBackend {
                 (tokio::time::Instant::now() + pool::RETRY_DIAL_BUDGET)
                     .min(started + pool::DIAL_TIMEOUT)
             });
-            if failure == Failure::Unreachable {
+            // Its kept connection failed too (a frozen process): no new connection would be
+            // answered either.
+            if failure == Failure::Unreachable
+                || self.connections.unresponsive(&picked.health.authority)
+            {
                 unreachable.push(picked.health.authority.clone());
             }
             let next = endpoints

@@ -98,15 +98,20 @@ pub async fn run(core: Arc<CoreBackend>, check: Arc<Check>, started: watch::Send
                 );
                 outage.failed_with(&reason);
                 check.fail(&reason);
+                // Only an unbroken run of refusals counts towards the fallback: a core between
+                // its RBAC sync (403) and its post-start hooks (500) is still starting.
+                refused_since = None;
             }
             Ok(Err(e)) => {
                 outage.failed(&e);
                 check.fail(&e.public_message());
+                refused_since = None;
             }
             Err(_) => {
                 let cause = format!("no answer to /readyz within {PROBE_TIMEOUT:?}");
                 outage.failed_with(&cause);
                 check.fail(&core_unreachable(&cause));
+                refused_since = None;
             }
         }
         tokio::select! {

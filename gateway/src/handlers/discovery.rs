@@ -218,65 +218,10 @@ impl DiscoveryCache {
         let headers = req.headers();
         let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
         match path {
-            DiscoveryPath::Api | DiscoveryPath::Apis | DiscoveryPath::Group(_) => {
-                let Some(merged) = self.merged.load_full() else {
-                    return Action::FallThrough;
-                };
-                match path {
-                    DiscoveryPath::Api => {
-                        let negotiated = negotiate(accept);
-                        // Legacy `/api` is the core's; with a remote `v1.` all of `/api` is.
-                        if !negotiated.is_aggregated()
-                            || self.routing.load().legacy_core().is_some()
-                        {
-                            return Action::FallThrough;
-                        }
-                        Action::Respond(aggregated(headers, &merged.api, negotiated))
-                    }
-                    DiscoveryPath::Apis => {
-                        let negotiated = negotiate(accept);
-                        if negotiated.is_aggregated() {
-                            Action::Respond(aggregated(headers, &merged.apis, negotiated))
-                        } else if accepts_legacy_json(accept) {
-                            Action::Respond(legacy_json(&merged.apis_legacy))
-                        } else {
-                            Action::Respond(not_acceptable())
-                        }
-                    }
-                    DiscoveryPath::Group(group) => match merged.group_legacy(group) {
-                        None => Action::FallThrough,
-                        Some(_) if !accepts_legacy_json(accept) => {
-                            Action::Respond(not_acceptable())
-                        }
-                        Some(body) => Action::Respond(legacy_json(body)),
-                    },
-                    _ => Action::FallThrough,
-                }
-            }
-            DiscoveryPath::OpenApiV2 => match self.openapi_v2.load_full() {
-                None => Action::FallThrough,
-                Some(doc) => {
-                    let protobuf = accept.is_some_and(|a| {
-                        a.contains("application/com.github.proto-openapi.spec.v2")
-                    });
-                    let (content_type, encoded) = doc.representation(protobuf);
-                    let mut resp =
-                        prepared(headers, content_type, &encoded.bytes, &encoded.etag, true);
-                    resp.headers_mut().insert(
-                        header::VARY,
-                        HeaderValue::from_static("Accept, Accept-Encoding"),
-                    );
-                    if accepts_gzip(headers) && resp.status() == StatusCode::OK {
-                        Action::OpenApiV2Gzip {
-                            resp,
-                            doc,
-                            protobuf,
-                        }
-                    } else {
-                        Action::Respond(resp)
-                    }
-                }
-            },
+            DiscoveryPath::Api => self.legacy_api(headers, accept),
+            DiscoveryPath::Apis => self.apis(headers, accept),
+            DiscoveryPath::Group(group) => self.group(group, accept),
+            DiscoveryPath::OpenApiV2 => self.openapi_v2(headers, accept),
             DiscoveryPath::OpenApiRoot => match self.openapi.load_full() {
                 None => Action::FallThrough,
                 Some(root) => Action::Respond(prepared(
@@ -287,26 +232,94 @@ impl DiscoveryCache {
                     false,
                 )),
             },
-            DiscoveryPath::OpenApiDocument(key) => {
-                let Some(root) = self.openapi.load_full() else {
-                    return Action::FallThrough;
-                };
-                match root.owners.get(key) {
-                    Some(OpenApiOwner::Core) => Action::FallThrough,
-                    Some(OpenApiOwner::Remote(backend)) => Action::PassThrough {
-                        backend: backend.clone(),
-                        path_and_query: req
-                            .uri()
-                            .path_and_query()
-                            .map_or_else(|| req.uri().path().to_owned(), |pq| pq.to_string()),
-                        headers: headers.clone(),
-                    },
-                    Some(OpenApiOwner::Converted(doc)) => {
-                        Action::Respond(doc.respond(headers, req.uri().query()))
-                    }
-                    None => Action::Respond(openapi_not_found(key)),
-                }
+            DiscoveryPath::OpenApiDocument(key) => self.openapi_v3_document(key, req),
+        }
+    }
+
+    /// `/api`: the core's, unless the client asks for aggregated discovery and no remote
+    /// APIService serves the legacy group (then all of `/api` is that server's).
+    fn legacy_api(&self, headers: &HeaderMap, accept: Option<&str>) -> Action {
+        let Some(merged) = self.merged.load_full() else {
+            return Action::FallThrough;
+        };
+        let negotiated = negotiate(accept);
+        if !negotiated.is_aggregated() || self.routing.load().legacy_core().is_some() {
+            return Action::FallThrough;
+        }
+        Action::Respond(aggregated(headers, &merged.api, negotiated))
+    }
+
+    /// `/apis`: aggregated when asked for, else the legacy `APIGroupList`.
+    fn apis(&self, headers: &HeaderMap, accept: Option<&str>) -> Action {
+        let Some(merged) = self.merged.load_full() else {
+            return Action::FallThrough;
+        };
+        let negotiated = negotiate(accept);
+        if negotiated.is_aggregated() {
+            Action::Respond(aggregated(headers, &merged.apis, negotiated))
+        } else if accepts_legacy_json(accept) {
+            Action::Respond(legacy_json(&merged.apis_legacy))
+        } else {
+            Action::Respond(not_acceptable())
+        }
+    }
+
+    /// `/apis/<group>`: the merged `APIGroup`, or the core's answer for a group nobody routes.
+    fn group(&self, group: &str, accept: Option<&str>) -> Action {
+        let Some(merged) = self.merged.load_full() else {
+            return Action::FallThrough;
+        };
+        match merged.group_legacy(group) {
+            None => Action::FallThrough,
+            Some(_) if !accepts_legacy_json(accept) => Action::Respond(not_acceptable()),
+            Some(body) => Action::Respond(legacy_json(body)),
+        }
+    }
+
+    /// `/openapi/v2`: the merged spec as JSON or protobuf, gzipped on the way out if asked.
+    fn openapi_v2(&self, headers: &HeaderMap, accept: Option<&str>) -> Action {
+        let Some(doc) = self.openapi_v2.load_full() else {
+            return Action::FallThrough;
+        };
+        let protobuf =
+            accept.is_some_and(|a| a.contains("application/com.github.proto-openapi.spec.v2"));
+        let (content_type, encoded) = doc.representation(protobuf);
+        let mut resp = prepared(headers, content_type, &encoded.bytes, &encoded.etag, true);
+        resp.headers_mut().insert(
+            header::VARY,
+            HeaderValue::from_static("Accept, Accept-Encoding"),
+        );
+        if accepts_gzip(headers) && resp.status() == StatusCode::OK {
+            Action::OpenApiV2Gzip {
+                resp,
+                doc,
+                protobuf,
             }
+        } else {
+            Action::Respond(resp)
+        }
+    }
+
+    /// `/openapi/v3/<group-version>`: the core's falls through, a remote backend's is passed
+    /// through, a v2-only backend's is served converted.
+    fn openapi_v3_document(&self, key: &str, req: &Request) -> Action {
+        let Some(root) = self.openapi.load_full() else {
+            return Action::FallThrough;
+        };
+        match root.owners.get(key) {
+            Some(OpenApiOwner::Core) => Action::FallThrough,
+            Some(OpenApiOwner::Remote(backend)) => Action::PassThrough {
+                backend: backend.clone(),
+                path_and_query: req
+                    .uri()
+                    .path_and_query()
+                    .map_or_else(|| req.uri().path().to_owned(), |pq| pq.to_string()),
+                headers: req.headers().clone(),
+            },
+            Some(OpenApiOwner::Converted(doc)) => {
+                Action::Respond(doc.respond(req.headers(), req.uri().query()))
+            }
+            None => Action::Respond(openapi_not_found(key)),
         }
     }
 }

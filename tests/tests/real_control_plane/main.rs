@@ -29,6 +29,7 @@ mod flunders;
 mod leader_election;
 mod openapi_v2_proto;
 mod protobuf;
+mod quiet_backend;
 mod session;
 mod status;
 mod trust;
@@ -106,6 +107,9 @@ async fn session_against_the_real_control_plane() {
                 "protobuf requests and watches pass unchanged" => protobuf::passes_unchanged,
                 "helm install, upgrade and uninstall of the chart" => chart::install_upgrade_uninstall,
                 "the chart's APIService CRD validates like kube-aggregator" => chart::apiservice_crd,
+                // Last: it kills sample-apiserver.
+                "sample-apiserver frozen, then killed, with no requests: noticed beside \
+                 kube-aggregator (issue 27)" => quiet_backend::frozen_then_killed,
             ],
         )
         .await,

@@ -11,11 +11,13 @@ use futures::FutureExt;
 use http::uri::Authority;
 use http::Uri;
 use hyper::client::conn::http2;
+use hyper_rustls::MaybeHttpsStream;
 use hyper_util::client::legacy::connect::Connection as _;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::time::Instant;
 use tower::ServiceExt;
 
+use super::super::failures::WatchedStream;
 use super::goaway::{GoAwaySeen, GoAwayWatch};
 use super::{lock, Connector, H2Connection, PoolError, Shared, DIAL_TIMEOUT, SETTINGS_WAIT};
 
@@ -57,13 +59,17 @@ pub(super) enum Connected {
     Http1,
 }
 
-/// Dials `endpoint`, and for an `h2` connection, waits for the server's settings (its stream
-/// limit) before the connection takes streams.
-pub(super) async fn connect(
-    connector: &Connector,
-    shared: &Arc<Shared>,
-    endpoint: &Authority,
-) -> Result<Connected, PoolError> {
+/// What dialing an endpoint gave: a TLS connection that picked `h2`, or the server's refusal
+/// of HTTP/2.
+pub(super) enum Dialed {
+    /// Boxed: a TLS connection's state is large, and dialing is rare.
+    Http2(Box<MaybeHttpsStream<TokioIo<WatchedStream>>>),
+    /// The server did not pick `h2`.
+    Http1,
+}
+
+/// Dials `endpoint` (TCP and TLS, within [`DIAL_TIMEOUT`]).
+pub(super) async fn dial(connector: &Connector, endpoint: &Authority) -> Result<Dialed, PoolError> {
     let uri = Uri::builder()
         .scheme("https")
         .authority(endpoint.clone())
@@ -80,18 +86,34 @@ pub(super) async fn connect(
             )
         })?
         .map_err(PoolError::Connect)?;
-    if !io.connected().is_negotiated_h2() {
-        return Ok(Connected::Http1);
+    if io.connected().is_negotiated_h2() {
+        Ok(Dialed::Http2(Box::new(io)))
+    } else {
+        Ok(Dialed::Http1)
     }
+}
+
+/// Dials `endpoint`, and for an `h2` connection, waits for the server's settings (its stream
+/// limit) before the connection takes streams.
+pub(super) async fn connect(
+    connector: &Connector,
+    shared: &Arc<Shared>,
+    endpoint: &Authority,
+) -> Result<Connected, PoolError> {
+    let io = match dial(connector, endpoint).await? {
+        Dialed::Http2(io) => *io,
+        Dialed::Http1 => return Ok(Connected::Http1),
+    };
     let (io, goaway) = GoAwayWatch::new(TokioIo::new(io));
     let io = TokioIo::new(io);
+    let (interval, timeout) = shared.settings.request_pings();
     let (send, connection) = http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
         // Until the server's SETTINGS arrive no stream may open: 0 here marks "not yet known"
         // (h2 replaces it with the announced limit, or unlimited when none is announced).
         .initial_max_send_streams(0)
-        .keep_alive_interval(shared.settings.ping_interval)
-        .keep_alive_timeout(shared.settings.ping_timeout)
+        .keep_alive_interval(interval)
+        .keep_alive_timeout(timeout)
         .keep_alive_while_idle(true)
         .adaptive_window(true)
         .handshake(io)
@@ -102,7 +124,6 @@ pub(super) async fn connect(
         let connection = connection.clone();
         let pool = Arc::downgrade(shared);
         let endpoint = endpoint.clone();
-        let goaway = goaway.clone();
         async move {
             let driven = poll_fn(|cx| {
                 let mut slot = lock(&connection);
@@ -116,20 +137,10 @@ pub(super) async fn connect(
             .await;
             let Some(pool) = pool.upgrade() else { return };
             if let Err(e) = driven {
-                tracing::debug!(error = %e, "backend connection ended");
+                tracing::debug!(%endpoint, error = %e, "backend connection ended");
                 // A PING unanswered (hyper drops the socket without a read or write failing,
                 // so `failures::Watched` does not see it) or an HTTP/2 protocol error.
                 pool.failures.report("connection failed");
-            } else if pool.lost_kept(&endpoint) {
-                // The last connection of a kept endpoint ended. After a GOAWAY the backend
-                // only closed it: the availability check, asked for now, dials another when it
-                // passes. Without one the process may have died or restarted: its discovery
-                // is fetched again too.
-                pool.failures.report(if goaway.seen() {
-                    super::super::failures::CLOSED
-                } else {
-                    "closed without GOAWAY"
-                });
             }
         }
     });

@@ -22,13 +22,11 @@
 //! HTTP/1.1 (upgrades, and backends that do not offer `h2`) stays on hyper-util's pooled
 //! client, which opens a connection per concurrent request anyway.
 //!
-//! *Kept connections* (issue 27). A backend nobody calls has no connection to notice it dying or
-//! freezing with: kube-aggregator learns of it at its next check, 30 s later. So every endpoint
-//! the availability controller last found passing keeps one HTTP/2 connection ([`keep`]
-//! (ServiceConnections::keep)), never closed for being idle, pinged at the APIService's
-//! `http2-ping-interval` (one PING per interval while idle: hyper sends one only when nothing was
-//! read for an interval). Its close, reset or unanswered PING is reported (`failures`), which
-//! re-checks availability and discovery at once; the next passed check dials it again.
+//! *Kept connections* (issue 27). Every endpoint the availability controller last found passing
+//! keeps one more HTTP/2 connection that carries no requests, pinged at the APIService's
+//! `http2-ping-interval`/`-timeout` (see `watcher`): a backend dying or freezing is noticed
+//! without traffic. The connections that carry requests are pinged more gently
+//! ([`PoolSettings::request_pings`]): a backend late with a PING loses their streams.
 
 use std::collections::HashMap;
 use std::error::Error;
@@ -47,9 +45,11 @@ use tokio::time::Instant;
 
 mod connect;
 mod goaway;
+mod watcher;
 
 use self::connect::{connect, Connected, H2Conn};
 use self::goaway::GoAwayWatch;
+use self::watcher::{Pings, Watcher};
 use super::balance::{Balancer, ProbeFn};
 use super::failures::{FailureSignal, Watched, WatchedStream};
 use super::probe::Probe;
@@ -71,13 +71,22 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// How long a new connection may take to announce its settings before it counts as failed.
 const SETTINGS_WAIT: Duration = Duration::from_secs(5);
 
-/// The default PING interval and timeout of a connection: a frozen backend is noticed within
-/// their sum (2 s) after the last thing it sent, and marked unavailable one probe timeout (5 s)
-/// later, inside issue 27's 8 s. An idle connection costs one 17-byte frame each way a second;
-/// a PING missed by a backend that is only slow costs that connection's streams and one
-/// availability check, which passes. `http2-ping-interval`/`-timeout` set others.
+/// The default PING interval and timeout of the connection kept to each endpoint (see
+/// `watcher`): a frozen backend is noticed within their sum (2 s) after the last thing it sent,
+/// and marked unavailable one probe timeout (5 s) later, inside issue 27's 8 s. It costs one
+/// 17-byte frame each way a second per endpoint; a PING missed by a backend that is only slow
+/// costs one availability check, which passes, and no request. `http2-ping-interval`/`-timeout`
+/// set others.
 pub const PING_INTERVAL: Duration = Duration::from_secs(1);
 pub const PING_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The least PING interval and timeout of connections that carry requests. Their PINGs only
+/// free requests stuck on a connection to a process gone silent (the kept connection notices
+/// it first), so a backend may be 5 s late with an answer before their streams are cut;
+/// kube-aggregator's client-go transport waits 30 s + 15 s. A request to a frozen backend then
+/// fails within 7 s and is not sent to it again (see `remote`).
+pub const REQUEST_PING_INTERVAL: Duration = Duration::from_secs(2);
+pub const REQUEST_PING_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long dialing one connection (TCP and TLS) may take.
 pub const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -95,9 +104,10 @@ pub struct PoolSettings {
     pub max_connections: usize,
     /// How long a request waits for a free stream when every connection is full.
     pub stream_wait: Duration,
-    /// How often an HTTP/2 connection is pinged, and how long a ping may go unanswered before
-    /// the connection counts as dead: a backend that vanished without closing its connections
-    /// shows up in seconds instead of the ~45 s kube-aggregator users run into.
+    /// How often the kept connection to each endpoint is pinged, and how long a PING may go
+    /// unanswered before the endpoint is re-checked: a backend that vanished without closing
+    /// its connections shows up in seconds instead of the ~45 s kube-aggregator users run into.
+    /// Connections that carry requests use [`Self::request_pings`].
     pub ping_interval: Duration,
     pub ping_timeout: Duration,
 }
@@ -114,6 +124,22 @@ impl Default for PoolSettings {
 }
 
 impl PoolSettings {
+    /// The PING interval and timeout of connections that carry requests: the kept connection's,
+    /// but never below [`REQUEST_PING_INTERVAL`] and [`REQUEST_PING_TIMEOUT`].
+    pub fn request_pings(&self) -> (Duration, Duration) {
+        (
+            self.ping_interval.max(REQUEST_PING_INTERVAL),
+            self.ping_timeout.max(REQUEST_PING_TIMEOUT),
+        )
+    }
+
+    fn kept_pings(&self) -> Pings {
+        Pings {
+            interval: self.ping_interval,
+            timeout: self.ping_timeout,
+        }
+    }
+
     /// The defaults, with what an APIService's annotations set instead.
     pub fn with(settings: &apiservice::traffic::ConnectionSettings) -> Self {
         let default = Self::default();
@@ -199,6 +225,8 @@ pub fn refused_unprocessed(e: &(dyn Error + 'static)) -> bool {
 pub struct ServiceConnections {
     /// Offers `h2` and `http/1.1`; what the server picks decides which client a request uses.
     connector: Connector,
+    /// The same, for the kept connections; reporting nothing itself (see `watcher`).
+    kept_connector: Connector,
     /// HTTP/1.1 only: upgrades, and every request to an endpoint that did not pick `h2`.
     http1: HttpsClient,
     shared: Arc<Shared>,
@@ -218,7 +246,7 @@ struct Shared {
     changed: Notify,
     settings: PoolSettings,
     next_id: AtomicU64,
-    /// Where a kept connection's end is reported (see `failures`).
+    /// Where a connection's failure is reported (see `failures`).
     failures: Arc<FailureSignal>,
 }
 
@@ -233,17 +261,19 @@ struct Endpoint {
     waiting: usize,
     /// The endpoint did not pick `h2`: every request goes over HTTP/1.1.
     http1: bool,
-    /// One connection stays open without traffic (see [`ServiceConnections::keep`]).
-    kept: bool,
+    /// The connection kept without traffic (see [`ServiceConnections::keep`]).
+    watcher: Option<Watcher>,
 }
 
 // === impl ServiceConnections ===
 
 impl ServiceConnections {
     /// `connector` must offer `h2` and `http/1.1`; `http1` speaks HTTP/1.1 only; `failures`
-    /// is the signal `connector`'s connections report to.
+    /// is the signal `connector`'s connections report to; `kept_connector` dials as
+    /// `connector` does, reporting nowhere.
     pub fn new(
         connector: Connector,
+        kept_connector: Connector,
         http1: HttpsClient,
         probe: Probe,
         failures: Arc<FailureSignal>,
@@ -263,6 +293,7 @@ impl ServiceConnections {
         }
         Self {
             connector,
+            kept_connector,
             http1,
             shared,
             probe,
@@ -324,31 +355,36 @@ impl ServiceConnections {
         }
     }
 
-    /// Keeps one HTTP/2 connection open to each of `endpoints` (and to no other): dials one in
-    /// the background where there is none, and never closes the last one for being idle. The
-    /// availability controller calls this after each passed check, so a connection lost since
-    /// is dialed again within one check.
+    /// Keeps one HTTP/2 connection that carries no requests open to each of `endpoints` (and
+    /// to no other), pinged, dialed again when it closes (see `watcher`). The availability
+    /// controller calls this after each passed check.
     pub fn keep(&self, endpoints: &[Authority]) {
-        let mut dial = Vec::new();
-        {
-            let mut map = self.shared.lock();
-            for (authority, ep) in map.iter_mut() {
-                ep.kept = endpoints.contains(authority);
-            }
-            for authority in endpoints {
-                let ep = map.entry(authority.clone()).or_default();
-                ep.kept = true;
-                ep.close_unused();
-                if !ep.http1 && ep.connecting == 0 && ep.open() == 0 {
-                    ep.connecting += 1;
-                    dial.push(authority.clone());
-                }
+        let mut map = self.shared.lock();
+        for (authority, ep) in map.iter_mut() {
+            if !endpoints.contains(authority) {
+                ep.watcher = None;
             }
         }
-        for endpoint in dial {
-            let pool = self.spread();
-            tokio::spawn(async move { pool.add_connection(&endpoint).await });
+        for authority in endpoints {
+            let ep = map.entry(authority.clone()).or_default();
+            if ep.watcher.is_none() && !ep.http1 {
+                ep.watcher = Some(Watcher::start(
+                    self.kept_connector.clone(),
+                    self.failures.clone(),
+                    authority.clone(),
+                    self.shared.settings.kept_pings(),
+                ));
+            }
         }
+    }
+
+    /// Whether the connection kept to `endpoint` failed and none is up again (see `watcher`).
+    pub fn unresponsive(&self, endpoint: &Authority) -> bool {
+        self.shared
+            .lock()
+            .get(endpoint)
+            .and_then(|ep| ep.watcher.as_ref())
+            .is_some_and(Watcher::unresponsive)
     }
 
     /// The balancer over this Service's endpoints.
@@ -546,7 +582,7 @@ async fn close_idle(shared: Weak<Shared>) {
             ep.close_unused();
         }
         endpoints.retain(|_, ep| {
-            ep.kept || !ep.connections.is_empty() || ep.connecting + ep.waiting > 0
+            ep.watcher.is_some() || !ep.connections.is_empty() || ep.connecting + ep.waiting > 0
         });
     }
 }
@@ -561,23 +597,13 @@ impl Shared {
     fn lock(&self) -> MutexGuard<'_, HashMap<Authority, Endpoint>> {
         lock(&self.endpoints)
     }
-
-    /// Whether `endpoint` is kept (see [`ServiceConnections::keep`]) and has no open
-    /// connection left, nor one on its way.
-    fn lost_kept(&self, endpoint: &Authority) -> bool {
-        self.lock()
-            .get(endpoint)
-            .is_some_and(|ep| ep.kept && ep.connecting == 0 && ep.open() == 0)
-    }
 }
 
 // === impl Endpoint ===
 
 impl Endpoint {
-    /// Drops closed connections and those unused for [`IDLE_TIMEOUT`], but the first open one
-    /// of a kept endpoint.
+    /// Drops closed connections and those unused for [`IDLE_TIMEOUT`].
     fn close_unused(&mut self) {
-        let mut keep_one = self.kept;
         self.connections.retain(|c| {
             if c.send.is_closed() {
                 return false;
@@ -585,22 +611,8 @@ impl Endpoint {
             if c.streams > 0 {
                 return true;
             }
-            if c.going_away() {
-                return false;
-            }
-            if c.idle_since.elapsed() < IDLE_TIMEOUT {
-                return true;
-            }
-            std::mem::take(&mut keep_one)
+            !c.going_away() && c.idle_since.elapsed() < IDLE_TIMEOUT
         });
-    }
-
-    /// Connections that take streams.
-    fn open(&self) -> usize {
-        self.connections
-            .iter()
-            .filter(|c| !c.send.is_closed() && !c.going_away())
-            .count()
     }
 
     fn least_busy_with_room(&mut self) -> Option<&mut H2Conn> {

@@ -141,21 +141,24 @@ fn pool(roots: rustls::RootCertStore, max_connections: usize) -> ServiceConnecti
         .with_no_client_auth();
     let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
     http.enforce_http(false);
-    let builder = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls.clone())
-        .https_only()
-        .with_server_name_resolver(FixedServerNameResolver::new(
-            ServerName::try_from("api.wardle.svc").unwrap(),
-        ));
+    let builder = || {
+        hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls.clone())
+            .https_only()
+            .with_server_name_resolver(FixedServerNameResolver::new(
+                ServerName::try_from("api.wardle.svc").unwrap(),
+            ))
+            .enable_http1()
+            .enable_http2()
+    };
     let failures = FailureSignal::new();
-    let connector = builder
-        .enable_http1()
-        .enable_http2()
-        .wrap_connector(Watched::new(http, Some(failures.clone())));
+    let kept = builder().wrap_connector(Watched::new(http.clone(), None));
+    let connector = builder().wrap_connector(Watched::new(http, Some(failures.clone())));
     let http1 = crate::backend::client_builder().build(connector.clone());
     let probe = Probe::new(tls, ServerName::try_from("api.wardle.svc").unwrap());
     ServiceConnections::new(
         connector,
+        kept,
         http1,
         probe,
         failures,
@@ -254,4 +257,68 @@ async fn a_refused_stream_retires_its_connection() {
     assert_eq!(resp.status(), http::StatusCode::OK);
     assert_eq!(answered.load(Ordering::SeqCst), 1);
     assert_eq!(accepted.load(Ordering::SeqCst), 2, "a new connection");
+}
+
+/// A pool whose failures call a listener: the number of reports of failures (not of plain
+/// closes) so far.
+fn counting_reports(pool: &ServiceConnections) -> Arc<AtomicUsize> {
+    let queue: crate::workqueue::WorkQueue<String, ()> =
+        crate::workqueue::WorkQueue::new(|_| crate::workqueue::Backoff {
+            min: Duration::from_millis(5),
+            max: Duration::from_secs(1),
+        });
+    pool.failures().report_to(queue.queue().clone());
+    pool.failures()
+        .add_api_service(&Arc::from("v1alpha1.wardle.example.com"));
+    let reports = Arc::new(AtomicUsize::new(0));
+    let counted = reports.clone();
+    pool.failures().listen(
+        "test",
+        Arc::new(move || {
+            counted.fetch_add(1, Ordering::SeqCst);
+        }),
+    );
+    reports
+}
+
+#[tokio::test]
+async fn a_backend_that_goaways_the_kept_connection_gets_quiet_redials() {
+    // Every connection gets a GOAWAY as soon as it is up, as from a server closing idle ones.
+    let (addr, accepted, roots) = tls_server(|_, tls| async move {
+        let Ok(mut conn) = h2::server::handshake(tls).await else {
+            return;
+        };
+        conn.graceful_shutdown();
+        while let Some(Ok(_)) = conn.accept().await {}
+    })
+    .await;
+    let pool = pool(roots, 4);
+    let reports = counting_reports(&pool);
+    let endpoint: Authority = addr.to_string().parse().unwrap();
+    pool.keep(std::slice::from_ref(&endpoint));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let dials = accepted.load(Ordering::SeqCst);
+    // 100 ms doubling: about six dials in 3 s, not one per round trip.
+    assert!((3..=8).contains(&dials), "{dials} dials in 3 s");
+    assert_eq!(reports.load(Ordering::SeqCst), 0, "a GOAWAY is no failure");
+    assert!(!pool.unresponsive(&endpoint));
+}
+
+#[tokio::test]
+async fn a_kept_connection_closed_without_goaway_is_reported_once_however_many_dials_fail() {
+    // Every connection is closed right after TLS, without a word of HTTP/2.
+    let (addr, accepted, roots) = tls_server(|_, tls| async move { drop(tls) }).await;
+    let pool = pool(roots, 4);
+    let reports = counting_reports(&pool);
+    let endpoint: Authority = addr.to_string().parse().unwrap();
+    pool.keep(std::slice::from_ref(&endpoint));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let dials = accepted.load(Ordering::SeqCst);
+    assert!(dials >= 3, "{dials} dials in 3 s");
+    assert_eq!(
+        reports.load(Ordering::SeqCst),
+        1,
+        "one report per change of state"
+    );
+    assert!(pool.unresponsive(&endpoint));
 }

@@ -80,7 +80,8 @@ pub struct Ignored {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Summary {
     pub levels: Vec<(String, LevelSpec)>,
-    pub schemas: Vec<String>,
+    /// Whole specs, so that an edit of a schema's rules in place is a change too.
+    pub schemas: Vec<SchemaSpec>,
     pub ignored: Vec<Ignored>,
 }
 
@@ -92,6 +93,8 @@ struct State {
     inputs: (Vec<api::PriorityLevelConfiguration>, Vec<api::FlowSchema>),
     summary: Option<Summary>,
     fair_fraction: f64,
+    /// The seats could not be divided at the last adjustment (logged once, until they can).
+    division_failing: bool,
 }
 
 pub struct Controller {
@@ -172,7 +175,7 @@ impl Controller {
                 .filter(|(_, l)| !l.quiescing)
                 .map(|(n, l)| (n.to_string(), l.spec.clone()))
                 .collect(),
-            schemas: schemas.iter().map(|s| s.name.to_string()).collect(),
+            schemas: schemas.clone(),
             ignored,
         };
         self.publish(state, schemas);

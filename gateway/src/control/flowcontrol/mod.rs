@@ -43,7 +43,7 @@ pub mod source;
 pub mod watch_tracker;
 pub mod width;
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use crate::identity::UserInfo;
@@ -173,14 +173,18 @@ impl FlowControl {
         }
     }
 
-    /// Lends and borrows seats among the levels every borrowing period, until the process ends.
-    pub async fn run_borrowing(self: Arc<Self>) {
+    /// Lends and borrows seats among the levels every borrowing period, for as long as the flow
+    /// control lives (the task holds it weakly, so dropping the gateway ends it).
+    pub async fn run_borrowing(this: Weak<Self>) {
         let mut every = tokio::time::interval(controller::BORROWING_PERIOD);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         every.tick().await;
         loop {
             every.tick().await;
-            self.controller.adjust_borrowing();
+            let Some(flow_control) = this.upgrade() else {
+                return;
+            };
+            flow_control.controller.adjust_borrowing();
         }
     }
 

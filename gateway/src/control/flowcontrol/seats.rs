@@ -108,8 +108,12 @@ impl CompletedWork {
 
     /// Narrows the final phase to at most `limit` seats, lengthening it so that its work stays
     /// the same: a request must never wait for more seats than its level can ever have.
+    ///
+    /// A level whose limit is 0 (lent out whole, or no shares) is left alone: its too-wide rule
+    /// lets one request run when nothing else does, and a phase stretched over zero seats would
+    /// never end.
     pub fn fit_final_seats(&mut self, limit: u32) {
-        if self.estimate.final_seats > limit {
+        if limit > 0 && self.estimate.final_seats > limit {
             self.estimate.final_seats = limit;
             self.estimate.additional_latency = self.final_work.duration_per_seat(f64::from(limit));
         }
@@ -134,6 +138,18 @@ mod tests {
         let r = SeatSeconds(1_000);
         let minus = SeatSeconds::seats_times_nanos(1.0, -200);
         assert_eq!(r.wrapping_sub(minus), SeatSeconds(1_020));
+    }
+
+    #[test]
+    fn no_seats_leave_the_final_phase_as_it_is() {
+        let estimate = WorkEstimate {
+            initial_seats: 1,
+            final_seats: 3,
+            additional_latency: Duration::from_millis(5),
+        };
+        let mut work = CompletedWork::new(estimate, Duration::from_secs(1));
+        work.fit_final_seats(0);
+        assert_eq!(work.estimate, estimate);
     }
 
     #[test]

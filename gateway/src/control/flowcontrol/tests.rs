@@ -206,3 +206,28 @@ async fn the_dumps_show_waiting_and_executing_requests() {
         128
     );
 }
+
+/// A FlowSchema whose rules are edited in place changes classification, so it is a change the
+/// log says (one line per change), as a new or removed schema is.
+#[test]
+fn editing_a_flowschemas_rules_in_place_is_a_change() {
+    let fc = FlowControl::new(10, Duration::from_secs(15), &Registry::new());
+    let (levels, mut schemas) = controller::built_in_objects();
+    assert!(fc
+        .controller()
+        .apply(levels.clone(), schemas.clone())
+        .is_some());
+    assert!(fc
+        .controller()
+        .apply(levels.clone(), schemas.clone())
+        .is_none());
+    let edited = schemas
+        .iter_mut()
+        .find(|s| s.metadata.name.as_deref() == Some("global-default"))
+        .expect("the built-in global-default schema");
+    edited.spec.distinguisher_method = None;
+    assert!(
+        fc.controller().apply(levels, schemas).is_some(),
+        "an edited schema was not reported as a change"
+    );
+}

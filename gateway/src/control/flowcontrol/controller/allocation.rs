@@ -122,13 +122,19 @@ impl Controller {
         } else {
             match conc_alloc::allocate(state.nominal_sum, &problem) {
                 Ok((allocs, fair)) => {
+                    if std::mem::take(&mut state.division_failing) {
+                        tracing::info!("API Priority and Fairness divides the seats among the priority levels again");
+                    }
                     state.fair_fraction = fair;
                     for ((name, _), a) in items.iter().zip(allocs) {
                         allocated.insert(name.clone(), a.round() as u32);
                     }
                 }
                 Err(e) => {
-                    tracing::error!(error = %e, "API Priority and Fairness could not divide the seats among the priority levels; keeping the current limits");
+                    // The same objects fail the same way every borrowing period: say it once.
+                    if !std::mem::replace(&mut state.division_failing, true) {
+                        tracing::error!(error = %e, "API Priority and Fairness could not divide the seats among the priority levels; keeping the current limits");
+                    }
                     for (name, _) in &items {
                         allocated.insert(name.clone(), state.levels[name].current);
                     }

@@ -239,7 +239,12 @@ impl QueueSet {
             self.counts.rejected += 1;
             return Started::Rejected(RejectReason::QueueFull);
         }
-        if self.waiting == 0 && self.can_accommodate(seats) {
+        // kube dispatches only while seats are free, whatever the width (a write's lingering
+        // final phase can keep them all).
+        if self.waiting == 0
+            && self.seats_in_use < u64::from(self.concurrency_limit)
+            && self.can_accommodate(seats)
+        {
             // It would be the only request waiting, and it fits: kube enqueues and dispatches
             // it in the same breath; do the same to the books without the queue.
             let was_active = queue.is_active();
@@ -455,11 +460,12 @@ impl QueueSet {
         let Some(mut w) = self.queues[q].pop() else {
             return false;
         };
+        // Take back what enqueueing counted, before the final phase is narrowed to fit.
+        let queued_seats = w.work.max_seats();
         w.work.fit_final_seats(self.concurrency_limit);
-        let seats = w.work.max_seats();
         self.waiting -= 1;
-        self.seats_waiting -= u64::from(seats);
-        w.description.flow.queued(-1, seats);
+        self.seats_waiting -= u64::from(queued_seats);
+        w.description.flow.queued(-1, queued_seats);
         self.note_activity(q, was_active);
         if w.tx.is_closed() {
             // Its waiter is gone (it can only go under this lock, so this is belt and braces).

@@ -83,10 +83,12 @@ impl Queue {
         Some(w)
     }
 
-    /// Takes out the waiter `id`, if it is still here. A queue is never longer than its
-    /// level's queue length limit (plus what a lowered limit left), so the scan is short.
+    /// Takes out the waiter `id`, if it is still here. A queue can grow past its level's queue
+    /// length limit (kube's queue-full rule applies only while every seat is in use, and a wide
+    /// request at the head can wait with seats free), but ids are handed out in increasing order
+    /// and pushed at the back, so the queue is sorted by id and a binary search finds it.
     pub fn remove(&mut self, id: u64) -> Option<Waiter> {
-        let at = self.waiting.iter().position(|w| w.id == id)?;
+        let at = self.waiting.binary_search_by_key(&id, |w| w.id).ok()?;
         let w = self.waiting.remove(at)?;
         self.deduct(&w);
         Some(w)

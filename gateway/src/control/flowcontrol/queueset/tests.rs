@@ -310,6 +310,55 @@ fn final_seats_are_held_until_released() {
     qs.check();
 }
 
+/// A write watched by many lingers on more seats than the level has; narrowed when it is
+/// dispatched, it must take back from the waiting seats exactly what it added when queued.
+#[test]
+fn a_narrowed_write_leaves_no_seats_waiting() {
+    let (m, mut qs, now) = queue_set(queuing(8, 2, 10), 2);
+    let Started::Admitted(a) = qs.start(now, 1, WorkEstimate::seats(2), description(&m, "r"))
+    else {
+        panic!("not admitted");
+    };
+    let wide = WorkEstimate {
+        initial_seats: 1,
+        final_seats: 5,
+        additional_latency: Duration::from_millis(5),
+    };
+    let Started::Queued { mut rx, .. } = qs.start(now, 2, wide, description(&m, "w")) else {
+        panic!("not queued");
+    };
+    qs.finish(now, &a);
+    let admitted = rx.try_recv().expect("dispatched once the level is free");
+    qs.check();
+    assert_eq!(qs.seats_waiting, 0, "seats still counted as waiting");
+    if let Finished::Linger(d) = qs.finish(now, &admitted) {
+        assert!(d < Duration::from_secs(1), "final phase {d:?}");
+        let flow = description(&m, "w").flow.clone();
+        qs.release_final(now + d, &admitted, &flow);
+    }
+    assert!(qs.is_idle());
+}
+
+/// A level with no seats (lent out whole, or no shares) runs nothing, as kube's does: a request
+/// waits in its queue until it times out. Before, a write watched by many ran at once with its
+/// final phase stretched over zero seats, and held a seat for good.
+#[test]
+fn a_level_with_no_seats_runs_nothing_and_leaks_nothing() {
+    let (m, mut qs, now) = queue_set(queuing(8, 2, 10), 0);
+    let wide = WorkEstimate {
+        initial_seats: 1,
+        final_seats: 2,
+        additional_latency: Duration::from_millis(5),
+    };
+    let Started::Queued { queue, id, rx } = qs.start(now, 1, wide, description(&m, "w")) else {
+        panic!("a level with no seats ran a request");
+    };
+    assert!(qs.cancel(now, queue, id, RejectReason::TimeOut));
+    drop(rx);
+    qs.check();
+    assert!(qs.is_idle());
+}
+
 #[test]
 fn a_cancelled_request_leaves_its_queue() {
     let (m, mut qs, now) = queue_set(queuing(8, 2, 10), 1);
