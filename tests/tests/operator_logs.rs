@@ -1,12 +1,12 @@
 //! What an operator reads in the gateway's log: one warning per change of an APIService's state,
 //! not one per probe or request; one warning and one line back per client of the core when the
 //! core goes away for a while; no colour codes when the log goes to a pipe; a clear error, not a
-//! silent takeover, when two manifest files define the same APIService; and no Forbidden from a
-//! core that is still starting.
+//! silent takeover, when two manifest files define the same APIService; no Forbidden from a
+//! core that is still starting, and one warning, 30 s in, from one that refuses `/readyz` for good.
 
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use e2e::harness::{self, FixtureCore, Gateway, GatewayOptions, Process, DEFAULT_TOKEN};
 use e2e::scenario::{self, Scenario, WARDLE_GROUP};
@@ -408,5 +408,60 @@ async fn a_core_still_starting_is_waited_for_not_logged_as_forbidden() {
         refused.is_empty(),
         "the starting core's refusals were logged:\n{}",
         refused.join("\n")
+    );
+}
+
+/// A core that refuses `/readyz` to the gateway's identity for good (its RBAC binds no
+/// `system:public-info-viewer`) but serves everything else: the gateway cannot tell a starting
+/// core from it, so it holds its watches back for at most 30 s (`REFUSED_READYZ_WAIT`), then
+/// starts them anyway, says so in one warning, and becomes Ready. Without that bound it would
+/// wait for a 2xx forever and never be Ready.
+#[tokio::test]
+async fn a_core_that_refuses_readyz_for_good_is_watched_after_thirty_seconds() {
+    let core = FixtureCore::start(&["--forbid-readyz"])
+        .await
+        .expect("fixture core starts");
+    let gateway = Gateway::start(GatewayOptions::new(core.url()))
+        .await
+        .expect("gateway starts");
+    let started = Instant::now();
+    let client = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
+    let readyz = format!("{}/readyz", gateway.url());
+    let ready = || async {
+        harness::get(&client, &readyz)
+            .await
+            .is_ok_and(|(status, _, _)| status == StatusCode::OK)
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !ready().await,
+        "Ready before its watches could start:\n{}",
+        gateway.process.logs()
+    );
+    assert!(
+        harness::wait_until(Duration::from_secs(45), ready).await,
+        "not Ready {:?} after start against a core that refuses /readyz:\n{}",
+        started.elapsed(),
+        gateway.process.logs()
+    );
+    let waited = started.elapsed();
+    // The bound starts at the first refused probe, a moment after the gateway listens.
+    assert!(
+        waited >= Duration::from_secs(25),
+        "Ready after {waited:?}: the watches did not wait for the core"
+    );
+    eprintln!("Ready {waited:?} after start against a core that refuses /readyz");
+
+    let lines: Vec<Value> = gateway
+        .process
+        .lines()
+        .iter()
+        .filter_map(|l| serde_json::from_str(&l.text).ok())
+        .collect();
+    let said = lines_at(&lines, "WARN", "refused /readyz");
+    assert_eq!(
+        said.len(),
+        1,
+        "one warning that the watches start without /readyz, got {said:#?}"
     );
 }

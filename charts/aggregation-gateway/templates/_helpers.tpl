@@ -148,8 +148,10 @@ availability controller does. */}}
 {{- if .Values.authorization.webhook.enabled }}
 {{- $rules = append $rules (dict "apiGroups" (list "authorization.k8s.io") "resources" (list "subjectaccessreviews") "verbs" (list "create")) }}
 {{- end }}
-{{- /* API Priority and Fairness reads the core's configuration (kube source only; read only). */}}
-{{- if and (eq .Values.apiServices.source "kube") .Values.limits.enablePriorityAndFairness }}
+{{- /* API Priority and Fairness reads the core's configuration (kube source only; read only).
+extraConfig wins over limits in the config file, so it does here too. */}}
+{{- $apf := ne (toString (dig "enablePriorityAndFairness" .Values.limits.enablePriorityAndFairness .Values.extraConfig)) "false" }}
+{{- if and (eq .Values.apiServices.source "kube") $apf }}
 {{- $rules = append $rules (dict "apiGroups" (list "flowcontrol.apiserver.k8s.io") "resources" (list "flowschemas" "prioritylevelconfigurations") "verbs" (list "get" "list" "watch")) }}
 {{- end }}
 {{- if $rules }}{{ toYaml $rules }}{{ end }}

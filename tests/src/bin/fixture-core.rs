@@ -64,6 +64,9 @@ struct Args {
     /// `POST /fixture/ready`.
     #[arg(long)]
     starting: bool,
+    /// Answer /readyz with 403 for good, as a core whose RBAC does not let anyone read it.
+    #[arg(long)]
+    forbid_readyz: bool,
 }
 
 fn load_seed(path: Option<&PathBuf>) -> Result<Vec<Value>, String> {
@@ -103,6 +106,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     config.goaway_anonymous_http2 = args.goaway_anonymous_http2;
     config.forbid_list = args.forbid_list;
     config.starting = args.starting;
+    config.forbid_readyz = args.forbid_readyz;
     for group in &args.groups {
         let (name, versions) = group
             .split_once('=')

@@ -219,6 +219,27 @@ fn rbac_grants_exactly_the_verbs_the_gateway_uses_where_its_identity_is_authoriz
                 .collect(),
             core: none(),
         },
+        // extraConfig wins over limits in the config file; the rules follow what the gateway runs.
+        Case {
+            name: "priority and fairness off by extraConfig",
+            example: None,
+            sets: &["extraConfig.enablePriorityAndFairness=false"],
+            host: every_rule()
+                .into_iter()
+                .filter(|r| *r != watch_flowcontrol())
+                .collect(),
+            core: none(),
+        },
+        Case {
+            name: "priority and fairness on by extraConfig over limits",
+            example: None,
+            sets: &[
+                "limits.enablePriorityAndFairness=false",
+                "extraConfig.enablePriorityAndFairness=true",
+            ],
+            host: every_rule(),
+            core: none(),
+        },
         // The ServiceAccount is never presented, so it gets nothing.
         Case {
             name: "the host's API server, but as whoever the token Secret holds",

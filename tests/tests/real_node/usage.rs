@@ -40,6 +40,8 @@ pub async fn run(label: &str, installed: &Installed<'_>) -> Vec<String> {
                     ONLY,
                     installed,
                     checks![
+                        "priority and fairness on in the gateway, by the core's configuration" =>
+                            priority_and_fairness_follows_the_core,
                         "rollout restart, helm upgrade and drain (PDB) under kubectl and watch load lose no request" =>
                             day2::restart_upgrade_drain_under_load,
                     ],
@@ -54,6 +56,8 @@ pub async fn run(label: &str, installed: &Installed<'_>) -> Vec<String> {
                     ONLY,
                     installed,
                     checks![
+                        "priority and fairness on in the gateway, by the core's configuration" =>
+                            priority_and_fairness_follows_the_core,
                         "rollout restart, helm upgrade and drain (PDB) under kubectl and watch load lose no request" =>
                             day2::restart_upgrade_drain_under_load,
                         "the core outlives the gateway's drain" => day2::core_outlives_the_drain,
@@ -224,4 +228,54 @@ async fn merged_discovery(installed: &Installed<'_>) {
             }
         }
     }
+}
+
+/// The chart turns API Priority and Fairness on (`limits.enablePriorityAndFairness`) and lets the
+/// gateway read the core's FlowSchemas and PriorityLevelConfigurations: a priority level created
+/// on the core shows up in every replica's own `apiserver_flowcontrol_*` metrics (told from the
+/// core's by the gateway's `aggregation_gateway_*` families in the same document). With the
+/// watch refused, the gateway would keep kube's built-in levels and never list this one.
+async fn priority_and_fairness_follows_the_core(installed: &Installed<'_>) {
+    const LEVEL: &str = "real-node-apf-check";
+    let k = &installed.kubectl;
+    k.apply_yaml(&format!(
+        "apiVersion: flowcontrol.apiserver.k8s.io/v1\nkind: PriorityLevelConfiguration\n\
+         metadata: {{name: {LEVEL}}}\n\
+         spec: {{type: Limited, limited: {{nominalConcurrencyShares: 1, \
+         limitResponse: {{type: Reject}}}}}}\n"
+    ))
+    .await;
+    let series = format!("apiserver_flowcontrol_nominal_limit_seats{{priority_level=\"{LEVEL}\"}}");
+    let has_level = |metrics: &str| {
+        metrics.contains("aggregation_gateway_") && metrics.lines().any(|l| l.starts_with(&series))
+    };
+    // The Service spreads the requests over the replicas: every answer in a row must have it.
+    let in_a_row = std::cell::Cell::new(0);
+    let seen = wait_until(Duration::from_secs(20), || async {
+        let out = k.run(&["get", "--raw", "/metrics"]).await;
+        let listed = out.success() && has_level(&out.stdout);
+        in_a_row.set(if listed { in_a_row.get() + 1 } else { 0 });
+        in_a_row.get() >= 8
+    })
+    .await;
+    let last = k.run(&["get", "--raw", "/metrics"]).await;
+    let _ = k
+        .run(&[
+            "delete",
+            "prioritylevelconfiguration",
+            LEVEL,
+            "--ignore-not-found",
+        ])
+        .await;
+    let flowcontrol: Vec<&str> = last
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("apiserver_flowcontrol_nominal_limit_seats"))
+        .collect();
+    assert!(
+        seen,
+        "the gateway's metrics never listed the core's new priority level {LEVEL} in 8 answers \
+         in a row (APF off, or the FlowSchema/PLC watch refused); last answer's levels:\n{}",
+        flowcontrol.join("\n")
+    );
 }
