@@ -138,8 +138,13 @@ fn shell_words(rule: &str) -> Vec<String> {
     let mut words = Vec::new();
     let mut current = String::new();
     let mut quoted = false;
-    for c in rule.chars() {
+    let mut chars = rule.chars();
+    while let Some(c) = chars.next() {
         match c {
+            // iptables -S escapes a quote inside a quoted comment (the CNI plugins' `name:
+            // \"real-node\" id: \"...\"`); taken as a toggle, the rule was never deleted and its
+            // chain stayed behind.
+            '\\' if quoted => current.extend(chars.next()),
             '"' => quoted = !quoted,
             ' ' if !quoted => {
                 if !current.is_empty() {
@@ -180,6 +185,25 @@ pub fn output(program: &str, args: &[&str]) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cni_rule_with_escaped_quotes_splits_as_the_shell_would() {
+        let rule = r#"POSTROUTING -s 10.244.0.2/32 -m comment --comment "name: \"real-node\" id: \"b209\"" -j CNI-0379"#;
+        assert_eq!(
+            shell_words(rule),
+            [
+                "POSTROUTING",
+                "-s",
+                "10.244.0.2/32",
+                "-m",
+                "comment",
+                "--comment",
+                r#"name: "real-node" id: "b209""#,
+                "-j",
+                "CNI-0379",
+            ]
+        );
+    }
 
     #[test]
     fn iptables_rules_split_with_quoted_comments() {
