@@ -16,9 +16,9 @@
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
+use std::future::Future;
 use std::io::Write;
 use std::net::IpAddr;
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::task::{ready, Context, Poll};
@@ -410,7 +410,9 @@ where
 
     fn call(&mut self, req: Request) -> Self::Future {
         let ext = req.extensions();
-        let long_running = ext.get::<Arc<RequestInfo>>().is_some_and(|i| i.long_running);
+        let long_running = ext
+            .get::<Arc<RequestInfo>>()
+            .is_some_and(|i| i.long_running);
         if let Some(CaptureSlot(slot)) = ext.get::<CaptureSlot>() {
             if let Some(auth) = ext.get::<Authenticated>() {
                 let _ = slot

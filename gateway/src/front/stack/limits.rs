@@ -216,9 +216,8 @@ where
         // A chunked body has no length up front: it is cut at the limit, and the failure it
         // causes downstream (the backend's request fails) is answered as the 413 it is. A body
         // already at its end (a GET's) has nothing to cut.
-        let chunked = declared.is_none()
-            && max_body > 0
-            && !http_body::Body::is_end_stream(req.body());
+        let chunked =
+            declared.is_none() && max_body > 0 && !http_body::Body::is_end_stream(req.body());
         if guard.is_none() && !chunked {
             return Either::Left(self.inner.call(req));
         }

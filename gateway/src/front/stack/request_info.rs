@@ -92,9 +92,10 @@ where
                 req.extensions_mut().insert(Arc::new(info));
                 Either::Left(self.inner.call(req))
             }
-            Err(message) => Either::Right(std::future::ready(Err(
-                GatewayError::BadRequest(message).into()
-            ))),
+            Err(message) => Either::Right(std::future::ready(Err(GatewayError::BadRequest(
+                message,
+            )
+            .into()))),
         }
     }
 }

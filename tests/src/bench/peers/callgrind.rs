@@ -96,9 +96,8 @@ impl Callgrind {
                 )
             })?;
         let text = std::fs::read_to_string(&newest.1)?;
-        let instructions = summary(&text).ok_or_else(|| {
-            format!("no summary line in callgrind's dump {}", newest.1.display())
-        })?;
+        let instructions = summary(&text)
+            .ok_or_else(|| format!("no summary line in callgrind's dump {}", newest.1.display()))?;
         Ok(Counts {
             instructions,
             allocations: allocations(&text),
