@@ -24,6 +24,12 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::TRANSFER_ENCODING,
 ];
 
+/// The forwarding headers the backends get. Constants, so inserting one does not copy its name
+/// (a `&str` name is copied into a new `HeaderName` on every insert).
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+
 /// True when the client asks to switch protocols (`Connection: Upgrade` plus `Upgrade`).
 pub fn is_upgrade(headers: &HeaderMap) -> bool {
     headers.contains_key(header::UPGRADE)
@@ -104,21 +110,37 @@ pub fn prepare_request(req: &mut Request, upstream: &Upstream, client: Option<So
     strip_hop_by_hop(headers, upgrade);
     headers.remove(header::HOST);
     if let Some(addr) = client {
-        let ip = addr.ip().to_string();
-        let value = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
-            Some(prior) if !prior.is_empty() => format!("{prior}, {ip}"),
-            _ => ip,
-        };
-        if let Ok(v) = HeaderValue::from_str(&value) {
-            headers.insert("x-forwarded-for", v);
+        if let Some(v) = forwarded_for(headers.get(&X_FORWARDED_FOR), addr.ip()) {
+            headers.insert(X_FORWARDED_FOR, v);
         }
     }
-    headers.insert("x-forwarded-proto", HeaderValue::from_static("https"));
+    headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("https"));
     if let Some(host) = original_host {
-        headers.insert("x-forwarded-host", host);
+        headers.insert(X_FORWARDED_HOST, host);
     }
     // The gateway's span becomes the backend's parent (only when the request is traced).
     crate::otel::propagate(req);
+}
+
+/// `X-Forwarded-For` with `ip` appended to what the client sent (an empty or non-text value is
+/// replaced). Formatted on the stack: the header value is the request's only allocation here.
+fn forwarded_for(prior: Option<&HeaderValue>, ip: std::net::IpAddr) -> Option<HeaderValue> {
+    use std::io::Write as _;
+    let mut own = [0u8; 48];
+    let mut cursor = std::io::Cursor::new(&mut own[..]);
+    write!(cursor, "{ip}").ok()?;
+    let len = cursor.position() as usize;
+    let own = &own[..len];
+    match prior.and_then(|v| v.to_str().ok()) {
+        Some(prior) if !prior.is_empty() => {
+            let mut value = Vec::with_capacity(prior.len() + 2 + own.len());
+            value.extend_from_slice(prior.as_bytes());
+            value.extend_from_slice(b", ");
+            value.extend_from_slice(own);
+            HeaderValue::from_maybe_shared(bytes::Bytes::from(value)).ok()
+        }
+        _ => HeaderValue::from_bytes(own).ok(),
+    }
 }
 
 /// Cleans a backend response for the client: hop-by-hop headers go, except on a 101 where the

@@ -111,7 +111,7 @@ impl Service<Request> for Router {
                 return Ok(tagged(resp, RoutedTo::Gateway));
             }
             let client = req.extensions().get::<ConnInfo>().map(|c| c.remote);
-            let info = req.extensions().get::<RequestInfo>();
+            let info = req.extensions().get::<Arc<RequestInfo>>().map(|i| &**i);
             let long_running = info.is_some_and(|i| i.long_running);
             // A CRD or APIService written through us: the core's discovery follows at once.
             let core_discovery_write =

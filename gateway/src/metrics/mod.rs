@@ -5,6 +5,7 @@
 
 pub mod known_resources;
 pub mod request_labels;
+mod series;
 
 use prometheus::{
     HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
@@ -83,6 +84,8 @@ pub struct Metrics {
     pub openapi_v2_regeneration_count: IntCounterVec,
     /// kube-aggregator's: seconds the last rebuild took, by reason.
     pub openapi_v2_regeneration_duration: prometheus::GaugeVec,
+    /// The request families' series by label set, resolved once (see [`series`]).
+    series: series::SeriesCache,
 }
 
 /// One finished request, as the access log saw it.
@@ -161,6 +164,7 @@ impl Metrics {
             },
             inflight_limit: gauge(&registry, "aggregation_gateway_max_inflight_requests", "The in-flight limit of apiserver_current_inflight_requests by request_kind (--max-requests-inflight, --max-mutating-requests-inflight); absent when unlimited", &["request_kind"]),
             registry,
+            series: series::SeriesCache::default(),
         }
     }
 
@@ -177,10 +181,20 @@ impl Metrics {
         let n = &labels.names;
         let (group, version, resource, subresource) =
             (&*n.group, &*n.version, &*n.resource, &*n.subresource);
-        let code = code.as_str();
+        let code_label = code.as_str();
         let seconds = elapsed.as_secs_f64();
-        self.requests
-            .with_label_values(&[
+        let key = series::SeriesKey {
+            verb: labels.verb,
+            dry_run: labels.dry_run,
+            names: n,
+            scope: labels.scope,
+            component,
+            system_client: labels.system_client,
+            target,
+            code: code.as_u16(),
+        };
+        let resolve = || series::Series {
+            requests: self.requests.with_label_values(&[
                 labels.verb,
                 labels.dry_run,
                 group,
@@ -189,12 +203,10 @@ impl Metrics {
                 subresource,
                 labels.scope,
                 component,
-                code,
+                code_label,
                 labels.system_client,
-            ])
-            .inc();
-        self.duration
-            .with_label_values(&[
+            ]),
+            duration: self.duration.with_label_values(&[
                 labels.verb,
                 labels.dry_run,
                 group,
@@ -203,10 +215,8 @@ impl Metrics {
                 subresource,
                 labels.scope,
                 component,
-            ])
-            .observe(seconds);
-        self.sli_duration
-            .with_label_values(&[
+            ]),
+            sli_duration: self.sli_duration.with_label_values(&[
                 labels.verb,
                 group,
                 version,
@@ -214,8 +224,23 @@ impl Metrics {
                 subresource,
                 labels.scope,
                 component,
-            ])
-            .observe(seconds);
+            ]),
+            gateway_requests: self.gateway_requests.with_label_values(&[
+                labels.verb,
+                target,
+                code_label,
+            ]),
+            gateway_duration: self
+                .gateway_duration
+                .with_label_values(&[labels.verb, target]),
+        };
+        self.series.with(&key, resolve, |series| {
+            series.requests.inc();
+            series.duration.observe(seconds);
+            series.sli_duration.observe(seconds);
+            series.gateway_requests.inc();
+            series.gateway_duration.observe(seconds);
+        });
         if terminated {
             self.terminations
                 .with_label_values(&[
@@ -226,16 +251,10 @@ impl Metrics {
                     subresource,
                     labels.scope,
                     component,
-                    code,
+                    code_label,
                 ])
                 .inc();
         }
-        self.gateway_requests
-            .with_label_values(&[labels.verb, target, code])
-            .inc();
-        self.gateway_duration
-            .with_label_values(&[labels.verb, target])
-            .observe(seconds);
     }
 
     /// The registry, for families registered elsewhere (`apiserver_flowcontrol_*`), so that one
@@ -306,5 +325,77 @@ mod tests {
         ] {
             assert!(text.contains(series), "{series} missing from\n{text}");
         }
+    }
+
+    fn get_pods(names: ResourceLabels) -> RequestLabels {
+        RequestLabels {
+            verb: "GET",
+            dry_run: "",
+            names,
+            scope: "resource",
+            system_client: "",
+        }
+    }
+
+    fn pods() -> ResourceLabels {
+        ResourceLabels {
+            group: Arc::from(""),
+            version: Arc::from("v1"),
+            resource: Arc::from("pods"),
+            subresource: Arc::from(""),
+        }
+    }
+
+    fn observe(m: &Metrics, labels: &RequestLabels, target: &str, code: u16) {
+        m.observe(Observed {
+            labels,
+            component: APISERVER,
+            target,
+            code: http::StatusCode::from_u16(code).unwrap(),
+            elapsed: Duration::from_millis(1),
+            terminated: false,
+        });
+    }
+
+    /// Kept series (see `series`) count into the same series as a fresh lookup: the same names
+    /// from a rebuilt discovery index (new `Arc`s) and the same labels again add up; another
+    /// code or target is a series of its own.
+    #[test]
+    fn requests_with_the_same_labels_count_in_one_series() {
+        let m = Metrics::new();
+        let first = get_pods(pods());
+        observe(&m, &first, "core", 200);
+        observe(&m, &first, "core", 200);
+        observe(&m, &get_pods(pods()), "core", 200);
+        observe(&m, &first, "core", 404);
+        observe(&m, &first, "gateway", 200);
+        let text = m.encode();
+        for series in [
+            // kube's family has no target label: the request the gateway answered counts here too.
+            r#"apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="pods",scope="resource",subresource="",system_client="",verb="GET",version="v1"} 4"#,
+            r#"apiserver_request_total{code="404",component="apiserver",dry_run="",group="",resource="pods",scope="resource",subresource="",system_client="",verb="GET",version="v1"} 1"#,
+            r#"apiserver_request_duration_seconds_count{component="apiserver",dry_run="",group="",resource="pods",scope="resource",subresource="",verb="GET",version="v1"} 5"#,
+            r#"aggregation_gateway_requests_total{code="200",target="core",verb="GET"} 3"#,
+            r#"aggregation_gateway_requests_total{code="200",target="gateway",verb="GET"} 1"#,
+            r#"aggregation_gateway_request_duration_seconds_count{target="core",verb="GET"} 4"#,
+        ] {
+            assert!(text.contains(series), "{series} missing from\n{text}");
+        }
+    }
+
+    /// Past its bound the cache starts over, and nothing is lost: every request is counted.
+    #[test]
+    fn a_full_series_cache_still_counts_every_request() {
+        let m = Metrics::new();
+        // Each rebuilt index is a new key to the cache; more of them than it keeps.
+        for _ in 0..(series::MAX_SERIES + 10) {
+            observe(&m, &get_pods(pods()), "core", 200);
+        }
+        let text = m.encode();
+        let expected = format!(
+            r#"apiserver_request_total{{code="200",component="apiserver",dry_run="",group="",resource="pods",scope="resource",subresource="",system_client="",verb="GET",version="v1"}} {}"#,
+            series::MAX_SERIES + 10
+        );
+        assert!(text.contains(&expected), "{expected} missing from\n{text}");
     }
 }

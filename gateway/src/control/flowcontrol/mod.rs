@@ -125,7 +125,7 @@ impl FlowControl {
     pub fn admit(
         &self,
         user: &Arc<UserInfo>,
-        info: &RequestInfo,
+        info: &Arc<RequestInfo>,
         query: &str,
         timeout: Option<Duration>,
     ) -> Decision {

@@ -26,7 +26,12 @@ fn user(name: &str, groups: &[&str]) -> Arc<UserInfo> {
 
 fn admit(fc: &FlowControl, u: &Arc<UserInfo>, method: Method, target: &str) -> Decision {
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
-    fc.admit(u, &parse(&method, path, query).unwrap(), query, None)
+    fc.admit(
+        u,
+        &Arc::new(parse(&method, path, query).unwrap()),
+        query,
+        None,
+    )
 }
 
 /// The experiment in miniature: a user floods, a ServiceAccount asks now and then.

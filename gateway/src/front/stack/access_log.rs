@@ -2,14 +2,18 @@
 //! request metrics. Measured to response headers: for a watch that is when the stream starts.
 
 use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::Instant;
 
+use http::uri::PathAndQuery;
+use http::{Method, Version};
 use tower::layer::layer_fn;
 use tower::{Layer, Service};
 
-use crate::body::BoxFuture;
 use crate::body::{Request, Response};
 use crate::control::discovery::DiscoveryCache;
 use crate::error::Terminated;
@@ -40,11 +44,10 @@ impl<S> AccessLog<S> {
 impl<S> Service<Request> for AccessLog<S>
 where
     S: Service<Request, Response = Response, Error = Infallible> + Clone + Send + 'static,
-    S::Future: Send,
 {
     type Response = Response;
     type Error = Infallible;
-    type Future = BoxFuture<Result<Response, Infallible>>;
+    type Future = Logged<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         self.inner.poll_ready(cx)
@@ -74,34 +77,83 @@ where
             req.headers(),
             &self.discovery.known_resources(),
         );
-        let fut = self.inner.call(req);
-        let metrics = self.metrics.clone();
-        Box::pin(async move {
-            let Ok(resp) = fut.await;
-            let elapsed = start.elapsed();
-            let routed = resp.extensions().get::<RoutedTo>();
-            let target = routed.map_or("gateway", RoutedTo::label);
-            let code = resp.status().as_u16();
-            metrics.observe(Observed {
-                labels: &labels,
-                component: routed.map_or(APISERVER, RoutedTo::component),
-                target,
-                code: resp.status(),
-                elapsed,
-                terminated: resp.extensions().get::<Terminated>().is_some(),
-            });
-            tracing::info!(
-                target: "access",
-                method = %method,
-                uri = uri.as_ref().map_or("", |p| p.as_str()),
-                status = code,
-                duration_ms = elapsed.as_secs_f64() * 1000.0,
-                routed = %target,
-                client = ?client,
-                protocol = ?version,
-                "request"
-            );
-            Ok(resp)
-        })
+        Logged {
+            inner: self.inner.call(req),
+            request: Some(Logging {
+                start,
+                method,
+                uri,
+                client,
+                version,
+                labels,
+                metrics: self.metrics.clone(),
+            }),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The inner future; its response is counted and logged when it is ready. A named type, not
+    /// a boxed `async` block: the box was an allocation and a copy of the whole stack's future
+    /// for every request.
+    pub struct Logged<F> {
+        #[pin]
+        inner: F,
+        request: Option<Logging>,
+    }
+}
+
+/// What the log line and the metrics need from the request.
+struct Logging {
+    start: Instant,
+    method: Method,
+    uri: Option<PathAndQuery>,
+    client: Option<SocketAddr>,
+    version: Version,
+    labels: RequestLabels,
+    metrics: Arc<Metrics>,
+}
+
+impl<F> Future for Logged<F>
+where
+    F: Future<Output = Result<Response, Infallible>>,
+{
+    type Output = Result<Response, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let Ok(resp) = ready!(this.inner.poll(cx));
+        if let Some(request) = this.request.take() {
+            request.log(&resp);
+        }
+        Poll::Ready(Ok(resp))
+    }
+}
+
+impl Logging {
+    fn log(self, resp: &Response) {
+        let elapsed = self.start.elapsed();
+        let routed = resp.extensions().get::<RoutedTo>();
+        let target = routed.map_or("gateway", RoutedTo::label);
+        let code = resp.status().as_u16();
+        self.metrics.observe(Observed {
+            labels: &self.labels,
+            component: routed.map_or(APISERVER, RoutedTo::component),
+            target,
+            code: resp.status(),
+            elapsed,
+            terminated: resp.extensions().get::<Terminated>().is_some(),
+        });
+        tracing::info!(
+            target: "access",
+            method = %self.method,
+            uri = self.uri.as_ref().map_or("", |p| p.as_str()),
+            status = code,
+            duration_ms = elapsed.as_secs_f64() * 1000.0,
+            routed = %target,
+            client = ?self.client,
+            protocol = ?self.version,
+            "request"
+        );
     }
 }

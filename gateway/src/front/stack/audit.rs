@@ -16,11 +16,15 @@
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
+use std::future::Future;
 use std::io::Write;
 use std::net::IpAddr;
+use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::Instant;
+
+use futures::future::Either;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 use k8s_openapi::jiff::Timestamp;
@@ -280,7 +284,8 @@ where
 {
     type Response = Response;
     type Error = Infallible;
-    type Future = BoxFuture<Result<Response, Infallible>>;
+    /// Without an audit sink (the default) a named future that only adds the Audit-ID.
+    type Future = Either<WithAuditId<S::Future>, BoxFuture<Result<Response, Infallible>>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         self.inner.poll_ready(cx)
@@ -289,11 +294,9 @@ where
     fn call(&mut self, mut req: Request) -> Self::Future {
         let audit_id = ensure_audit_id(req.headers_mut());
         let Some(sink) = self.sink.clone() else {
-            let fut = self.inner.call(req);
-            return Box::pin(async move {
-                let Ok(mut resp) = fut.await;
-                resp.headers_mut().insert(AUDIT_ID, audit_id);
-                Ok(resp)
+            return Either::Left(WithAuditId {
+                inner: self.inner.call(req),
+                audit_id: Some(audit_id),
             });
         };
         let started = Instant::now();
@@ -314,7 +317,7 @@ where
             .map(str::to_owned);
         let method_verb = req.method().as_str().to_ascii_lowercase();
         let fut = self.inner.call(req);
-        Box::pin(async move {
+        Either::Right(Box::pin(async move {
             let Ok(mut resp) = fut.await;
             resp.headers_mut().insert(AUDIT_ID, audit_id.clone());
             let (user, impersonated) = match captured.user.get() {
@@ -370,7 +373,7 @@ where
                 return Ok(resp);
             }
             Ok(resp.map(|b| body::with_guard(b, pending)))
-        })
+        }))
     }
 }
 
@@ -399,7 +402,7 @@ where
 {
     type Response = Response;
     type Error = BoxError;
-    type Future = BoxFuture<Result<Response, BoxError>>;
+    type Future = MarkLongRunning<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         self.inner.poll_ready(cx)
@@ -407,7 +410,9 @@ where
 
     fn call(&mut self, req: Request) -> Self::Future {
         let ext = req.extensions();
-        let long_running = ext.get::<RequestInfo>().is_some_and(|i| i.long_running);
+        let long_running = ext
+            .get::<Arc<RequestInfo>>()
+            .is_some_and(|i| i.long_running);
         if let Some(CaptureSlot(slot)) = ext.get::<CaptureSlot>() {
             if let Some(auth) = ext.get::<Authenticated>() {
                 let _ = slot
@@ -416,18 +421,64 @@ where
             } else if let Some(user) = ext.get::<Arc<UserInfo>>() {
                 let _ = slot.user.set((user.clone(), None));
             }
-            if let Some(info) = ext.get::<RequestInfo>() {
+            if let Some(info) = ext.get::<Arc<RequestInfo>>() {
                 let _ = slot.verb.set(info.verb.clone());
             }
         }
-        let fut = self.inner.call(req);
-        Box::pin(async move {
-            let mut resp = fut.await?;
-            if long_running {
-                resp.extensions_mut().insert(LongRunning);
-            }
-            Ok(resp)
-        })
+        MarkLongRunning {
+            inner: self.inner.call(req),
+            long_running,
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The inner future; its response carries the Audit-ID header.
+    pub struct WithAuditId<F> {
+        #[pin]
+        inner: F,
+        audit_id: Option<HeaderValue>,
+    }
+}
+
+impl<F> Future for WithAuditId<F>
+where
+    F: Future<Output = Result<Response, Infallible>>,
+{
+    type Output = Result<Response, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let Ok(mut resp) = ready!(this.inner.poll(cx));
+        if let Some(audit_id) = this.audit_id.take() {
+            resp.headers_mut().insert(AUDIT_ID, audit_id);
+        }
+        Poll::Ready(Ok(resp))
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The inner future; the response of a long-running request is marked [`LongRunning`].
+    pub struct MarkLongRunning<F> {
+        #[pin]
+        inner: F,
+        long_running: bool,
+    }
+}
+
+impl<F> Future for MarkLongRunning<F>
+where
+    F: Future<Output = Result<Response, BoxError>>,
+{
+    type Output = Result<Response, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let mut resp = ready!(this.inner.poll(cx))?;
+        if *this.long_running {
+            resp.extensions_mut().insert(LongRunning);
+        }
+        Poll::Ready(Ok(resp))
     }
 }
 

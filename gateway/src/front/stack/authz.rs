@@ -33,6 +33,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use apiservice::route_table::Lookup;
+use futures::future::Either;
 use http::{Method, StatusCode};
 use tower::layer::layer_fn;
 use tower::{Layer, Service};
@@ -100,7 +101,7 @@ impl Authorizer {
     /// the routing snapshot the decision was made on, for the router.
     fn applies(&self, req: &mut Request) -> bool {
         // The decoded path, as the router matches routes on it (see `router`).
-        let path = match req.extensions().get::<RequestInfo>() {
+        let path = match req.extensions().get::<Arc<RequestInfo>>() {
             Some(info) => info.path.as_str(),
             None => req.uri().path(),
         };
@@ -182,7 +183,9 @@ where
 {
     type Response = Response;
     type Error = BoxError;
-    type Future = BoxFuture<Result<Response, BoxError>>;
+    /// A request no review applies to (most: everything that falls through to the core) is
+    /// the inner call itself, with no future of this layer's own.
+    type Future = Either<S::Future, BoxFuture<Result<Response, BoxError>>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         self.inner.poll_ready(cx)
@@ -190,17 +193,17 @@ where
 
     fn call(&mut self, mut req: Request) -> Self::Future {
         let Some(authorizer) = self.authorizer.as_ref().filter(|a| a.applies(&mut req)) else {
-            return Box::pin(self.inner.call(req));
+            return Either::Left(self.inner.call(req));
         };
         let authorizer = authorizer.clone();
         let mut inner = take_inner(&mut self.inner);
-        Box::pin(async move {
+        Either::Right(Box::pin(async move {
             let user: &UserInfo = req
                 .extensions()
                 .get::<Arc<UserInfo>>()
                 .unwrap_or(UserInfo::shared_anonymous());
             let fallback;
-            let info = match req.extensions().get::<RequestInfo>() {
+            let info = match req.extensions().get::<Arc<RequestInfo>>() {
                 Some(i) => i,
                 None => {
                     fallback = RequestInfo {
@@ -261,7 +264,7 @@ where
                     reason: decision.reason,
                 },
             ))
-        })
+        }))
     }
 }
 

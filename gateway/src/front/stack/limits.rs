@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use apiservice::route_table::Lookup;
+use futures::future::Either;
 use http::header::CONTENT_LENGTH;
 use http::Method;
 use http_body_util::Limited;
@@ -170,17 +171,19 @@ where
 {
     type Response = Response;
     type Error = BoxError;
-    type Future = BoxFuture<Result<Response, BoxError>>;
+    /// A request with nothing to watch (no in-flight slot, no chunked body: with priority and
+    /// fairness on, every GET) is the inner call itself, with no future of this layer's own.
+    type Future = Either<S::Future, BoxFuture<Result<Response, BoxError>>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, req: Request) -> Self::Future {
-        let info = req.extensions().get::<RequestInfo>();
+        let info = req.extensions().get::<Arc<RequestInfo>>().map(|i| &**i);
         let long_running = info.is_some_and(|i| i.long_running);
         if long_running || is_probe(&req) {
-            return Box::pin(self.inner.call(req));
+            return Either::Left(self.inner.call(req));
         }
         let mutating = info.is_some_and(|i| i.is_mutating());
         let limits = &self.limits;
@@ -200,20 +203,26 @@ where
             limits.max_body
         };
         if max_body > 0 && declared.is_some_and(|n| n > max_body) {
-            return too_large(max_body);
+            return Either::Right(too_large(max_body));
         }
         let guard = if limits.inflight {
             match limits.take_slot(mutating) {
                 Ok(guard) => Some(guard),
-                Err(refused) => return Box::pin(async move { Err(refused.into()) }),
+                Err(refused) => return Either::Right(Box::pin(async move { Err(refused.into()) })),
             }
         } else {
             None
         };
         // A chunked body has no length up front: it is cut at the limit, and the failure it
-        // causes downstream (the backend's request fails) is answered as the 413 it is.
+        // causes downstream (the backend's request fails) is answered as the 413 it is. A body
+        // already at its end (a GET's) has nothing to cut.
+        let chunked =
+            declared.is_none() && max_body > 0 && !http_body::Body::is_end_stream(req.body());
+        if guard.is_none() && !chunked {
+            return Either::Left(self.inner.call(req));
+        }
         let overflow = Arc::new(AtomicBool::new(false));
-        let req = if declared.is_none() && max_body > 0 {
+        let req = if chunked {
             let seen = overflow.clone();
             req.map(|b| {
                 body::boxed(OverflowSeen {
@@ -225,7 +234,7 @@ where
             req
         };
         let fut = self.inner.call(req);
-        Box::pin(async move {
+        Either::Right(Box::pin(async move {
             let result = fut.await;
             if overflow.load(Ordering::Acquire) {
                 drop(result);
@@ -236,7 +245,7 @@ where
                 Some(guard) => resp.map(|b| body::with_guard(b, guard)),
                 None => resp,
             })
-        })
+        }))
     }
 }
 

@@ -107,7 +107,7 @@ where
 
     fn call(&mut self, req: Request) -> Self::Future {
         // The request-info layer above answers a request it cannot parse itself.
-        let Some(info) = req.extensions().get::<RequestInfo>() else {
+        let Some(info) = req.extensions().get::<Arc<RequestInfo>>() else {
             return Box::pin(self.inner.call(req));
         };
         let is_watch = info.verb == "watch";
@@ -209,10 +209,10 @@ impl Shared {
 }
 
 /// What flow control reads of a request that passed the request-info layer.
-fn parts(req: &Request) -> (&RequestInfo, &Arc<UserInfo>, &str) {
+fn parts(req: &Request) -> (&Arc<RequestInfo>, &Arc<UserInfo>, &str) {
     let info = req
         .extensions()
-        .get::<RequestInfo>()
+        .get::<Arc<RequestInfo>>()
         .expect("checked before the request was classified");
     let user = req
         .extensions()

@@ -15,7 +15,8 @@ use apiservice::route_table::Lookup;
 use tower::layer::layer_fn;
 use tower::{Layer, Service};
 
-use crate::body::BoxFuture;
+use futures::future::Either;
+
 use crate::body::{BoxError, Request, Response};
 use crate::control::apiservices::Routing;
 use crate::error::GatewayError;
@@ -60,7 +61,8 @@ where
 {
     type Response = Response;
     type Error = BoxError;
-    type Future = BoxFuture<Result<Response, BoxError>>;
+    /// The inner call itself: a parsed request costs no future of this layer's own.
+    type Future = Either<S::Future, std::future::Ready<Result<Response, BoxError>>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         self.inner.poll_ready(cx)
@@ -85,10 +87,15 @@ where
                         info.long_running = declared_long_running(routing, &info);
                     }
                 }
-                req.extensions_mut().insert(info);
-                Box::pin(self.inner.call(req))
+                // Shared: priority and fairness keeps it for its debug dumps, as long as the
+                // request waits or runs, without copying its strings.
+                req.extensions_mut().insert(Arc::new(info));
+                Either::Left(self.inner.call(req))
             }
-            Err(message) => Box::pin(async move { Err(GatewayError::BadRequest(message).into()) }),
+            Err(message) => Either::Right(std::future::ready(Err(GatewayError::BadRequest(
+                message,
+            )
+            .into()))),
         }
     }
 }
@@ -106,8 +113,8 @@ mod tests {
         let inner = tower::service_fn(|req: Request| async move {
             let info = req
                 .extensions()
-                .get::<crate::request_info::RequestInfo>()
-                .cloned();
+                .get::<Arc<crate::request_info::RequestInfo>>()
+                .map(|i| (**i).clone());
             let mut resp = Response::new(body::empty());
             resp.extensions_mut().insert(info);
             Ok::<_, BoxError>(resp)

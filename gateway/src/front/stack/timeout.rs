@@ -15,16 +15,17 @@
 //! request can name.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
+use futures::future::Either;
 use tokio::sync::Notify;
-use tokio::time::Instant;
+use tokio::time::{Instant, Timeout};
 use tower::layer::layer_fn;
 use tower::{Layer, Service};
 
-use crate::body::BoxFuture;
 use crate::body::{BoxError, Request, Response};
 use crate::error::GatewayError;
 use crate::request_info::RequestInfo;
@@ -142,7 +143,8 @@ where
 {
     type Response = Response;
     type Error = BoxError;
-    type Future = BoxFuture<Result<Response, BoxError>>;
+    /// Long-running requests: the inner call itself.
+    type Future = Either<S::Future, Deadline<S::Future>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         self.inner.poll_ready(cx)
@@ -151,32 +153,58 @@ where
     fn call(&mut self, req: Request) -> Self::Future {
         if req
             .extensions()
-            .get::<RequestInfo>()
+            .get::<Arc<RequestInfo>>()
             .is_some_and(|i| i.long_running)
         {
-            return Box::pin(self.inner.call(req));
+            return Either::Left(self.inner.call(req));
         }
         let limit = request_limit(self.limit, req.uri().query().unwrap_or(""));
         let deadline = Instant::now() + limit;
-        let fut = self.inner.call(req);
-        Box::pin(async move {
-            // Read on the first poll: that runs in the exchange's own task (see the module docs).
-            let exchange = ExchangeDeadline::current();
-            let arm = |at| {
-                if let Some(exchange) = &exchange {
-                    exchange.arm(at);
-                }
-            };
-            match tokio::time::timeout_at(deadline, fut).await {
-                Ok(Ok(resp)) if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS => Ok(resp),
-                Ok(result) => {
-                    arm(deadline);
-                    result
-                }
-                Err(_) => {
-                    arm(Instant::now() + TIMEOUT_STATUS_GRACE);
-                    Err(GatewayError::Timeout(limit).into())
-                }
+        Either::Right(Deadline {
+            inner: tokio::time::timeout_at(deadline, self.inner.call(req)),
+            deadline,
+            limit,
+            exchange: None,
+        })
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// An ordinary request's future under its time limit: 504 when the limit passes first, and
+    /// the exchange's deadline armed either way (see the module docs).
+    pub struct Deadline<F> {
+        #[pin]
+        inner: Timeout<F>,
+        deadline: Instant,
+        limit: Duration,
+        // Read on the first poll: that runs in the exchange's own task (see the module docs).
+        exchange: Option<Option<ExchangeDeadline>>,
+    }
+}
+
+impl<F> Future for Deadline<F>
+where
+    F: Future<Output = Result<Response, BoxError>>,
+{
+    type Output = Result<Response, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let exchange = this.exchange.get_or_insert_with(ExchangeDeadline::current);
+        let arm = |at| {
+            if let Some(exchange) = exchange.as_ref() {
+                exchange.arm(at);
+            }
+        };
+        Poll::Ready(match ready!(this.inner.poll(cx)) {
+            Ok(Ok(resp)) if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS => Ok(resp),
+            Ok(result) => {
+                arm(*this.deadline);
+                result
+            }
+            Err(_) => {
+                arm(Instant::now() + TIMEOUT_STATUS_GRACE);
+                Err(GatewayError::Timeout(*this.limit).into())
             }
         })
     }

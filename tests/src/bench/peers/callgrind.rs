@@ -76,8 +76,8 @@ impl Callgrind {
         control(&["-z", &pid.to_string()]).await
     }
 
-    /// Dumps the counters and returns the instructions executed since the last zero or dump.
-    pub async fn dump(&self, name: &str, pid: u32) -> Result<u64, BoxError> {
+    /// Dumps the counters and returns what the program did since the last zero or dump.
+    pub async fn dump(&self, name: &str, pid: u32) -> Result<Counts, BoxError> {
         control(&["-d", &pid.to_string()]).await?;
         // Every dump is a new file, `<name>.out.<n>`; the newest is the highest `n`.
         let prefix = format!("{name}.out.");
@@ -96,10 +96,78 @@ impl Callgrind {
                 )
             })?;
         let text = std::fs::read_to_string(&newest.1)?;
-        summary(&text).ok_or_else(|| {
-            format!("no summary line in callgrind's dump {}", newest.1.display()).into()
+        let instructions = summary(&text)
+            .ok_or_else(|| format!("no summary line in callgrind's dump {}", newest.1.display()))?;
+        Ok(Counts {
+            instructions,
+            allocations: allocations(&text),
         })
     }
+}
+
+/// What one dump covers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Instructions executed.
+    pub instructions: u64,
+    /// Calls into the C allocator that return a new block (`malloc`, `calloc`, the aligned
+    /// ones); `realloc` is not counted, as it resizes a block already counted.
+    pub allocations: u64,
+}
+
+/// The allocator's entry points a new block comes from (glibc may name them either way).
+const ALLOCATING: [&str; 9] = [
+    "malloc",
+    "__libc_malloc",
+    "calloc",
+    "__libc_calloc",
+    "posix_memalign",
+    "aligned_alloc",
+    "memalign",
+    "__libc_memalign",
+    "__posix_memalign",
+];
+
+/// Calls to the allocator a dump records: the `calls=` lines whose callee (`cfn=`) is one of
+/// [`ALLOCATING`], made from a function that is not one of them itself (glibc's aligned
+/// allocation may go through another entry point). callgrind compresses names: `(id) name`
+/// defines an id, `(id)` alone refers to it; `'2` marks a recursion level.
+fn allocations(dump: &str) -> u64 {
+    use std::collections::HashMap;
+    let mut names: HashMap<&str, &str> = HashMap::new();
+    let (mut caller_allocates, mut callee_allocates) = (false, false);
+    let mut total = 0;
+    for line in dump.lines() {
+        if let Some(spec) = line.strip_prefix("fn=") {
+            caller_allocates = ALLOCATING.contains(&resolve(&mut names, spec));
+        } else if let Some(spec) = line.strip_prefix("cfn=") {
+            callee_allocates = ALLOCATING.contains(&resolve(&mut names, spec));
+        } else if let Some(calls) = line.strip_prefix("calls=") {
+            if callee_allocates && !caller_allocates {
+                total += calls
+                    .split_whitespace()
+                    .next()
+                    .and_then(|n| n.parse::<u64>().ok())
+                    .unwrap_or(0);
+            }
+        }
+    }
+    total
+}
+
+/// The function a `fn=`/`cfn=` spec names, recording a compressed name's id.
+fn resolve<'a>(names: &mut std::collections::HashMap<&'a str, &'a str>, spec: &'a str) -> &'a str {
+    let spec = spec.trim();
+    let name = match spec.strip_prefix('(').and_then(|r| r.split_once(')')) {
+        Some((id, "")) => names.get(id).copied().unwrap_or(""),
+        Some((id, name)) => {
+            let name = name.trim();
+            names.insert(id, name);
+            name
+        }
+        None => spec,
+    };
+    name.split('\'').next().unwrap_or("")
 }
 
 /// Runs `callgrind_control` (bounded: it gives up by itself if the process does not answer).
@@ -142,5 +210,16 @@ mod tests {
         let dump = "# callgrind format\nversion: 1\npart: 1\n\npositions: line\nevents: Ir\nsummary: 109192193\n\nob=(22) /usr/sbin/haproxy\n";
         assert_eq!(summary(dump), Some(109192193));
         assert_eq!(summary("events: Ir\n"), None);
+    }
+
+    #[test]
+    fn counts_the_calls_into_the_allocator() {
+        let dump = "events: Ir\nsummary: 1000\n\
+            fn=(1) main\n0 10\ncfn=(2) malloc\ncalls=3 0\n0 300\ncfn=(3) free\ncalls=3 0\n0 90\n\
+            fn=(4) alloc::raw_vec::grow\ncfn=(2)\ncalls=2 0\n0 200\ncfn=(5) realloc\ncalls=1 0\n0 50\n\
+            fn=(6) posix_memalign\ncfn=(2)\ncalls=1 0\n0 100\n\
+            fn=(7) h2::proto::Frame'2\ncfn=(8) calloc'2\ncalls=4 0\n0 100\n";
+        // 3 + 2 from Rust code, 4 calloc; not realloc, free, or posix_memalign's own malloc.
+        assert_eq!(allocations(dump), 9);
     }
 }

@@ -27,7 +27,7 @@ use http::StatusCode;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 
-use self::callgrind::Callgrind;
+use self::callgrind::{Callgrind, Counts};
 use self::counters::{Counting, PerfStat};
 use self::proxies::Peer;
 use self::wrk::{WrkResult, WrkSpec};
@@ -176,6 +176,14 @@ pub async fn run(
     }
 
     let dir = tempfile::Builder::new().prefix("bench-peers-").tempdir()?;
+    // For profiling (BENCH_KEEP_PEERS_DIR set): keep the configurations and callgrind's dumps.
+    let dir = if std::env::var_os("BENCH_KEEP_PEERS_DIR").is_some() {
+        let path = dir.keep();
+        eprintln!("bench: {NAME}: keeping {}", path.display());
+        Kept::Path(path)
+    } else {
+        Kept::Temp(dir)
+    };
     eprintln!("bench: {NAME}: starting nginx and HAProxy");
     let targets = Targets {
         setup,
@@ -231,10 +239,12 @@ pub async fn run(
         counted = callgrind_pass(setup, dir.path(), &shapes, seconds).await?;
         for (shape, by_server) in summaries.iter_mut().enumerate() {
             for (k, summary) in by_server.iter_mut().enumerate() {
-                summary.instructions = counted
+                let per_request = counted
                     .iter()
                     .find(|c| c.shape == shape && c.server == SERVERS[k])
                     .and_then(|c| c.per_request.as_ref().ok().copied());
+                summary.instructions = per_request.map(|p| p.instructions);
+                summary.allocations = per_request.map(|p| p.allocations);
             }
         }
     }
@@ -275,13 +285,29 @@ pub async fn run(
             "callgrind": counted.iter().map(|c| json!({
                 "shape": shapes[c.shape].key, "server": c.server.label(),
                 "requests": c.requests,
-                "instructions_per_request": c.per_request.as_ref().ok(),
+                "instructions_per_request": c.per_request.as_ref().ok().map(|p| p.instructions),
+                "allocations_per_request": c.per_request.as_ref().ok().map(|p| p.allocations),
                 "error": c.per_request.as_ref().err(),
             })).collect::<Vec<_>>(),
         }),
     );
     results.sections.push(Section::new(NAME, markdown));
     Ok(())
+}
+
+/// The run's directory: removed at the end, or kept for profiling.
+enum Kept {
+    Temp(tempfile::TempDir),
+    Path(PathBuf),
+}
+
+impl Kept {
+    fn path(&self) -> &std::path::Path {
+        match self {
+            Kept::Temp(dir) => dir.path(),
+            Kept::Path(path) => path,
+        }
+    }
 }
 
 /// Whether an executable named `tool` is in one of `PATH`'s directories.
@@ -400,7 +426,15 @@ struct CallgrindFigure {
     shape: usize,
     server: Server,
     requests: u64,
-    per_request: Result<f64, String>,
+    per_request: Result<PerRequest, String>,
+}
+
+/// Callgrind's counts divided by the requests served.
+#[derive(Clone, Copy)]
+struct PerRequest {
+    instructions: f64,
+    /// Blocks asked of the C allocator (see [`Counts::allocations`]).
+    allocations: f64,
 }
 
 /// Starts each proxy once more under callgrind and counts its instructions over one wrk run per
@@ -447,12 +481,18 @@ async fn callgrind_pass(
         for (s, shape) in shapes.iter().enumerate() {
             let counted = count_one(setup, &cg, addr, pid, &name, server, shape, seconds).await;
             let (requests, per_request) = match counted {
-                Ok((requests, instructions)) => {
-                    let per = instructions as f64 / requests.max(1) as f64;
+                Ok((requests, counts)) => {
+                    let per = |n: u64| n as f64 / requests.max(1) as f64;
+                    let per = PerRequest {
+                        instructions: per(counts.instructions),
+                        allocations: per(counts.allocations),
+                    };
                     eprintln!(
-                        "bench:   {} {}: {per:.0} instructions per request ({requests} requests)",
+                        "bench:   {} {}: {:.0} instructions and {:.1} allocations per request ({requests} requests)",
                         shape.key,
-                        server.label()
+                        server.label(),
+                        per.instructions,
+                        per.allocations,
                     );
                     (requests, Ok(per))
                 }
@@ -506,7 +546,7 @@ async fn count_one(
     server: Server,
     shape: &Shape,
     seconds: u64,
-) -> Result<(u64, u64), BoxError> {
+) -> Result<(u64, Counts), BoxError> {
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
     while let Err(e) = check_answers(setup, addr, server, shape).await {
         if std::time::Instant::now() > deadline {
@@ -521,10 +561,10 @@ async fn count_one(
         url: format!("https://{addr}{}", shape.path),
     };
     wrk::run(&spec(2)).await?;
-    let (short_requests, short_instructions) = counted_run(cg, pid, name, &spec(1)).await?;
-    let (long_requests, long_instructions) = counted_run(cg, pid, name, &spec(seconds + 2)).await?;
+    let (short_requests, short) = counted_run(cg, pid, name, &spec(1)).await?;
+    let (long_requests, long) = counted_run(cg, pid, name, &spec(seconds + 2)).await?;
     // Too few requests between the runs and the handshakes' share does not cancel reliably.
-    if long_requests < short_requests + 200 || long_instructions < short_instructions {
+    if long_requests < short_requests + 200 || long.instructions < short.instructions {
         return Err(format!(
             "too few requests to count ({short_requests} then {long_requests}): the machine is too busy"
         )
@@ -532,24 +572,27 @@ async fn count_one(
     }
     Ok((
         long_requests - short_requests,
-        long_instructions - short_instructions,
+        Counts {
+            instructions: long.instructions - short.instructions,
+            allocations: long.allocations.saturating_sub(short.allocations),
+        },
     ))
 }
 
-/// One wrk run between zeroing and dumping the counters: (requests, instructions).
+/// One wrk run between zeroing and dumping the counters: (requests, counts).
 async fn counted_run(
     cg: &Callgrind,
     pid: u32,
     name: &str,
     spec: &WrkSpec,
-) -> Result<(u64, u64), BoxError> {
+) -> Result<(u64, Counts), BoxError> {
     cg.zero(pid).await?;
     let result = wrk::run(spec).await?;
-    let instructions = cg.dump(name, pid).await?;
+    let counts = cg.dump(name, pid).await?;
     if result.errors > 0 {
         return Err(format!("{} errors in a counted run", result.errors).into());
     }
-    Ok((result.requests, instructions))
+    Ok((result.requests, counts))
 }
 
 /// One server's medians over the rounds of one shape.
@@ -560,6 +603,8 @@ struct Summary {
     p99_ms: f64,
     cpu_us: f64,
     instructions: Option<f64>,
+    /// Under callgrind only.
+    allocations: Option<f64>,
     errors: u64,
 }
 
@@ -585,6 +630,7 @@ fn summarize(by_server: &[Vec<Sample>]) -> Vec<Summary> {
                 p99_ms: col(&|r| r.wrk.p99_ms),
                 cpu_us: col(&|r| r.cpu_us),
                 instructions: (!instructions.is_empty()).then(|| median(&mut instructions)),
+                allocations: None,
                 errors: runs.iter().map(|r| r.wrk.errors).sum(),
             }
         })
@@ -611,7 +657,9 @@ fn section_markdown(
              instructions in software, and counted over a 1 s and a {long} s wrk run per shape \
              with {CALLGRIND_CONNECTIONS} connections, after a 2 s warm-up (`callgrind_control -z`, \
              then `-d`, around each): the difference in instructions divided by the difference in \
-             requests, so the TLS handshakes each run starts with cancel out. Fewer connections \
+             requests, so the TLS handshakes each run starts with cancel out (allocations per request \
+             likewise: the calls into the C allocator's `malloc`, `calloc` and aligned \
+             allocation in the same dumps, not `realloc`). Fewer connections \
              than the timed rounds because a proxy under callgrind runs some 50 times slower and \
              32 connections overload it into timing-dependent work (HAProxy's TLS-to-backend \
              path took 2.5 times the instructions per request); with {CALLGRIND_CONNECTIONS} \
@@ -640,14 +688,14 @@ fn section_markdown(
          backend's for the direct row. Instructions per request: {instructions_method}.\n\n"
     );
     out.push_str(
-        "| shape | server | req/s | ratio to direct | p99 | CPU per request | instructions per request | errors |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|\n",
+        "| shape | server | req/s | ratio to direct | p99 | CPU per request | instructions per request | allocations per request | errors |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for (shape, by_server) in shapes.iter().zip(summaries) {
         for (server, s) in SERVERS.iter().zip(by_server) {
             let _ = writeln!(
                 out,
-                "| {} | {} | {:.0} | {:.2}× | {:.2} ms | {:.1} µs | {} | {} |",
+                "| {} | {} | {:.0} | {:.2}× | {:.2} ms | {:.1} µs | {} | {} | {} |",
                 shape.label,
                 server.label(),
                 s.requests_per_s,
@@ -656,6 +704,8 @@ fn section_markdown(
                 s.cpu_us,
                 s.instructions
                     .map_or("n/a".to_owned(), |n| format!("{:.0}", n)),
+                s.allocations
+                    .map_or("n/a".to_owned(), |n| format!("{:.1}", n)),
                 s.errors
             );
         }

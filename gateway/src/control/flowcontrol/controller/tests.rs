@@ -156,7 +156,7 @@ fn description(c: &Controller, name: &str) -> Arc<Description> {
         schema: schema.spec.name.clone(),
         distinguisher: None,
         user: Arc::new(UserInfo::default()),
-        info: RequestInfo::default(),
+        info: Arc::new(RequestInfo::default()),
     })
 }
 

@@ -53,7 +53,7 @@ pub struct Description {
     pub schema: Arc<str>,
     pub distinguisher: Option<Distinguisher>,
     pub user: Arc<UserInfo>,
-    pub info: RequestInfo,
+    pub info: Arc<RequestInfo>,
 }
 
 impl Description {

@@ -36,7 +36,7 @@ fn description(m: &Metrics, flow: &str) -> Arc<Description> {
         schema: flow.into(),
         distinguisher: None,
         user: Arc::new(UserInfo::default()),
-        info: RequestInfo::default(),
+        info: Arc::new(RequestInfo::default()),
     })
 }
 
