@@ -25,8 +25,9 @@
 //! *Kept connections* (issue 27). Every endpoint the availability controller last found passing
 //! keeps one more HTTP/2 connection that carries no requests, pinged at the APIService's
 //! `http2-ping-interval`/`-timeout` (see `watcher`): a backend dying or freezing is noticed
-//! without traffic. The connections that carry requests are pinged more gently
-//! ([`PoolSettings::request_pings`]): a backend late with a PING loses their streams.
+//! without traffic. Unless the annotations say otherwise, the connections that carry requests
+//! are pinged more gently ([`PoolSettings::request_pings`]): a backend late with a PING loses
+//! their streams.
 
 use std::collections::HashMap;
 use std::error::Error;
@@ -110,6 +111,9 @@ pub struct PoolSettings {
     /// Connections that carry requests use [`Self::request_pings`].
     pub ping_interval: Duration,
     pub ping_timeout: Duration,
+    /// The PINGs of connections that carry requests ([`Self::request_pings`]).
+    pub request_ping_interval: Duration,
+    pub request_ping_timeout: Duration,
 }
 
 impl Default for PoolSettings {
@@ -119,18 +123,16 @@ impl Default for PoolSettings {
             stream_wait: Duration::from_secs(10),
             ping_interval: PING_INTERVAL,
             ping_timeout: PING_TIMEOUT,
+            request_ping_interval: REQUEST_PING_INTERVAL,
+            request_ping_timeout: REQUEST_PING_TIMEOUT,
         }
     }
 }
 
 impl PoolSettings {
-    /// The PING interval and timeout of connections that carry requests: the kept connection's,
-    /// but never below [`REQUEST_PING_INTERVAL`] and [`REQUEST_PING_TIMEOUT`].
+    /// The PING interval and timeout of connections that carry requests.
     pub fn request_pings(&self) -> (Duration, Duration) {
-        (
-            self.ping_interval.max(REQUEST_PING_INTERVAL),
-            self.ping_timeout.max(REQUEST_PING_TIMEOUT),
-        )
+        (self.request_ping_interval, self.request_ping_timeout)
     }
 
     fn kept_pings(&self) -> Pings {
@@ -140,7 +142,10 @@ impl PoolSettings {
         }
     }
 
-    /// The defaults, with what an APIService's annotations set instead.
+    /// The defaults, with what an APIService's annotations set instead. A PING setting set by
+    /// annotation holds for every connection to the backend: whoever sets `1s` asks for requests
+    /// on a frozen backend to be given up that fast too. Left unset, connections that carry
+    /// requests get the gentler [`REQUEST_PING_INTERVAL`] and [`REQUEST_PING_TIMEOUT`].
     pub fn with(settings: &apiservice::traffic::ConnectionSettings) -> Self {
         let default = Self::default();
         Self {
@@ -149,6 +154,12 @@ impl PoolSettings {
                 .map_or(default.max_connections, usize::from),
             ping_interval: settings.ping_interval.unwrap_or(default.ping_interval),
             ping_timeout: settings.ping_timeout.unwrap_or(default.ping_timeout),
+            request_ping_interval: settings
+                .ping_interval
+                .unwrap_or(default.request_ping_interval),
+            request_ping_timeout: settings
+                .ping_timeout
+                .unwrap_or(default.request_ping_timeout),
             ..default
         }
     }

@@ -5,7 +5,8 @@
 //! * [`Key::Core`]: the core's spec; revalidated every [`RESYNC`], at every change of the
 //!   routes, and after every change of the core's CRDs or APIServices at once and a few times
 //!   over the next two seconds ([`FollowUps`]); retried within [`RESYNC`] while it fails.
-//! * [`Key::Remote`] per backing Service: fetched at once when it first appears, when its
+//! * [`Key::Remote`] per backing Service: fetched at once when it first appears, at every
+//!   change of the routes while its last fetch succeeded (a conditional GET), when its
 //!   APIServices or backend change, when one of its APIServices turns available or unavailable
 //!   (the availability controller's transitions, as the route table carries them), and when one
 //!   of its connections fails (`FailureSignal::listen`); revalidated [`RESYNC`] after a success;
@@ -273,9 +274,18 @@ fn reconcile(state: &mut State, table: &Routes, queue: &mut WorkQueue<Key, Outco
             }),
         );
         match state.remotes.get_mut(&svc) {
+            // Any other change of the routes (an APIService edited, a label included) revalidates
+            // the specs that are fine, each a conditional GET: touching an APIService is how an
+            // operator makes the gateway read its server's new spec now. A failing one keeps
+            // its backoff.
             Some(remote)
                 if Arc::ptr_eq(&remote.backend, &backing.backend)
-                    && remote.available == backing.available => {}
+                    && remote.available == backing.available =>
+            {
+                if !remote.spec.is_failing() {
+                    queue.queue().add(key);
+                }
+            }
             Some(remote) => {
                 remote.backend = backing.backend;
                 remote.available = backing.available;

@@ -24,6 +24,13 @@ pub struct SpecState {
     refused: Option<(String, String)>,
 }
 
+impl SpecState {
+    /// Whether the last fetch failed (the key is then on its backoff).
+    pub fn is_failing(&self) -> bool {
+        self.error.is_some()
+    }
+}
+
 /// What [`refresh`] found: the reason of a change (`add`, `update`, `delete`) or `None`.
 pub type Refreshed = Result<Option<&'static str>, BoxError>;
 
