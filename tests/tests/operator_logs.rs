@@ -351,6 +351,13 @@ async fn a_duplicate_apiservice_name_across_files_keeps_the_working_route() {
     );
 }
 
+/// Whether the gateway's `/readyz` answers 200 now.
+async fn is_ready(client: &harness::HttpClient, gateway: &Gateway) -> bool {
+    harness::get(client, &format!("{}/readyz", gateway.url()))
+        .await
+        .is_ok_and(|(status, _, _)| status == StatusCode::OK)
+}
+
 /// A core that is still starting, as kube-apiserver is for a few seconds beside a sidecar gateway:
 /// every request, `/readyz` included, gets 403 until its RBAC authorizer has synced. The gateway
 /// waits for it: unready meanwhile, Ready soon after the core is, and no Forbidden in its log.
@@ -366,12 +373,7 @@ async fn a_core_still_starting_is_waited_for_not_logged_as_forbidden() {
         .await
         .expect("gateway starts");
     let client = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
-    let readyz = format!("{}/readyz", gateway.url());
-    let ready = || async {
-        harness::get(&client, &readyz)
-            .await
-            .is_ok_and(|(status, _, _)| status == StatusCode::OK)
-    };
+    let ready = || is_ready(&client, &gateway);
     // Several of the gateway's readiness probes and every controller's first try fall in here.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(
@@ -426,12 +428,7 @@ async fn a_core_that_refuses_readyz_for_good_is_watched_after_thirty_seconds() {
         .expect("gateway starts");
     let started = Instant::now();
     let client = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
-    let readyz = format!("{}/readyz", gateway.url());
-    let ready = || async {
-        harness::get(&client, &readyz)
-            .await
-            .is_ok_and(|(status, _, _)| status == StatusCode::OK)
-    };
+    let ready = || is_ready(&client, &gateway);
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(
         !ready().await,
