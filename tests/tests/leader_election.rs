@@ -303,6 +303,67 @@ async fn a_core_without_leases_is_said_clearly_and_leader_elect_false_writes_sta
     );
 }
 
+/// A core whose authorization refuses the gateway's identity the Lease (every request on
+/// `leases.coordination.k8s.io` gets 403, as RBAC without the chart's leader-election Role). The
+/// gateway says so once, with the core's own message, the verbs to grant and the other fix; the
+/// `/healthz` check fails with that text and `/readyz` stays ready. The core answered, so it is
+/// not reported as the core's outage. Before: the 403 was logged as "cannot use the core server",
+/// as if the core were down, and nothing said what to grant.
+#[tokio::test]
+async fn a_core_that_forbids_the_lease_is_said_clearly_with_the_verbs_to_grant() {
+    const SAID: &str = "the core forbids the gateway's identity the Lease";
+    const GRANT: &str =
+        "grant it get, create and update on leases.coordination.k8s.io in namespace kube-system";
+    let s = Scenario::wardle()
+        .core_args(&["--forbid", "leases.coordination.k8s.io"])
+        .gateway_args(&ELECTION)
+        .start()
+        .await;
+    let lines_with = |text: &str| {
+        s.gateway
+            .process
+            .lines()
+            .into_iter()
+            .filter(|l| l.text.contains(text))
+            .map(|l| l.text)
+            .collect::<Vec<_>>()
+    };
+    let said = harness::wait_until(Duration::from_secs(10), || async {
+        !lines_with(SAID).is_empty()
+    })
+    .await;
+    assert!(said, "nothing said about the forbidden Lease\n{}", s.logs());
+    // Many retry periods (250 ms) later: still the one line.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let lines = lines_with(SAID);
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    for part in [GRANT, "is forbidden", "--leader-elect=false"] {
+        assert!(lines[0].contains(part), "no {part:?} in {}", lines[0]);
+    }
+    let outage: Vec<_> = lines_with("cannot use the core server")
+        .into_iter()
+        .filter(|l| l.contains("leader election"))
+        .collect();
+    assert!(
+        outage.is_empty(),
+        "a 403 reported as an outage: {outage:#?}"
+    );
+
+    let admin = s.user("admin", &["system:masters"]);
+    let (status, _, body) =
+        scenario::get_raw(&s.gateway, &admin, "/healthz/leaderElection", &[]).await;
+    let body = String::from_utf8_lossy(&body);
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
+    assert!(body.contains(SAID) && body.contains(GRANT), "{body}");
+    let (status, _, body) = scenario::get_raw(&s.gateway, &admin, "/readyz", &[]).await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "a replica that cannot lead still serves: {}",
+        String::from_utf8_lossy(&body)
+    );
+}
+
 /// The config of the scenario's own gateway: the static Service map that reaches the backend.
 fn scenario_config(s: &Scenario) -> std::path::PathBuf {
     s.pki

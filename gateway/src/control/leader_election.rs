@@ -26,17 +26,19 @@
 //! on kube's `Api<Lease>`.
 //!
 //! A core that serves no `coordination.k8s.io/v1` Leases (a Kubernetes-style server that is not
-//! kube-apiserver) makes every replica a candidate forever, and no replica writes status. That
-//! is said, not guessed around (taking over the writing without a Lease would make several
-//! replicas fight over the condition): one log line naming `--leader-elect=false` as the fix, and
-//! the `/healthz` check [`CHECK_NAME`] failing with the same text while it lasts. On `/healthz`
+//! kube-apiserver), or one whose authorization refuses the gateway's identity the Lease (RBAC
+//! without the chart's Role), makes every replica a candidate forever, and no replica writes
+//! status. That is said, not guessed around (taking over the writing without a Lease would make
+//! several replicas fight over the condition): one log line naming the fix (`--leader-elect=false`,
+//! or the verbs to grant), and the `/healthz` check [`CHECK_NAME`] failing with the same text
+//! while it lasts. Neither is an outage of the core: it answered. On `/healthz`
 //! only, as kube-controller-manager and kube-scheduler report their leader election: not on
 //! `/readyz`, which would take every replica out of its Service for what is a status-writing
 //! problem (the proxy works), nor on `/livez`, since a restart changes nothing.
 //!
 //! Logs: one line per change of leadership (this replica leads, stops leading, or sees another
-//! leader), one when the core turns out to serve no Leases (and one if it serves them again),
-//! and one per outage of the core ([`Outage`]); metric `leader_election_master_status{name}` as
+//! leader), one when the core turns out to serve no Leases or to forbid this one (and one when it
+//! lets a replica take it again), and one per outage of the core ([`Outage`]); metric `leader_election_master_status{name}` as
 //! kube's components export it.
 
 use std::sync::{Arc, Mutex};
@@ -140,8 +142,19 @@ pub struct LeaderElector {
     last_error: Option<String>,
     /// Reads and writes of the Lease, logged once per outage of the core.
     outage: Outage,
-    /// Fails while the core serves no Leases ([`CHECK_NAME`]).
+    /// Fails while the core refuses the Lease for good ([`CHECK_NAME`]).
     check: Arc<Check>,
+    /// Why the core refuses the Lease, while it does; each change is logged once.
+    refused: Option<Refusal>,
+}
+
+/// Why the core answers, but no replica can hold the Lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    /// It serves no `coordination.k8s.io/v1` Leases.
+    NotServed,
+    /// Its authorization refuses the gateway's identity the Lease (403).
+    Forbidden,
 }
 
 // === impl LeaderElector ===
@@ -172,6 +185,7 @@ impl LeaderElector {
                 "a leader stops writing APIService status at its renew deadline",
             ),
             check,
+            refused: None,
         };
         (elector, leadership)
     }
@@ -254,25 +268,41 @@ impl LeaderElector {
         }
     }
 
-    /// The core serves no Leases: said once, and the check fails, until it serves them.
-    fn leases_not_served(&mut self) {
-        if !self.check.is_ok() {
+    /// The core refuses the Lease for `refusal`'s reason: said once, and the check fails, until
+    /// a replica may take the Lease again. `detail` is the core's own message, for a 403.
+    fn refused(&mut self, refusal: Refusal, detail: &str) {
+        if self.refused == Some(refusal) {
             return;
         }
-        let why = format!(
-            "the core serves no {LEASES_GROUP_VERSION} Leases, so no replica can take the Lease {} \
-             and APIService status is never written (kubectl get apiservices shows Unknown); \
-             run a single replica with --leader-elect=false to write status without a Lease",
-            self.lease_name()
-        );
-        tracing::error!(lease = %self.lease_name(), "leader election: {why}");
+        self.refused = Some(refusal);
+        let lease = self.lease_name();
+        let why = match refusal {
+            Refusal::NotServed => format!(
+                "the core serves no {LEASES_GROUP_VERSION} Leases, so no replica can take the \
+                 Lease {lease} and APIService status is never written (kubectl get apiservices \
+                 shows Unknown); run a single replica with --leader-elect=false to write status \
+                 without a Lease"
+            ),
+            Refusal::Forbidden => format!(
+                "the core forbids the gateway's identity the Lease {lease} ({detail}), so no \
+                 replica can lead and APIService status is never written (kubectl get \
+                 apiservices shows Unknown); grant it get, create and update on \
+                 leases.coordination.k8s.io in namespace {} (the Helm chart's leader-election \
+                 Role does), or run a single replica with --leader-elect=false",
+                self.settings.namespace
+            ),
+        };
+        tracing::error!(lease = %lease, "leader election: {why}");
         self.check.fail(&why);
     }
 
-    /// The core serves Leases (again): the check passes.
-    fn leases_served(&mut self) {
-        if !self.check.is_ok() {
-            tracing::info!(lease = %self.lease_name(), "leader election: the core serves Leases now");
+    /// The core lets replicas read and write the Lease (again): the check passes.
+    fn accepted(&mut self) {
+        if self.refused.take().is_some() {
+            tracing::info!(
+                lease = %self.lease_name(),
+                "leader election: the core serves the Lease to this replica now"
+            );
             self.check.pass();
         }
     }
@@ -314,14 +344,17 @@ impl LeaderElector {
         match tokio::time::timeout(limit, self.try_acquire_or_renew()).await {
             Ok(Ok(held)) => {
                 self.outage.answered();
-                self.leases_served();
+                self.accepted();
                 self.last_error = None;
                 held
             }
             Ok(Err(e)) => {
-                if is_not_found(&e) && !self.core_serves_leases().await {
+                if let Some(message) = forbidden(&e) {
                     self.outage.answered();
-                    self.leases_not_served();
+                    self.refused(Refusal::Forbidden, &message);
+                } else if is_not_found(&e) && !self.core_serves_leases().await {
+                    self.outage.answered();
+                    self.refused(Refusal::NotServed, "");
                 } else {
                     self.outage.failed(&e);
                 }
@@ -473,6 +506,15 @@ impl LeaderElector {
         let d = self.settings.lease_duration;
         let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
         i32::try_from(secs).unwrap_or(i32::MAX)
+    }
+}
+
+/// A 403 from the core: its authorization refuses the request; the core's message says whom and
+/// which verb.
+fn forbidden(e: &kube::Error) -> Option<String> {
+    match e {
+        kube::Error::Api(status) if status.code == 403 => Some(status.message.clone()),
+        _ => None,
     }
 }
 

@@ -52,6 +52,10 @@ struct Args {
     /// does not grant them would; repeated.
     #[arg(long = "forbid-list", value_name = "RESOURCE")]
     forbid_list: Vec<String>,
+    /// Refuse every request on this resource (`<plural>.<group>`) with a 403, as RBAC that
+    /// grants the gateway nothing on it would; repeated.
+    #[arg(long = "forbid", value_name = "RESOURCE")]
+    forbid: Vec<String>,
     /// Also serve this built-in group, `GROUP=VERSION[,VERSION...]` (preferred version first);
     /// repeated, in the order given, after the fixture's own groups.
     #[arg(long = "group", value_name = "GROUP=VERSIONS")]
@@ -105,6 +109,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     config.seed.extend(seed);
     config.goaway_anonymous_http2 = args.goaway_anonymous_http2;
     config.forbid_list = args.forbid_list;
+    config.forbid = args.forbid;
     config.starting = args.starting;
     config.forbid_readyz = args.forbid_readyz;
     for group in &args.groups {
