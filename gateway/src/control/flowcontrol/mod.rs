@@ -138,7 +138,7 @@ impl FlowControl {
                 Some(Distinguisher::ByNamespace) => info.namespace.as_str(),
                 None => "",
             };
-            shuffle_shard::hash_flow_id(&schema.spec.name, distinguisher)
+            schema.flow_hashes.get(distinguisher)
         } else {
             0
         };
