@@ -135,7 +135,7 @@ impl FlowControl {
         let hash = if schema.hashed {
             let distinguisher = match schema.spec.distinguisher {
                 Some(Distinguisher::ByUser) => user.name.as_str(),
-                Some(Distinguisher::ByNamespace) => info.namespace.as_str(),
+                Some(Distinguisher::ByNamespace) => info.namespace(),
                 None => "",
             };
             schema.flow_hashes.get(distinguisher)

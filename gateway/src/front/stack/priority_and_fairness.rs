@@ -110,7 +110,7 @@ where
         let Some(info) = req.extensions().get::<Arc<RequestInfo>>() else {
             return Box::pin(self.inner.call(req));
         };
-        let is_watch = info.verb == "watch";
+        let is_watch = info.verb() == "watch";
         if info.long_running && !is_watch {
             return Box::pin(self.inner.call(req));
         }

@@ -40,16 +40,16 @@ impl<S> RequestInfoService<S> {
 
 /// Whether the APIService serving `info`'s group-version declares the request long-running.
 fn declared_long_running(routing: &Routing, info: &RequestInfo) -> bool {
-    if !info.is_resource_request || info.api_group.is_empty() {
+    if !info.is_resource_request || info.api_group().is_empty() {
         return false;
     }
     let table = routing.load();
-    match table.lookup(&info.path) {
+    match table.lookup(info.path()) {
         Lookup::GroupVersion(route) => route
             .api_service
             .traffic
             .long_running
-            .matches(&info.verb, &info.subresource),
+            .matches(info.verb(), info.subresource()),
         _ => false,
     }
 }
@@ -145,7 +145,7 @@ mod tests {
         let info = seen(upgrade("GET", "/api/v1/namespaces/x/configmaps"))
             .await
             .unwrap();
-        assert_eq!(info.verb, "list");
+        assert_eq!(info.verb(), "list");
         assert!(!info.long_running);
         let info = seen(upgrade("GET", "/fixture/anything")).await.unwrap();
         assert!(!info.long_running);
@@ -164,10 +164,7 @@ mod tests {
             .body(body::empty())
             .unwrap();
         let info = seen(req).await.unwrap();
-        assert_eq!(
-            (info.namespace.as_str(), info.verb.as_str()),
-            ("kube-system", "watch")
-        );
+        assert_eq!((info.namespace(), info.verb()), ("kube-system", "watch"));
         assert!(info.long_running);
         let bad = http::Request::get("/api/v1/namespaces/%zz/pods")
             .body(body::empty())
