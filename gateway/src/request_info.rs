@@ -9,6 +9,7 @@
 //! `url.Values` reads them.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use http::Method;
 
@@ -224,22 +225,37 @@ pub(crate) fn field_selector_name(query: &str) -> Option<String> {
     valid.then(|| value.to_owned())
 }
 
-/// [`parse`]'s result for a request, kept in its extensions by the first layer that needs it
-/// (the access log, for the metric labels) so that the request-info layer below takes it
-/// instead of parsing the same method, path and query again. Nothing between them rewrites the
-/// URI.
+/// Why [`parse`] refused a request, kept in its extensions by the first layer that parsed it
+/// (the access log, for the metric labels) for the request-info layer below to answer.
 #[derive(Clone)]
-pub struct Parsed(pub Result<RequestInfo, String>);
+pub struct Unparsable(pub String);
 
-/// Parses `req` unless an outer layer already did, and leaves the result in its extensions.
-pub fn ensure_parsed<B>(req: &mut http::Request<B>) {
-    if req.extensions().get::<Parsed>().is_none() {
-        let parsed = parse(
-            req.method(),
-            req.uri().path(),
-            req.uri().query().unwrap_or(""),
-        );
-        req.extensions_mut().insert(Parsed(parsed));
+/// Parses `req` unless an outer layer already did, and leaves the result in its extensions:
+/// the attributes themselves, as the layers below read them (the request-info layer only adds
+/// what the routes declare long-running), or why there are none. One extension either way, so
+/// the parse costs no extension of its own. Nothing between the two layers rewrites the URI.
+/// Returns whether the request has attributes.
+pub fn ensure_parsed<B>(req: &mut http::Request<B>) -> bool {
+    if req.extensions().get::<Arc<RequestInfo>>().is_some() {
+        return true;
+    }
+    if req.extensions().get::<Unparsable>().is_some() {
+        return false;
+    }
+    let parsed = parse(
+        req.method(),
+        req.uri().path(),
+        req.uri().query().unwrap_or(""),
+    );
+    match parsed {
+        Ok(info) => {
+            req.extensions_mut().insert(Arc::new(info));
+            true
+        }
+        Err(message) => {
+            req.extensions_mut().insert(Unparsable(message));
+            false
+        }
     }
 }
 

@@ -159,9 +159,7 @@ impl Service<Request> for Router {
                         })
                     }
                     Target::Remote(backend) => {
-                        let user = req
-                            .extensions()
-                            .get::<Arc<UserInfo>>()
+                        let user = crate::auth::request_user(req.extensions())
                             .unwrap_or(UserInfo::shared_anonymous())
                             .clone();
                         backend.forward(req, &user, client, long_running).await

@@ -198,10 +198,8 @@ where
         let authorizer = authorizer.clone();
         let mut inner = take_inner(&mut self.inner);
         Either::Right(Box::pin(async move {
-            let user: &UserInfo = req
-                .extensions()
-                .get::<Arc<UserInfo>>()
-                .unwrap_or(UserInfo::shared_anonymous());
+            let user: &UserInfo =
+                crate::auth::request_user(req.extensions()).unwrap_or(UserInfo::shared_anonymous());
             let fallback;
             let info = match req.extensions().get::<Arc<RequestInfo>>() {
                 Some(i) => i,

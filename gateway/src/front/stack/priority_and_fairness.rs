@@ -214,10 +214,7 @@ fn parts(req: &Request) -> (&Arc<RequestInfo>, &Arc<UserInfo>, &str) {
         .extensions()
         .get::<Arc<RequestInfo>>()
         .expect("checked before the request was classified");
-    let user = req
-        .extensions()
-        .get::<Arc<UserInfo>>()
-        .unwrap_or(UserInfo::shared_anonymous());
+    let user = crate::auth::request_user(req.extensions()).unwrap_or(UserInfo::shared_anonymous());
     (info, user, req.uri().query().unwrap_or(""))
 }
 
