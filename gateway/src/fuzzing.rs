@@ -60,14 +60,14 @@ pub fn request_info(data: &[u8]) {
         }
     };
     let decoded = decoded.unwrap_or_else(|| panic!("accepted a path Go refuses: {path:?}"));
-    assert_eq!(info.path, decoded);
+    assert_eq!(info.path(), decoded);
     for (what, value) in [
-        ("namespace", &info.namespace),
-        ("name", &info.name),
-        ("resource", &info.resource),
-        ("subresource", &info.subresource),
-        ("apiGroup", &info.api_group),
-        ("apiVersion", &info.api_version),
+        ("namespace", info.namespace()),
+        ("name", info.name()),
+        ("resource", info.resource()),
+        ("subresource", info.subresource()),
+        ("apiGroup", info.api_group()),
+        ("apiVersion", info.api_version()),
     ] {
         assert!(
             !value.contains('/'),
@@ -76,16 +76,16 @@ pub fn request_info(data: &[u8]) {
     }
     if info.is_resource_request {
         assert!(
-            info.api_prefix == "api" || info.api_prefix == "apis",
+            info.api_prefix() == "api" || info.api_prefix() == "apis",
             "{info:?}"
         );
         // Every attribute taken from the path is one of its decoded segments, never raw text.
-        let segments: Vec<&str> = info.path.split('/').collect();
-        for value in [&info.namespace, &info.resource, &info.subresource] {
+        let segments: Vec<&str> = info.path().split('/').collect();
+        for value in [info.namespace(), info.resource(), info.subresource()] {
             assert!(
-                value.is_empty() || segments.contains(&value.as_str()),
+                value.is_empty() || segments.contains(&value),
                 "{value:?} is not a segment of {:?}",
-                info.path
+                info.path()
             );
         }
         // kube leaves the verb empty only for methods it has no verb for (OPTIONS, ...).
@@ -100,22 +100,22 @@ pub fn request_info(data: &[u8]) {
         );
         if standard {
             assert!(
-                !info.verb.is_empty(),
+                !info.verb().is_empty(),
                 "empty verb for {method} {path}?{query}"
             );
         }
         // A collection verb carries a name only when a `metadata.name` field selector picks
         // one object (kube does the same, so authorization can decide per object).
-        if !info.name.is_empty() && matches!(info.verb.as_str(), "list" | "watch") {
+        if !info.name().is_empty() && matches!(info.verb(), "list" | "watch") {
             let from_selector = request_info::field_selector_name(query);
-            let in_path = segments.contains(&info.name.as_str());
+            let in_path = segments.contains(&info.name());
             assert!(
-                from_selector.as_deref() == Some(info.name.as_str()) || in_path,
+                from_selector.as_deref() == Some(info.name()) || in_path,
                 "{info:?}"
             );
         }
-        if !info.name.is_empty() {
-            assert_ne!(info.verb, "deletecollection", "{info:?}");
+        if !info.name().is_empty() {
+            assert_ne!(info.verb(), "deletecollection", "{info:?}");
         }
         // Without a `watch`/`proxy` path segment, a GET names an object or is a list or watch
         // as kube's ListOptions decoding of the `watch` parameter says.
@@ -123,37 +123,37 @@ pub fn request_info(data: &[u8]) {
             segments
                 .iter()
                 .skip_while(|s| s.is_empty())
-                .nth(if info.api_prefix == "api" { 2 } else { 3 }),
+                .nth(if info.api_prefix() == "api" { 2 } else { 3 }),
             Some(&"watch" | &"proxy")
         );
         if matches!(method, Method::GET | Method::HEAD) && !special {
-            if info.verb == "get" {
-                assert!(!info.name.is_empty(), "{info:?}");
+            if info.verb() == "get" {
+                assert!(!info.name().is_empty(), "{info:?}");
             } else {
                 let expected = if oracle::watch(query) {
                     "watch"
                 } else {
                     "list"
                 };
-                assert_eq!(info.verb, expected, "{method} {path}?{query}");
+                assert_eq!(info.verb(), expected, "{method} {path}?{query}");
             }
         }
-        if info.verb == "list" {
+        if info.verb() == "list" {
             assert!(!oracle::watch(query), "{method} {path}?{query} {info:?}");
         }
     } else {
         assert!(
-            info.resource.is_empty() && info.namespace.is_empty(),
+            info.resource().is_empty() && info.namespace().is_empty(),
             "{info:?}"
         );
-        assert_eq!(info.verb, method.as_str().to_ascii_lowercase());
+        assert_eq!(info.verb(), method.as_str().to_ascii_lowercase());
     }
     // Long-running (no timeout, no in-flight slot) exactly for kube's long-running verbs and
     // subresources, and never for a non-resource request whatever its method.
     let long_running = info.is_resource_request
-        && (matches!(info.verb.as_str(), "watch" | "proxy")
+        && (matches!(info.verb(), "watch" | "proxy")
             || matches!(
-                info.subresource.as_str(),
+                info.subresource(),
                 "attach" | "exec" | "proxy" | "log" | "portforward"
             ));
     assert_eq!(info.long_running, long_running, "{info:?}");

@@ -9,36 +9,147 @@
 //! `url.Values` reads them.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use http::Method;
 
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// A request's attributes. They cost one allocation: the decoded path (followed by the name a
+/// field selector gave, if any) is kept once and every other field is a span of it or one of
+/// kube's verbs, which are constants.
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct RequestInfo {
     pub is_resource_request: bool,
-    /// The percent-decoded URL path, as kube's `RequestInfo.Path` (Go's `URL.Path`); the raw
-    /// form stays in the request's URI.
-    pub path: String,
-    /// Lowercase: get, list, watch, create, update, patch, delete, deletecollection, proxy; for
-    /// non-resource requests the lowercase HTTP method.
-    pub verb: String,
-    pub api_prefix: String,
-    pub api_group: String,
-    pub api_version: String,
-    pub namespace: String,
-    pub resource: String,
-    pub subresource: String,
-    pub name: String,
     /// Exempt from the request timeout and the in-flight limits. Decided by verb and
     /// subresource alone: a header such as `Connection: Upgrade` costs a client nothing to send.
     pub long_running: bool,
+    /// The decoded path, then the field selector's name (see [`RequestInfo::name`]).
+    text: String,
+    path_len: usize,
+    verb: Cow<'static, str>,
+    api_prefix: Span,
+    api_group: Span,
+    api_version: Span,
+    namespace: Span,
+    resource: Span,
+    subresource: Span,
+    name: Span,
+}
+
+/// Where a field lies in [`RequestInfo`]'s text (empty: the field is not set).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Span {
+    start: usize,
+    end: usize,
+}
+
+impl Span {
+    fn is_empty(self) -> bool {
+        self.start == self.end
+    }
+
+    /// The span of `part`, a slice of `text`.
+    fn of(text: &str, part: &str) -> Self {
+        let start = part.as_ptr() as usize - text.as_ptr() as usize;
+        Self {
+            start,
+            end: start + part.len(),
+        }
+    }
 }
 
 impl RequestInfo {
+    /// A non-resource request for `path`, for a request no one parsed (tests, fallbacks).
+    pub fn non_resource(method: &Method, path: &str) -> Self {
+        Self {
+            path_len: path.len(),
+            text: path.to_owned(),
+            verb: lowercase_method(method),
+            ..Default::default()
+        }
+    }
+
+    fn field(&self, span: Span) -> &str {
+        &self.text[span.start..span.end]
+    }
+
+    /// The percent-decoded URL path, as kube's `RequestInfo.Path` (Go's `URL.Path`); the raw
+    /// form stays in the request's URI.
+    pub fn path(&self) -> &str {
+        &self.text[..self.path_len]
+    }
+
+    /// Lowercase: get, list, watch, create, update, patch, delete, deletecollection, proxy; for
+    /// non-resource requests the lowercase HTTP method.
+    pub fn verb(&self) -> &str {
+        &self.verb
+    }
+
+    pub fn api_prefix(&self) -> &str {
+        self.field(self.api_prefix)
+    }
+
+    pub fn api_group(&self) -> &str {
+        self.field(self.api_group)
+    }
+
+    pub fn api_version(&self) -> &str {
+        self.field(self.api_version)
+    }
+
+    pub fn namespace(&self) -> &str {
+        self.field(self.namespace)
+    }
+
+    pub fn resource(&self) -> &str {
+        self.field(self.resource)
+    }
+
+    pub fn subresource(&self) -> &str {
+        self.field(self.subresource)
+    }
+
+    /// The object's name, from the path or from a field selector naming a single object.
+    pub fn name(&self) -> &str {
+        self.field(self.name)
+    }
+
     pub fn is_mutating(&self) -> bool {
-        !matches!(
-            self.verb.as_str(),
-            "get" | "list" | "watch" | "head" | "options"
-        )
+        !matches!(self.verb(), "get" | "list" | "watch" | "head" | "options")
+    }
+}
+
+impl std::fmt::Debug for RequestInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestInfo")
+            .field("is_resource_request", &self.is_resource_request)
+            .field("path", &self.path())
+            .field("verb", &self.verb())
+            .field("api_prefix", &self.api_prefix())
+            .field("api_group", &self.api_group())
+            .field("api_version", &self.api_version())
+            .field("namespace", &self.namespace())
+            .field("resource", &self.resource())
+            .field("subresource", &self.subresource())
+            .field("name", &self.name())
+            .field("long_running", &self.long_running)
+            .finish()
+    }
+}
+
+/// The lowercase HTTP method, kube's verb of a non-resource request; a constant for the
+/// standard methods.
+fn lowercase_method(method: &Method) -> Cow<'static, str> {
+    match *method {
+        Method::GET => "get".into(),
+        Method::HEAD => "head".into(),
+        Method::POST => "post".into(),
+        Method::PUT => "put".into(),
+        Method::PATCH => "patch".into(),
+        Method::DELETE => "delete".into(),
+        Method::OPTIONS => "options".into(),
+        Method::CONNECT => "connect".into(),
+        Method::TRACE => "trace".into(),
+        _ => method.as_str().to_ascii_lowercase().into(),
     }
 }
 
@@ -114,22 +225,37 @@ pub(crate) fn field_selector_name(query: &str) -> Option<String> {
     valid.then(|| value.to_owned())
 }
 
-/// [`parse`]'s result for a request, kept in its extensions by the first layer that needs it
-/// (the access log, for the metric labels) so that the request-info layer below takes it
-/// instead of parsing the same method, path and query again. Nothing between them rewrites the
-/// URI.
+/// Why [`parse`] refused a request, kept in its extensions by the first layer that parsed it
+/// (the access log, for the metric labels) for the request-info layer below to answer.
 #[derive(Clone)]
-pub struct Parsed(pub Result<RequestInfo, String>);
+pub struct Unparsable(pub String);
 
-/// Parses `req` unless an outer layer already did, and leaves the result in its extensions.
-pub fn ensure_parsed<B>(req: &mut http::Request<B>) {
-    if req.extensions().get::<Parsed>().is_none() {
-        let parsed = parse(
-            req.method(),
-            req.uri().path(),
-            req.uri().query().unwrap_or(""),
-        );
-        req.extensions_mut().insert(Parsed(parsed));
+/// Parses `req` unless an outer layer already did, and leaves the result in its extensions:
+/// the attributes themselves, as the layers below read them (the request-info layer only adds
+/// what the routes declare long-running), or why there are none. One extension either way, so
+/// the parse costs no extension of its own. Nothing between the two layers rewrites the URI.
+/// Returns whether the request has attributes.
+pub fn ensure_parsed<B>(req: &mut http::Request<B>) -> bool {
+    if req.extensions().get::<Arc<RequestInfo>>().is_some() {
+        return true;
+    }
+    if req.extensions().get::<Unparsable>().is_some() {
+        return false;
+    }
+    let parsed = parse(
+        req.method(),
+        req.uri().path(),
+        req.uri().query().unwrap_or(""),
+    );
+    match parsed {
+        Ok(info) => {
+            req.extensions_mut().insert(Arc::new(info));
+            true
+        }
+        Err(message) => {
+            req.extensions_mut().insert(Unparsable(message));
+            false
+        }
     }
 }
 
@@ -149,67 +275,101 @@ pub fn parse(method: &Method, raw_path: &str, query: &str) -> Result<RequestInfo
         None => return Err(format!("invalid URL escape in path {raw_path:?}")),
     };
     let mut info = RequestInfo {
-        path: path.clone().into_owned(),
-        verb: method.as_str().to_ascii_lowercase(),
+        path_len: path.len(),
+        verb: lowercase_method(method),
         ..Default::default()
     };
-    let mut parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let selector_name = split(&mut info, &path, raw_path, method, query)?;
+    info.text = path.into_owned();
+    if let Some(name) = selector_name {
+        let start = info.text.len();
+        info.text.push_str(&name);
+        info.name = Span {
+            start,
+            end: info.text.len(),
+        };
+    }
+    info.long_running = is_long_running(&info);
+    Ok(info)
+}
+
+/// Kube's parts of a path beyond which [`split`] never looks: it compares what is left after at
+/// most six parts with at most three.
+const MAX_PARTS: usize = 10;
+
+/// Sets `info`'s verb and the spans of its fields in the decoded `path` (the rest of
+/// [`parse`]); returns the name a field selector gives a list, which is not in the path.
+fn split(
+    info: &mut RequestInfo,
+    path: &str,
+    raw_path: &str,
+    method: &Method,
+    query: &str,
+) -> Result<Option<String>, String> {
+    let mut all = [""; MAX_PARTS];
+    let mut n = 0;
+    for (slot, part) in all.iter_mut().zip(path.trim_matches('/').split('/')) {
+        *slot = part;
+        n += 1;
+    }
+    let mut parts = &all[..n];
     if parts.len() == 1 && parts[0].is_empty() {
-        parts.clear();
+        parts = &[];
     }
     if parts.len() < 3 || !(parts[0] == "api" || parts[0] == "apis") {
-        return Ok(info);
+        return Ok(None);
     }
-    info.api_prefix = parts[0].to_owned();
+    let span = |part: &str| Span::of(path, part);
+    info.api_prefix = span(parts[0]);
     let mut rest = &parts[1..];
-    if info.api_prefix == "apis" {
+    if parts[0] == "apis" {
         if rest.len() < 3 {
-            return Ok(info);
+            return Ok(None);
         }
-        info.api_group = rest[0].to_owned();
+        info.api_group = span(rest[0]);
         rest = &rest[1..];
     }
     info.is_resource_request = true;
-    info.api_version = rest[0].to_owned();
+    info.api_version = span(rest[0]);
     rest = &rest[1..];
 
-    if SPECIAL_VERBS.contains(&rest[0]) {
+    if let Some(special) = SPECIAL_VERBS.iter().find(|v| **v == rest[0]) {
         if rest.len() < 2 {
             return Err(format!(
                 "unable to determine kind and namespace from url {raw_path}"
             ));
         }
-        info.verb = rest[0].to_owned();
+        info.verb = Cow::Borrowed(special);
         rest = &rest[1..];
     } else {
-        info.verb = match *method {
+        info.verb = Cow::Borrowed(match *method {
             Method::POST => "create",
             Method::GET | Method::HEAD => "get",
             Method::PUT => "update",
             Method::PATCH => "patch",
             Method::DELETE => "delete",
             _ => "",
-        }
-        .to_owned();
+        });
     }
 
     if rest[0] == "namespaces" && rest.len() > 1 {
-        info.namespace = rest[1].to_owned();
+        info.namespace = span(rest[1]);
         if rest.len() > 2 && !NAMESPACE_SUBRESOURCES.contains(&rest[2]) {
             rest = &rest[2..];
         }
     }
 
     if rest.len() >= 3 && info.verb != "proxy" {
-        info.subresource = rest[2].to_owned();
+        info.subresource = span(rest[2]);
     }
     if rest.len() >= 2 {
-        info.name = rest[1].to_owned();
+        info.name = span(rest[1]);
     }
     if !rest.is_empty() {
-        info.resource = rest[0].to_owned();
+        info.resource = span(rest[0]);
     }
 
+    let mut selector_name = None;
     if info.name.is_empty() && info.verb == "get" {
         // Past Go's limit the backend sees no parameters at all (no watch, no selector) while
         // older Go releases see them all: refuse rather than guess which one serves this.
@@ -218,21 +378,17 @@ pub fn parse(method: &Method, raw_path: &str, query: &str) -> Result<RequestInfo
                 "number of URL query parameters exceeded limit of {MAX_QUERY_PARAMS}"
             ));
         }
-        info.verb = if watch_requested(query) {
+        info.verb = Cow::Borrowed(if watch_requested(query) {
             "watch"
         } else {
             "list"
-        }
-        .to_owned();
-        if let Some(name) = field_selector_name(query) {
-            info.name = name;
-        }
+        });
+        selector_name = field_selector_name(query);
     }
     if info.name.is_empty() && info.verb == "delete" {
-        info.verb = "deletecollection".to_owned();
+        info.verb = Cow::Borrowed("deletecollection");
     }
-    info.long_running = is_long_running(&info);
-    Ok(info)
+    Ok(selector_name)
 }
 
 /// kube-apiserver's `BasicLongRunningRequestCheck` over its default verbs and subresources,
@@ -240,8 +396,8 @@ pub fn parse(method: &Method, raw_path: &str, query: &str) -> Result<RequestInfo
 /// and a made-up `WATCH` method must not buy an exemption from the limits.
 fn is_long_running(info: &RequestInfo) -> bool {
     info.is_resource_request
-        && (LONG_RUNNING_VERBS.contains(&info.verb.as_str())
-            || LONG_RUNNING_SUBRESOURCES.contains(&info.subresource.as_str()))
+        && (LONG_RUNNING_VERBS.contains(&info.verb())
+            || LONG_RUNNING_SUBRESOURCES.contains(&info.subresource()))
 }
 
 #[cfg(test)]
@@ -254,22 +410,18 @@ mod tests {
     }
 
     fn verb(target: &str) -> String {
-        p(Method::GET, target).verb
+        p(Method::GET, target).verb().to_owned()
     }
 
     #[test]
     fn resource_requests() {
         let i = p(Method::GET, "/api/v1/namespaces/default/pods/web-0");
         assert_eq!(
-            (
-                i.verb.as_str(),
-                i.api_group.as_str(),
-                i.api_version.as_str()
-            ),
+            (i.verb(), i.api_group(), i.api_version()),
             ("get", "", "v1")
         );
         assert_eq!(
-            (i.namespace.as_str(), i.resource.as_str(), i.name.as_str()),
+            (i.namespace(), i.resource(), i.name()),
             ("default", "pods", "web-0")
         );
         let i = p(
@@ -277,32 +429,29 @@ mod tests {
             "/apis/wardle.example.com/v1alpha1/namespaces/ns/flunders",
         );
         assert_eq!(
-            (i.verb.as_str(), i.api_group.as_str(), i.resource.as_str()),
+            (i.verb(), i.api_group(), i.resource()),
             ("list", "wardle.example.com", "flunders")
         );
         assert!(!i.long_running);
         let i = p(Method::GET, "/apis/apps/v1/deployments?watch=true");
-        assert_eq!(i.verb, "watch");
+        assert_eq!(i.verb(), "watch");
         assert!(i.long_running);
         let i = p(Method::GET, "/apis/apps/v1/watch/namespaces/x/deployments");
         assert_eq!(
-            (i.verb.as_str(), i.namespace.as_str(), i.resource.as_str()),
+            (i.verb(), i.namespace(), i.resource()),
             ("watch", "x", "deployments")
         );
         let i = p(Method::DELETE, "/api/v1/namespaces/x/configmaps");
-        assert_eq!(i.verb, "deletecollection");
+        assert_eq!(i.verb(), "deletecollection");
         let i = p(Method::POST, "/api/v1/namespaces/x/pods/p/exec?command=sh");
-        assert_eq!(
-            (i.verb.as_str(), i.subresource.as_str()),
-            ("create", "exec")
-        );
+        assert_eq!((i.verb(), i.subresource()), ("create", "exec"));
         assert!(i.long_running);
         let i = p(
             Method::PUT,
             "/apis/apiregistration.k8s.io/v1/apiservices/v1.x/status",
         );
         assert_eq!(
-            (i.verb.as_str(), i.name.as_str(), i.subresource.as_str()),
+            (i.verb(), i.name(), i.subresource()),
             ("update", "v1.x", "status")
         );
         assert!(!i.long_running);
@@ -329,7 +478,7 @@ mod tests {
             "/api/v1/pods?watch=0;x=1&watch=1",
         ] {
             let i = p(Method::GET, target);
-            assert_eq!(i.verb, "watch", "{target}");
+            assert_eq!(i.verb(), "watch", "{target}");
             assert!(i.long_running, "{target}");
         }
         for target in [
@@ -346,7 +495,7 @@ mod tests {
             "/api/v1/pods?%77atch%3D1",
         ] {
             let i = p(Method::GET, target);
-            assert_eq!(i.verb, "list", "{target}");
+            assert_eq!(i.verb(), "list", "{target}");
             assert!(!i.long_running, "{target}");
         }
         // HEAD reads like GET; a named object is a get whatever `watch` says.
@@ -372,33 +521,30 @@ mod tests {
     fn the_path_is_decoded_before_it_is_split() {
         let i = p(Method::GET, "/api/v1/namespaces/%6Bube-system/pods");
         assert_eq!(
-            (i.namespace.as_str(), i.resource.as_str(), i.verb.as_str()),
+            (i.namespace(), i.resource(), i.verb()),
             ("kube-system", "pods", "list")
         );
-        assert_eq!(i.path, "/api/v1/namespaces/kube-system/pods");
+        assert_eq!(i.path(), "/api/v1/namespaces/kube-system/pods");
         // An encoded slash is a separator in Go's `URL.Path`, so in kube's parts too.
         let i = p(Method::GET, "/api/v1/namespaces/a%2Fb/pods");
-        assert_eq!(
-            (i.namespace.as_str(), i.resource.as_str(), i.name.as_str()),
-            ("a", "b", "pods")
-        );
-        assert_eq!(i.path, "/api/v1/namespaces/a/b/pods");
+        assert_eq!((i.namespace(), i.resource(), i.name()), ("a", "b", "pods"));
+        assert_eq!(i.path(), "/api/v1/namespaces/a/b/pods");
         let i = p(Method::GET, "/%61pis/apps/v1/%77atch/deployments");
         assert_eq!(
-            (i.api_prefix.as_str(), i.verb.as_str(), i.resource.as_str()),
+            (i.api_prefix(), i.verb(), i.resource()),
             ("apis", "watch", "deployments")
         );
         assert!(i.long_running);
         let i = p(Method::POST, "/api/v1/namespaces/x/pods/p/%65xec");
-        assert_eq!(i.subresource, "exec");
+        assert_eq!(i.subresource(), "exec");
         assert!(i.long_running);
         // `+` is only a space in queries; `%2B` is a plus, `%C3%A9` UTF-8.
         let i = p(Method::GET, "/api/v1/namespaces/x/configmaps/a+b%2Bc%C3%A9");
-        assert_eq!(i.name, "a+b+cé");
+        assert_eq!(i.name(), "a+b+cé");
         let i = p(Method::GET, "/heal%74hz");
         assert!(!i.is_resource_request);
-        assert_eq!(i.path, "/healthz");
-        assert_eq!(p(Method::GET, "/api/v1/pods").path, "/api/v1/pods");
+        assert_eq!(i.path(), "/healthz");
+        assert_eq!(p(Method::GET, "/api/v1/pods").path(), "/api/v1/pods");
     }
 
     #[test]
@@ -419,20 +565,17 @@ mod tests {
     fn namespaces_themselves() {
         let i = p(Method::GET, "/api/v1/namespaces/default");
         assert_eq!(
-            (i.resource.as_str(), i.name.as_str(), i.namespace.as_str()),
+            (i.resource(), i.name(), i.namespace()),
             ("namespaces", "default", "default")
         );
         let i = p(Method::PUT, "/api/v1/namespaces/default/finalize");
-        assert_eq!(
-            (i.resource.as_str(), i.subresource.as_str()),
-            ("namespaces", "finalize")
-        );
+        assert_eq!((i.resource(), i.subresource()), ("namespaces", "finalize"));
     }
 
     #[test]
     fn field_selector_names_a_single_object() {
         let i = p(Method::GET, "/apis/apiregistration.k8s.io/v1/apiservices?fieldSelector=metadata.name%3Dv1.x&watch=1");
-        assert_eq!((i.verb.as_str(), i.name.as_str()), ("watch", "v1.x"));
+        assert_eq!((i.verb(), i.name()), ("watch", "v1.x"));
     }
 
     #[test]
@@ -483,7 +626,7 @@ mod tests {
         ] {
             let i = p(Method::GET, path);
             assert!(!i.is_resource_request, "{path}");
-            assert_eq!(i.verb, "get");
+            assert_eq!(i.verb(), "get");
         }
     }
 
@@ -520,12 +663,7 @@ mod tests {
             "/api/v1/proxy/namespaces/x/services/s/some/path",
         );
         assert_eq!(
-            (
-                i.verb.as_str(),
-                i.resource.as_str(),
-                i.name.as_str(),
-                i.subresource.as_str()
-            ),
+            (i.verb(), i.resource(), i.name(), i.subresource()),
             ("proxy", "services", "s", "")
         );
         assert!(i.long_running);

@@ -88,6 +88,16 @@ pub struct Authenticated {
     pub impersonation_headers: Vec<(HeaderName, HeaderValue)>,
 }
 
+/// The user a request acts as: authentication's outcome (see [`Authenticated::user`]), or a
+/// user a request was given directly (one the gateway makes itself, tests); `None` for a request
+/// that did not pass authentication.
+pub fn request_user(extensions: &http::Extensions) -> Option<&Arc<UserInfo>> {
+    extensions
+        .get::<Authenticated>()
+        .map(Authenticated::user)
+        .or_else(|| extensions.get::<Arc<UserInfo>>())
+}
+
 // === impl Authenticated ===
 
 impl Authenticated {
@@ -219,7 +229,6 @@ impl Authenticator {
             authorization,
             impersonation_headers,
         };
-        req.extensions_mut().insert(auth.user().clone());
         req.extensions_mut().insert(auth);
         Ok(())
     }

@@ -91,9 +91,9 @@ impl Held {
 /// same) whose client asked for a Table.
 pub fn applies(info: &RequestInfo, request_headers: &HeaderMap) -> bool {
     info.is_resource_request
-        && info.resource == "apiservices"
-        && info.subresource.is_empty()
-        && matches!(info.verb.as_str(), "get" | "list" | "watch")
+        && info.resource() == "apiservices"
+        && info.subresource().is_empty()
+        && matches!(info.verb(), "get" | "list" | "watch")
         && request_headers
             .get_all(header::ACCEPT)
             .iter()

@@ -124,7 +124,7 @@ impl Service<Request> for Router {
             // `kubectl get apiservices` of a core that stores them as the chart's CRD.
             let apiservice_printing = info
                 .filter(|i| apiservice_printing::applies(i, req.headers()))
-                .map(|i| i.verb == "watch");
+                .map(|i| i.verb() == "watch");
             let from_core = |resp: Response| async move {
                 match apiservice_printing {
                     Some(watch) => apiservice_printing::present(resp, watch).await,
@@ -133,7 +133,7 @@ impl Service<Request> for Router {
             };
             // Routes are matched on the decoded path, as kube-aggregator's mux matches
             // `URL.Path`; the request itself goes on with the path the client wrote.
-            let route_path = info.map_or(path, |i| i.path.as_str());
+            let route_path = info.map_or(path, |i| i.path());
             let table = routes_for(&req, &gw.routing);
             let route = match table.lookup(route_path) {
                 Lookup::GroupVersion(route) | Lookup::LegacyCore(route) => Some(route),
@@ -159,9 +159,7 @@ impl Service<Request> for Router {
                         })
                     }
                     Target::Remote(backend) => {
-                        let user = req
-                            .extensions()
-                            .get::<Arc<UserInfo>>()
+                        let user = crate::auth::request_user(req.extensions())
                             .unwrap_or(UserInfo::shared_anonymous())
                             .clone();
                         backend.forward(req, &user, client, long_running).await

@@ -130,9 +130,9 @@ impl RequestLabels {
 
 /// kube's `CleanScope`.
 fn scope(info: &RequestInfo) -> &'static str {
-    if !info.name.is_empty() || info.verb == "create" {
+    if !info.name().is_empty() || info.verb() == "create" {
         "resource"
-    } else if !info.namespace.is_empty() {
+    } else if !info.namespace().is_empty() {
         "namespace"
     } else if info.is_resource_request {
         "cluster"
@@ -144,11 +144,11 @@ fn scope(info: &RequestInfo) -> &'static str {
 /// kube's `CanonicalVerb` then `CleanVerb`: the HTTP method, with GET of a collection as LIST,
 /// a watch as WATCH, a server-side apply as APPLY and the streaming subresources as CONNECT.
 fn verb(method: &Method, info: &RequestInfo, scope: &str, headers: &HeaderMap) -> &'static str {
-    if info.is_resource_request && CONNECT_SUBRESOURCES.contains(&info.subresource.as_str()) {
+    if info.is_resource_request && CONNECT_SUBRESOURCES.contains(&info.subresource()) {
         return "CONNECT";
     }
     if *method == Method::GET || *method == Method::HEAD {
-        if info.verb == "watch" {
+        if info.verb() == "watch" {
             return "WATCH";
         }
         return if scope == "resource" || scope.is_empty() {
@@ -182,13 +182,13 @@ fn reported(method: &str) -> &'static str {
 fn names(info: &RequestInfo, known: &KnownResources) -> ResourceLabels {
     if info.is_resource_request {
         return known.labels(
-            &info.api_group,
-            &info.api_version,
-            &info.resource,
-            &info.subresource,
+            info.api_group(),
+            info.api_version(),
+            info.resource(),
+            info.subresource(),
         );
     }
-    let path = info.path.trim_end_matches('/');
+    let path = info.path().trim_end_matches('/');
     let path = if path.is_empty() { "/" } else { path };
     let label = NON_RESOURCE_PATHS
         .iter()

@@ -56,7 +56,7 @@ pub fn writes_core_discovery(info: &crate::request_info::RequestInfo) -> bool {
     info.is_resource_request
         && info.is_mutating()
         && matches!(
-            (info.api_group.as_str(), info.resource.as_str()),
+            (info.api_group(), info.resource()),
             ("apiextensions.k8s.io", "customresourcedefinitions")
                 | ("apiregistration.k8s.io", "apiservices")
         )

@@ -279,7 +279,7 @@ mod tests {
                         linear.name,
                         "{} {}",
                         u.name,
-                        r.path
+                        r.path()
                     );
                 }
             }

@@ -23,6 +23,7 @@ use super::classifier::Classifier;
 use super::dispatch::PriorityLevel;
 use super::metrics::{FlowMetrics, LevelMetrics, Metrics};
 use super::model::{Invalid, LevelSpec, Limit, SchemaSpec};
+use super::shuffle_shard::FlowHashes;
 
 /// kube adjusts the levels' limits this often.
 pub const BORROWING_PERIOD: Duration = Duration::from_secs(10);
@@ -37,6 +38,8 @@ pub struct Schema {
     pub flow: Arc<FlowMetrics>,
     /// Flows are told apart (hashed) only at a level with more than one queue.
     pub hashed: bool,
+    /// The flow hashes of this schema's distinguishers, kept while the configuration lasts.
+    pub flow_hashes: FlowHashes,
     /// The most seats one request of this level may take (0: no level limit).
     pub max_seats: u32,
 }
@@ -236,6 +239,7 @@ impl Controller {
                     level_uid: header_value(&l.spec.uid),
                     hashed: matches!(l.spec.limit, Limit::Queue(q) if q.queues > 1),
                     max_seats: l.max_seats,
+                    flow_hashes: FlowHashes::new(spec.name.clone()),
                     spec,
                 })
             })

@@ -165,20 +165,20 @@ pub fn requests(levels: &[LevelView], details: bool) -> String {
             ];
             if details {
                 let i = &d.info;
-                let gv = if i.api_group.is_empty() {
-                    i.api_version.clone()
+                let gv = if i.api_group().is_empty() {
+                    i.api_version().to_owned()
                 } else {
-                    format!("{}/{}", i.api_group, i.api_version)
+                    format!("{}/{}", i.api_group(), i.api_version())
                 };
                 row.extend([
                     d.user.name.clone(),
-                    i.verb.clone(),
-                    i.path.clone(),
-                    i.namespace.clone(),
-                    i.name.clone(),
+                    i.verb().to_owned(),
+                    i.path().to_owned(),
+                    i.namespace().to_owned(),
+                    i.name().to_owned(),
                     gv,
-                    i.resource.clone(),
-                    i.subresource.clone(),
+                    i.resource().to_owned(),
+                    i.subresource().to_owned(),
                 ]);
             }
             t.row(row);

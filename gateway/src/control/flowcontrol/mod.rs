@@ -135,10 +135,10 @@ impl FlowControl {
         let hash = if schema.hashed {
             let distinguisher = match schema.spec.distinguisher {
                 Some(Distinguisher::ByUser) => user.name.as_str(),
-                Some(Distinguisher::ByNamespace) => info.namespace.as_str(),
+                Some(Distinguisher::ByNamespace) => info.namespace(),
                 None => "",
             };
-            shuffle_shard::hash_flow_id(&schema.spec.name, distinguisher)
+            schema.flow_hashes.get(distinguisher)
         } else {
             0
         };

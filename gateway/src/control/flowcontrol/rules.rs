@@ -59,21 +59,21 @@ pub fn service_account_of(user: &str) -> Option<(&str, &str)> {
 }
 
 fn matches_resource(info: &RequestInfo, rule: &ResourceRule) -> bool {
-    if !rule.verbs.contains(&info.verb)
-        || !rule.resources.contains(&info.resource, &info.subresource)
-        || !rule.api_groups.contains(&info.api_group)
+    if !rule.verbs.contains(info.verb())
+        || !rule.resources.contains(info.resource(), info.subresource())
+        || !rule.api_groups.contains(info.api_group())
     {
         return false;
     }
-    if info.namespace.is_empty() {
+    if info.namespace().is_empty() {
         rule.cluster_scope
     } else {
-        rule.namespaces.contains(&info.namespace)
+        rule.namespaces.contains(info.namespace())
     }
 }
 
 fn matches_non_resource(info: &RequestInfo, rule: &NonResourceRule) -> bool {
-    rule.verbs.contains(&info.verb) && rule.urls.iter().any(|u| u.matches(&info.path))
+    rule.verbs.contains(info.verb()) && rule.urls.iter().any(|u| u.matches(info.path()))
 }
 
 #[cfg(test)]

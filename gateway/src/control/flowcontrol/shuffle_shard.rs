@@ -8,6 +8,8 @@
 //! kube-apiserver and a gateway beside it then put the same flows together, and the dumps read the
 //! same.
 
+use std::collections::HashMap;
+
 use sha2::{Digest, Sha256};
 
 /// Only this many bits of the hash are used, so that the last card of a deal is not biased by
@@ -109,6 +111,48 @@ pub fn hash_flow_id(flow_schema: &str, distinguisher: &str) -> u64 {
     u64::from_le_bytes(sum[..8].try_into().expect("a SHA-256 sum has 32 bytes"))
 }
 
+/// Flows remembered per FlowSchema: the distinguishers of a busy server are few (its clients'
+/// users and namespaces) while SHA-256 costs thousands of instructions per request.
+const MAX_REMEMBERED_FLOWS: usize = 1024;
+/// Longer distinguishers are hashed every time rather than kept: names and namespaces are at
+/// most 253 bytes, so only a made-up one is longer.
+const MAX_REMEMBERED_DISTINGUISHER: usize = 253;
+
+/// [`hash_flow_id`] for one FlowSchema, remembered per distinguisher. The hashes are kube's
+/// (so are the queues they choose); the set is emptied when it is full, which bounds it
+/// whatever the churn of users or namespaces.
+pub struct FlowHashes {
+    flow_schema: std::sync::Arc<str>,
+    known: std::sync::RwLock<HashMap<Box<str>, u64, foldhash::fast::FixedState>>,
+}
+
+impl FlowHashes {
+    pub fn new(flow_schema: std::sync::Arc<str>) -> Self {
+        Self {
+            flow_schema,
+            known: Default::default(),
+        }
+    }
+
+    /// The hash of the flow of `distinguisher` in this FlowSchema.
+    pub fn get(&self, distinguisher: &str) -> u64 {
+        let known = self.known.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(hash) = known.get(distinguisher) {
+            return *hash;
+        }
+        drop(known);
+        let hash = hash_flow_id(&self.flow_schema, distinguisher);
+        if distinguisher.len() <= MAX_REMEMBERED_DISTINGUISHER {
+            let mut known = self.known.write().unwrap_or_else(|e| e.into_inner());
+            if known.len() >= MAX_REMEMBERED_FLOWS {
+                known.clear();
+            }
+            known.insert(distinguisher.into(), hash);
+        }
+        hash
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
@@ -152,6 +196,24 @@ mod tests {
             0x6a0f_db9d_0419_8c7c
         );
         assert_eq!(hash_flow_id("", ""), 0x987a_b3ff_9c0b_346e);
+    }
+
+    #[test]
+    fn remembered_flow_hashes_are_kubes() {
+        let hashes = FlowHashes::new("global-default".into());
+        for _ in 0..2 {
+            assert_eq!(hashes.get("alice"), 0xf4de_3bd4_2ccd_f6b7);
+        }
+        // Past the bound the set starts over; every answer is still the flow's own hash.
+        for i in 0..MAX_REMEMBERED_FLOWS + 10 {
+            let user = format!("user-{i}");
+            assert_eq!(hashes.get(&user), hash_flow_id("global-default", &user));
+        }
+        assert!(hashes.known.read().unwrap().len() <= MAX_REMEMBERED_FLOWS);
+        let long = "n".repeat(MAX_REMEMBERED_DISTINGUISHER + 1);
+        assert_eq!(hashes.get(&long), hash_flow_id("global-default", &long));
+        assert!(!hashes.known.read().unwrap().contains_key(long.as_str()));
+        assert_eq!(hashes.get("alice"), 0xf4de_3bd4_2ccd_f6b7);
     }
 
     #[test]

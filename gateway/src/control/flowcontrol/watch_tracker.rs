@@ -55,13 +55,18 @@ impl WatchTracker {
     /// Counts the watch `info` (with its raw `query`) while the returned registration lives;
     /// `None` for what is not a watch, or is a watch kube does not count.
     pub fn register(self: &Arc<Self>, info: &RequestInfo, query: &str) -> Option<Registration> {
-        if info.verb != "watch" {
+        if info.verb() != "watch" {
             return None;
         }
-        if info.resource == "pods" && watches_one_node(query) {
+        if info.resource() == "pods" && watches_one_node(query) {
             return None;
         }
-        let s = slots(&info.api_group, &info.resource, &info.namespace, &info.name);
+        let s = slots(
+            info.api_group(),
+            info.resource(),
+            info.namespace(),
+            info.name(),
+        );
         self.add(s, 1);
         Some(Registration {
             tracker: self.clone(),
@@ -88,16 +93,16 @@ impl WatchTracker {
     /// The watches a write described by `info` may wake: those of the whole resource, of its
     /// namespace, and of the object itself.
     pub fn interested(&self, info: &RequestInfo) -> u32 {
-        if matches!(info.verb.as_str(), "get" | "list" | "watch" | "proxy") {
+        if matches!(info.verb(), "get" | "list" | "watch" | "proxy") {
             return 0;
         }
-        let (g, r) = (&info.api_group, &info.resource);
+        let (g, r) = (&info.api_group(), &info.resource());
         let mut n = self.count(slots(g, r, "", ""));
-        if !info.namespace.is_empty() {
-            n += self.count(slots(g, r, &info.namespace, ""));
+        if !info.namespace().is_empty() {
+            n += self.count(slots(g, r, info.namespace(), ""));
         }
-        if !info.name.is_empty() {
-            n += self.count(slots(g, r, &info.namespace, &info.name));
+        if !info.name().is_empty() {
+            n += self.count(slots(g, r, info.namespace(), info.name()));
         }
         n
     }

@@ -67,7 +67,7 @@ impl Estimator {
             list: None,
             watch_count: None,
         };
-        match info.verb.as_str() {
+        match info.verb() {
             "list" => self.list(info, query, level_max_seats),
             "watch" => {
                 let initial_events = query_value(query, "sendInitialEvents")
@@ -77,7 +77,7 @@ impl Estimator {
                 if !initial_events && !legacy {
                     return seats(MINIMUM_SEATS);
                 }
-                let key = ListKey::new(&info.api_group, &info.resource, &info.namespace, b"");
+                let key = ListKey::new(info.api_group(), info.resource(), info.namespace(), b"");
                 let limit = max_seats(level_max_seats, MAXIMUM_LIST_SEATS);
                 seats(self.list_seats(key, true, info, limit))
             }
@@ -88,7 +88,7 @@ impl Estimator {
 
     fn list(&self, info: &RequestInfo, query: &str, level_max_seats: u32) -> Estimate {
         let limit = query_value(query, "limit").unwrap_or_default();
-        let key = ListKey::new(&info.api_group, &info.resource, &info.namespace, &limit);
+        let key = ListKey::new(info.api_group(), info.resource(), info.namespace(), &limit);
         let rv = query_value(query, "resourceVersion");
         let from_cache = rv.as_deref() == Some(b"0");
         let max = max_seats(level_max_seats, MAXIMUM_LIST_SEATS);
@@ -100,7 +100,7 @@ impl Estimator {
     }
 
     fn list_seats(&self, key: ListKey, from_cache: bool, info: &RequestInfo, max: u32) -> u32 {
-        if !info.name.is_empty() {
+        if !info.name().is_empty() {
             return MINIMUM_SEATS;
         }
         let Some(mut bytes) = self.lists.get(key) else {
@@ -120,7 +120,7 @@ impl Estimator {
             watch_count: None,
         };
         // A ServiceAccount token request writes nothing anyone watches.
-        if info.resource == "serviceaccounts" && info.subresource == "token" {
+        if info.resource() == "serviceaccounts" && info.subresource() == "token" {
             return e;
         }
         let watches = self.watches.interested(info);

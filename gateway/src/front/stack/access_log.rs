@@ -64,12 +64,12 @@ where
             .get::<crate::extensions::ConnInfo>()
             .map(|c| c.remote);
         let version = req.version();
-        // Parsed once for the labels and the request-info layer below (see `Parsed`).
+        // Parsed once for the labels and the layers below (see `ensure_parsed`).
         crate::request_info::ensure_parsed(&mut req);
         let info = req
             .extensions()
-            .get::<crate::request_info::Parsed>()
-            .and_then(|p| p.0.as_ref().ok());
+            .get::<Arc<crate::request_info::RequestInfo>>()
+            .map(|i| &**i);
         let labels = RequestLabels::of_parsed(
             req.method(),
             info,

@@ -422,7 +422,7 @@ where
                 let _ = slot.user.set((user.clone(), None));
             }
             if let Some(info) = ext.get::<Arc<RequestInfo>>() {
-                let _ = slot.verb.set(info.verb.clone());
+                let _ = slot.verb.set(info.verb().to_owned());
             }
         }
         MarkLongRunning {

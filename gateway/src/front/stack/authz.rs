@@ -102,7 +102,7 @@ impl Authorizer {
     fn applies(&self, req: &mut Request) -> bool {
         // The decoded path, as the router matches routes on it (see `router`).
         let path = match req.extensions().get::<Arc<RequestInfo>>() {
-            Some(info) => info.path.as_str(),
+            Some(info) => info.path(),
             None => req.uri().path(),
         };
         if path == "/metrics" {
@@ -137,18 +137,18 @@ fn is_discovery_document(method: &Method, path: &str) -> bool {
 fn action<'a>(info: &'a RequestInfo, path: &'a str) -> Action<'a> {
     if info.is_resource_request {
         Action::Resource {
-            verb: &info.verb,
-            group: &info.api_group,
-            version: &info.api_version,
-            resource: &info.resource,
-            subresource: &info.subresource,
-            namespace: &info.namespace,
-            name: &info.name,
+            verb: info.verb(),
+            group: info.api_group(),
+            version: info.api_version(),
+            resource: info.resource(),
+            subresource: info.subresource(),
+            namespace: info.namespace(),
+            name: info.name(),
         }
     } else {
         Action::NonResource {
             path,
-            verb: &info.verb,
+            verb: info.verb(),
         }
     }
 }
@@ -198,25 +198,19 @@ where
         let authorizer = authorizer.clone();
         let mut inner = take_inner(&mut self.inner);
         Either::Right(Box::pin(async move {
-            let user: &UserInfo = req
-                .extensions()
-                .get::<Arc<UserInfo>>()
-                .unwrap_or(UserInfo::shared_anonymous());
+            let user: &UserInfo =
+                crate::auth::request_user(req.extensions()).unwrap_or(UserInfo::shared_anonymous());
             let fallback;
             let info = match req.extensions().get::<Arc<RequestInfo>>() {
                 Some(i) => i,
                 None => {
-                    fallback = RequestInfo {
-                        path: req.uri().path().to_owned(),
-                        verb: req.method().as_str().to_ascii_lowercase(),
-                        ..Default::default()
-                    };
+                    fallback = RequestInfo::non_resource(req.method(), req.uri().path());
                     &fallback
                 }
             };
             let attrs = Attributes {
                 user,
-                action: action(info, &info.path),
+                action: action(info, info.path()),
             };
             let decision = match sar::cached_review(&authorizer.client, &authorizer.cache, &attrs)
                 .await

@@ -107,7 +107,7 @@ impl Shared {
         let Some(routing) = &self.routing else {
             return self.max_body;
         };
-        let path = info.map_or(req.uri().path(), |i| i.path.as_str());
+        let path = info.map_or(req.uri().path(), |i| i.path());
         let table = routing.load_full();
         match table.lookup(path) {
             Lookup::GroupVersion(route) | Lookup::LegacyCore(route)

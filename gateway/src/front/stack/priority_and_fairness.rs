@@ -25,11 +25,14 @@
 //! With `--enable-priority-and-fairness=false` the layer is not in the stack and `limits` keeps
 //! kube's older max-in-flight limits instead.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::future::Either;
 use http::header::HeaderName;
 use http::{HeaderMap, StatusCode};
 use http_body::Frame;
@@ -99,7 +102,9 @@ where
 {
     type Response = Response;
     type Error = BoxError;
-    type Future = BoxFuture<Result<Response, BoxError>>;
+    /// A request that runs at once (the usual case) or passes by costs no future of this
+    /// layer's own; one that waits for its seats, or is refused, is boxed.
+    type Future = Either<Admitted<S::Future>, BoxFuture<Result<Response, BoxError>>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         self.inner.poll_ready(cx)
@@ -108,44 +113,67 @@ where
     fn call(&mut self, req: Request) -> Self::Future {
         // The request-info layer above answers a request it cannot parse itself.
         let Some(info) = req.extensions().get::<Arc<RequestInfo>>() else {
-            return Box::pin(self.inner.call(req));
+            return Either::Left(Admitted::passed_by(self.inner.call(req)));
         };
-        let is_watch = info.verb == "watch";
+        let is_watch = info.verb() == "watch";
         if info.long_running && !is_watch {
-            return Box::pin(self.inner.call(req));
+            return Either::Left(Admitted::passed_by(self.inner.call(req)));
         }
-        let shared = self.shared.clone();
-        let mut inner = take_inner(&mut self.inner);
-        Box::pin(async move {
-            let started = match shared.start(&req, is_watch) {
-                Started::Run(run) => run,
-                Started::Wait(class, waiting) => match waiting.await {
-                    Ok(seat) => shared.run(&req, class, seat, is_watch),
-                    Err(_) => {
-                        let retry_after = class.schema.level.retry_after.refused();
-                        return Ok(refused(&class.schema, retry_after));
-                    }
-                },
-                Started::Refused(resp) => return Ok(resp),
-            };
-            let Run {
-                class,
-                executing,
-                watch,
-            } = started;
-            let mut resp = inner.call(req).await?;
-            classified(resp.headers_mut(), &class.schema);
-            if is_watch {
-                // Started: the seats go back now; the watch stays counted while it streams.
-                drop(executing);
-                return Ok(resp.map(|b| body::with_guard(b, watch)));
+        match self.shared.start(&req, is_watch) {
+            Started::Run(run) => Either::Left(Admitted {
+                inner: self.inner.call(req),
+                run: Some((run, self.shared.clone(), is_watch)),
+            }),
+            Started::Refused(resp) => Either::Right(Box::pin(std::future::ready(Ok(resp)))),
+            Started::Wait(class, waiting) => {
+                let shared = self.shared.clone();
+                let mut inner = take_inner(&mut self.inner);
+                Either::Right(Box::pin(async move {
+                    let run = match waiting.await {
+                        Ok(seat) => shared.run(&req, class, seat, is_watch),
+                        Err(_) => {
+                            let retry_after = class.schema.level.retry_after.refused();
+                            return Ok(refused(&class.schema, retry_after));
+                        }
+                    };
+                    let resp = inner.call(req).await?;
+                    Ok(shared.finish(resp, run, is_watch))
+                }))
             }
-            let list = class
-                .list
-                .filter(|_| resp.status() == StatusCode::OK)
-                .map(|key| (shared.flow_control.clone(), key));
-            Ok(resp.map(|b| body::with_guard(ListSize::new(b, list), executing)))
-        })
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The inner call of a request that has its seats (or passes flow control by); its answer
+    /// is classified and holds the seats while it streams. A named type, not a boxed `async`
+    /// block: the box was an allocation and a copy of the stack below for every request.
+    pub struct Admitted<F> {
+        #[pin]
+        inner: F,
+        run: Option<(Run, Arc<Shared>, bool)>,
+    }
+}
+
+impl<F> Admitted<F> {
+    fn passed_by(inner: F) -> Self {
+        Self { inner, run: None }
+    }
+}
+
+impl<F> Future for Admitted<F>
+where
+    F: Future<Output = Result<Response, BoxError>>,
+{
+    type Output = Result<Response, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let resp = ready!(this.inner.poll(cx))?;
+        Poll::Ready(Ok(match this.run.take() {
+            Some((run, shared, is_watch)) => shared.finish(resp, run, is_watch),
+            None => resp,
+        }))
     }
 }
 
@@ -172,6 +200,27 @@ enum Started {
 }
 
 impl Shared {
+    /// The answer of a request that ran: classified, and holding its seats (a watch: its place
+    /// among the watches) while it streams.
+    fn finish(&self, mut resp: Response, run: Run, is_watch: bool) -> Response {
+        let Run {
+            class,
+            executing,
+            watch,
+        } = run;
+        classified(resp.headers_mut(), &class.schema);
+        if is_watch {
+            // Started: the seats go back now; the watch stays counted while it streams.
+            drop(executing);
+            return resp.map(|b| body::with_guard(b, watch));
+        }
+        let list = class
+            .list
+            .filter(|_| resp.status() == StatusCode::OK)
+            .map(|key| (self.flow_control.clone(), key));
+        resp.map(|b| body::with_guard(ListSize::new(b, list), executing))
+    }
+
     /// Classifies `req` and asks its level for seats.
     fn start(&self, req: &Request, is_watch: bool) -> Started {
         let (info, user, query) = parts(req);
@@ -214,10 +263,7 @@ fn parts(req: &Request) -> (&Arc<RequestInfo>, &Arc<UserInfo>, &str) {
         .extensions()
         .get::<Arc<RequestInfo>>()
         .expect("checked before the request was classified");
-    let user = req
-        .extensions()
-        .get::<Arc<UserInfo>>()
-        .unwrap_or(UserInfo::shared_anonymous());
+    let user = crate::auth::request_user(req.extensions()).unwrap_or(UserInfo::shared_anonymous());
     (info, user, req.uri().query().unwrap_or(""))
 }
 

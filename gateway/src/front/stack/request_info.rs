@@ -20,7 +20,7 @@ use futures::future::Either;
 use crate::body::{BoxError, Request, Response};
 use crate::control::apiservices::Routing;
 use crate::error::GatewayError;
-use crate::request_info::{parse, Parsed, RequestInfo};
+use crate::request_info::{ensure_parsed, RequestInfo, Unparsable};
 
 #[derive(Clone)]
 pub struct RequestInfoService<S> {
@@ -40,16 +40,16 @@ impl<S> RequestInfoService<S> {
 
 /// Whether the APIService serving `info`'s group-version declares the request long-running.
 fn declared_long_running(routing: &Routing, info: &RequestInfo) -> bool {
-    if !info.is_resource_request || info.api_group.is_empty() {
+    if !info.is_resource_request || info.api_group().is_empty() {
         return false;
     }
     let table = routing.load();
-    match table.lookup(&info.path) {
+    match table.lookup(info.path()) {
         Lookup::GroupVersion(route) => route
             .api_service
             .traffic
             .long_running
-            .matches(&info.verb, &info.subresource),
+            .matches(info.verb(), info.subresource()),
         _ => false,
     }
 }
@@ -71,32 +71,28 @@ where
     fn call(&mut self, mut req: Request) -> Self::Future {
         // Headers play no part: kube decides long-running from verb and subresource, and a
         // `Connection: Upgrade` anyone can send must not exempt a request from the limits.
-        // The access log above has usually parsed the request already (for its labels).
-        let info = match req.extensions_mut().remove::<Parsed>() {
-            Some(Parsed(parsed)) => parsed,
-            None => parse(
-                req.method(),
-                req.uri().path(),
-                req.uri().query().unwrap_or(""),
-            ),
-        };
-        match info {
-            Ok(mut info) => {
-                if !info.long_running {
-                    if let Some(routing) = &self.routing {
-                        info.long_running = declared_long_running(routing, &info);
-                    }
-                }
-                // Shared: priority and fairness keeps it for its debug dumps, as long as the
-                // request waits or runs, without copying its strings.
-                req.extensions_mut().insert(Arc::new(info));
-                Either::Left(self.inner.call(req))
-            }
-            Err(message) => Either::Right(std::future::ready(Err(GatewayError::BadRequest(
-                message,
-            )
-            .into()))),
+        // The access log above has usually parsed the request already (for its labels). The
+        // attributes are shared (`Arc`): priority and fairness keeps them for its debug dumps,
+        // as long as the request waits or runs, without copying them.
+        if !ensure_parsed(&mut req) {
+            let message = req
+                .extensions_mut()
+                .remove::<Unparsable>()
+                .map_or_else(String::new, |u| u.0);
+            return Either::Right(std::future::ready(Err(
+                GatewayError::BadRequest(message).into()
+            )));
         }
+        if let (Some(routing), Some(info)) = (
+            &self.routing,
+            req.extensions_mut().get_mut::<Arc<RequestInfo>>(),
+        ) {
+            if !info.long_running && declared_long_running(routing, info) {
+                // Not shared yet, so this changes it in place.
+                Arc::make_mut(info).long_running = true;
+            }
+        }
+        Either::Left(self.inner.call(req))
     }
 }
 
@@ -145,7 +141,7 @@ mod tests {
         let info = seen(upgrade("GET", "/api/v1/namespaces/x/configmaps"))
             .await
             .unwrap();
-        assert_eq!(info.verb, "list");
+        assert_eq!(info.verb(), "list");
         assert!(!info.long_running);
         let info = seen(upgrade("GET", "/fixture/anything")).await.unwrap();
         assert!(!info.long_running);
@@ -164,10 +160,7 @@ mod tests {
             .body(body::empty())
             .unwrap();
         let info = seen(req).await.unwrap();
-        assert_eq!(
-            (info.namespace.as_str(), info.verb.as_str()),
-            ("kube-system", "watch")
-        );
+        assert_eq!((info.namespace(), info.verb()), ("kube-system", "watch"));
         assert!(info.long_running);
         let bad = http::Request::get("/api/v1/namespaces/%zz/pods")
             .body(body::empty())

@@ -171,14 +171,14 @@ fn resource_span_name(req: &Request) -> Option<String> {
     )
     .ok()
     .filter(|i| i.is_resource_request)?;
-    let mut name = format!("{} /{}", method_name(req.method()), info.api_prefix);
+    let mut name = format!("{} /{}", method_name(req.method()), info.api_prefix());
     for (part, value) in [
-        (info.api_group.as_str(), info.api_group.as_str()),
-        (info.api_version.as_str(), info.api_version.as_str()),
-        (info.namespace.as_str(), "namespaces/{:namespace}"),
-        (info.resource.as_str(), info.resource.as_str()),
-        (info.name.as_str(), "{:name}"),
-        (info.subresource.as_str(), info.subresource.as_str()),
+        (info.api_group(), info.api_group()),
+        (info.api_version(), info.api_version()),
+        (info.namespace(), "namespaces/{:namespace}"),
+        (info.resource(), info.resource()),
+        (info.name(), "{:name}"),
+        (info.subresource(), info.subresource()),
     ] {
         if !part.is_empty() {
             name.push('/');

@@ -54,11 +54,7 @@ fn classify(c: &Controller, user: &str) -> String {
         groups: vec!["system:authenticated".into()],
         ..Default::default()
     };
-    let info = RequestInfo {
-        verb: "get".into(),
-        path: "/version".into(),
-        ..Default::default()
-    };
+    let info = RequestInfo::non_resource(&http::Method::GET, "/version");
     let config = c.current();
     let s = config
         .classifier

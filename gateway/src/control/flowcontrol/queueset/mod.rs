@@ -61,13 +61,13 @@ impl Description {
     pub fn flow_distinguisher(&self) -> &str {
         match self.distinguisher {
             Some(Distinguisher::ByUser) => &self.user.name,
-            Some(Distinguisher::ByNamespace) => &self.info.namespace,
+            Some(Distinguisher::ByNamespace) => self.info.namespace(),
             None => "",
         }
     }
 
     pub fn is_watch(&self) -> bool {
-        self.info.verb == "watch"
+        self.info.verb() == "watch"
     }
 }
 
