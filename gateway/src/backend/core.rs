@@ -484,7 +484,11 @@ impl CoreBackend {
             &clients.pooled
         };
         let resp = client.send(req).await.map_err(|e| self.unavailable(e))?;
-        Ok(proxy::client_response(resp, long_running, &self.drain))
+        Ok(proxy::client_response(
+            resp.map(crate::body::boxed),
+            long_running,
+            &self.drain,
+        ))
     }
 
     /// A request the gateway makes on its own behalf, with its own credentials.
