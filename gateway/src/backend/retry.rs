@@ -57,11 +57,11 @@ impl Failure {
         match e {
             PoolError::Exhausted { .. } => Self::NotTheBackend,
             PoolError::Connect(_) | PoolError::NoConnection { .. } => Self::Unreachable,
-            PoolError::Http1(e) if e.is_connect() => Self::Unreachable,
+            PoolError::Upgrade(e) if e.is_connect() => Self::Unreachable,
             _ if caused_by_request_body(e) => Self::NotTheBackend,
-            PoolError::Http1(e) if refused_unprocessed(e) => Self::Refused,
-            PoolError::Http2(e) if refused_unprocessed(e) => Self::Refused,
-            PoolError::Http1(_) | PoolError::Http2(_) => Self::AfterSending,
+            PoolError::Upgrade(e) if refused_unprocessed(e) => Self::Refused,
+            PoolError::Request(e) if refused_unprocessed(e) => Self::Refused,
+            PoolError::Upgrade(_) | PoolError::Request(_) => Self::AfterSending,
         }
     }
 
@@ -222,7 +222,7 @@ pub fn resendable(req: &Request) -> Option<Request> {
 /// Whether a transport error came from the request body the caller sent (it failed, or was
 /// aborted), rather than from the backend's side of the connection.
 pub fn caused_by_request_body(e: &PoolError) -> bool {
-    if let PoolError::Http2(h) = e {
+    if let PoolError::Request(h) = e {
         return h.is_user() || h.is_body_write_aborted();
     }
     let mut source = Error::source(e);
