@@ -158,39 +158,51 @@ pub fn encode_extra_key(key: &str) -> String {
     utf8_percent_encode(&key.to_ascii_lowercase(), EXTRA_KEY).to_string()
 }
 
-/// `value` as a header value, or which `part` of `user` it is when it cannot be one.
+const X_REMOTE_USER: HeaderName = HeaderName::from_static("x-remote-user");
+const X_REMOTE_UID: HeaderName = HeaderName::from_static("x-remote-uid");
+const X_REMOTE_GROUP: HeaderName = HeaderName::from_static("x-remote-group");
+
+/// `value` as a header value, or which `part` of `user` it is when it cannot be one. kube's own
+/// names (the anonymous user and the groups every caller has) are static values: a copied one
+/// costs an allocation, and another when a request kept for resending clones it.
 fn header_value(
     value: &str,
     user: &UserInfo,
     part: impl FnOnce() -> String,
 ) -> Result<HeaderValue, UnencodableIdentity> {
+    match value {
+        ANONYMOUS => return Ok(HeaderValue::from_static(ANONYMOUS)),
+        UNAUTHENTICATED => return Ok(HeaderValue::from_static(UNAUTHENTICATED)),
+        AUTHENTICATED => return Ok(HeaderValue::from_static(AUTHENTICATED)),
+        _ => {}
+    }
     HeaderValue::from_str(value).map_err(|_| UnencodableIdentity {
         user: user.name.clone(),
         part: part(),
     })
 }
 
-/// Every `X-Remote-*` header that carries `user`, in order, or the part of the user that cannot be
-/// a header value.
-fn identity_headers(
+/// Appends every `X-Remote-*` header that carries `user` to `headers`, in order, or says which
+/// part of the user cannot be a header value (some headers may have been appended by then).
+fn append_identity_headers(
+    headers: &mut HeaderMap,
     user: &UserInfo,
-) -> Result<Vec<(HeaderName, HeaderValue)>, UnencodableIdentity> {
-    let mut out = Vec::with_capacity(2 + user.groups.len() + user.extra.len());
-    out.push((
-        HeaderName::from_static("x-remote-user"),
+) -> Result<(), UnencodableIdentity> {
+    headers.append(
+        X_REMOTE_USER,
         header_value(&user.name, user, || "username".into())?,
-    ));
+    );
     if !user.uid.is_empty() {
-        out.push((
-            HeaderName::from_static("x-remote-uid"),
+        headers.append(
+            X_REMOTE_UID,
             header_value(&user.uid, user, || "UID".into())?,
-        ));
+        );
     }
     for group in &user.groups {
-        out.push((
-            HeaderName::from_static("x-remote-group"),
+        headers.append(
+            X_REMOTE_GROUP,
             header_value(group, user, || format!("group {group:?}"))?,
-        ));
+        );
     }
     for (key, values) in &user.extra {
         let name = format!("x-remote-extra-{}", encode_extra_key(key));
@@ -199,19 +211,19 @@ fn identity_headers(
             part: format!("extra key {key:?}"),
         })?;
         for v in values {
-            out.push((
+            headers.append(
                 name.clone(),
                 header_value(v, user, || format!("extra {key:?} value"))?,
-            ));
+            );
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Checks that every part of `user` can travel in identity headers (`X-Remote-*` or
 /// `Impersonate-*`: the same values), for callers that set them some other way.
 pub fn check_encodable(user: &UserInfo) -> Result<(), UnencodableIdentity> {
-    identity_headers(user).map(drop)
+    append_identity_headers(&mut HeaderMap::new(), user)
 }
 
 /// Sets `X-Remote-User`, one `X-Remote-Group` per group, `X-Remote-Uid` when known, and
@@ -223,10 +235,9 @@ pub fn set_identity_headers(
     user: &UserInfo,
 ) -> Result<(), UnencodableIdentity> {
     strip_identity_headers(headers);
-    for (name, value) in identity_headers(user)? {
-        headers.append(name, value);
-    }
-    Ok(())
+    // Written straight into the request; a part that cannot be encoded takes back what was
+    // written before it (the names stripped above are exactly the ones set here).
+    append_identity_headers(headers, user).inspect_err(|_| strip_identity_headers(headers))
 }
 
 #[cfg(test)]

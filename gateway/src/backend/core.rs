@@ -26,6 +26,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use tokio::sync::watch;
 
+use super::pool::Http1Connections;
 use super::retry;
 use super::unix::UnixConnector;
 use crate::auth::onward::{prepare_core_request, CoreCredentials};
@@ -100,14 +101,17 @@ enum Credentials {
     Token(HeaderValue),
 }
 
-/// A pooled client and its HTTP/1.1 twin, with one TLS identity. The twin carries upgrades, and
-/// anonymous callers' requests: a k8s.io/apiserver core answers an anonymous request on HTTP/2
-/// with a GOAWAY (kube's `UnauthenticatedHTTP2DOSMitigation`), which would close the connection
-/// every other caller's requests share; on HTTP/1.1 it keeps the connection alive.
+/// A pooled client and its HTTP/1.1 twins, with one TLS identity. Anonymous callers' requests
+/// go out on HTTP/1.1: a k8s.io/apiserver core answers an anonymous request on HTTP/2 with a
+/// GOAWAY (kube's `UnauthenticatedHTTP2DOSMitigation`), which would close the connection every
+/// other caller's requests share; on HTTP/1.1 it keeps the connection alive.
 #[derive(Clone)]
 struct Clients {
     pooled: HttpClient,
-    http1: HttpClient,
+    /// HTTP/1.1 only, for upgrades.
+    upgrades: HttpClient,
+    /// HTTP/1.1 only, for anonymous callers (see `pool::http1`).
+    http1: Http1Connections,
 }
 
 /// How the core is verified, and the clients to fall back to without a proxy certificate.
@@ -120,9 +124,13 @@ fn tcp_clients(
     trust: Option<&ServerTrust>,
     identity: Option<&Identity>,
 ) -> Result<Clients, CoreSetupError> {
+    let http1 = tcp_connector(trust, identity, false)?;
     Ok(Clients {
-        pooled: HttpClient::Tcp(tcp_client(trust, identity, true)?),
-        http1: HttpClient::Tcp(tcp_client(trust, identity, false)?),
+        pooled: HttpClient::Tcp(
+            super::client_builder().build(tcp_connector(trust, identity, true)?),
+        ),
+        upgrades: HttpClient::Tcp(super::client_builder().build(http1.clone())),
+        http1: Http1Connections::new(http1),
     })
 }
 
@@ -273,11 +281,11 @@ fn kubeconfig_identity(user: &kube::config::AuthInfo) -> Result<Option<Identity>
     Ok(Some(Identity { certs, key }))
 }
 
-fn tcp_client(
+fn tcp_connector(
     trust: Option<&ServerTrust>,
     identity: Option<&Identity>,
     http2: bool,
-) -> Result<Client<HttpsConnector<HttpConnector>, Body>, CoreSetupError> {
+) -> Result<HttpsConnector<HttpConnector>, CoreSetupError> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
@@ -298,12 +306,11 @@ fn tcp_client(
     let builder = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
         .https_or_http();
-    let connector = if http2 {
+    Ok(if http2 {
         builder.enable_http1().enable_http2().wrap_connector(http)
     } else {
         builder.enable_http1().wrap_connector(http)
-    };
-    Ok(super::client_builder().build(connector))
+    })
 }
 
 // === impl CoreBackend ===
@@ -332,7 +339,7 @@ impl CoreBackend {
         let (upstream, url, own, caller, proxy, rebuild) = match &resolved.endpoint {
             CoreEndpoint::Unix(path) => {
                 let connector = UnixConnector(Arc::new(path.clone()));
-                let client = HttpClient::Unix(super::client_builder().build(connector));
+                let client = HttpClient::Unix(super::client_builder().build(connector.clone()));
                 let upstream = Upstream {
                     scheme: Scheme::HTTP,
                     authority: Authority::from_static("localhost"),
@@ -340,7 +347,8 @@ impl CoreBackend {
                 // No TLS on a socket: one client serves every identity.
                 let clients = Clients {
                     pooled: client.clone(),
-                    http1: client,
+                    upgrades: client,
+                    http1: Http1Connections::new(connector),
                 };
                 (
                     upstream,
@@ -474,16 +482,30 @@ impl CoreBackend {
             .is_some_and(|a| a.user().name == ANONYMOUS);
         let req = Request::from_parts(parts, body);
         if upgrade {
-            return proxy::forward_upgrade(req, |r| clients.http1.send(r), self.drain.clone())
+            return proxy::forward_upgrade(req, |r| clients.upgrades.send(r), self.drain.clone())
                 .await
                 .map_err(|e| self.unavailable(e));
         }
-        let client = if anonymous {
-            &clients.http1
+        // Without TLS there is no ALPN to pick HTTP/2, so every request to a plain-HTTP (or
+        // Unix socket) core is HTTP/1.1 anyway: the kept connections carry them all.
+        let http1 = anonymous || self.upstream.scheme != Scheme::HTTPS;
+        let resp = if http1 {
+            // A request the core's connection closed under before it was sent comes back from
+            // hyper and is sent again there; nothing else is, so no copy is kept.
+            let (resp, connection) = clients
+                .http1
+                .send(req)
+                .await
+                .map_err(|e| self.unavailable(e))?;
+            resp.map(|b| crate::body::with_guard(b, connection))
         } else {
-            &clients.pooled
+            let resp = clients
+                .pooled
+                .send(req)
+                .await
+                .map_err(|e| self.unavailable(e))?;
+            resp.map(crate::body::boxed)
         };
-        let resp = client.send(req).await.map_err(|e| self.unavailable(e))?;
         Ok(proxy::client_response(resp, long_running, &self.drain))
     }
 
@@ -527,7 +549,7 @@ impl CoreBackend {
         }
     }
 
-    fn unavailable(&self, e: hyper_util::client::legacy::Error) -> GatewayError {
+    fn unavailable(&self, e: impl std::error::Error + Send + Sync + 'static) -> GatewayError {
         GatewayError::CoreUnavailable {
             url: self.url.clone(),
             source: Box::new(e),

@@ -174,18 +174,14 @@ where
 }
 
 /// A backend response as the client gets it: hop-by-hop headers removed, and a long-running body
-/// ended cleanly when the gateway drains.
-pub fn client_response<B>(
-    resp: http::Response<B>,
+/// ended cleanly when the gateway drains. Takes the body boxed already (the backends box it
+/// with their guards): boxing it again here would cost another allocation per request.
+pub fn client_response(
+    resp: Response,
     long_running: bool,
     drain: &watch::Receiver<bool>,
-) -> Response
-where
-    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
-    B::Error: Into<body::BoxError>,
-{
+) -> Response {
     let mut resp = resp.map(|b| {
-        let b = body::boxed(b);
         if long_running {
             drainable(b, drain.clone())
         } else {

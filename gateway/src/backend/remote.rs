@@ -206,12 +206,7 @@ impl RemoteBackend {
             Some(failures.clone()),
         );
         let kept = connector(tls_config(trust.clone())?, sni.clone(), true, None);
-        let http1 = super::client_builder().build(connector(
-            tls_config(trust.clone())?,
-            sni.clone(),
-            false,
-            None,
-        ));
+        let http1 = connector(tls_config(trust.clone())?, sni.clone(), false, None);
         let probe = Probe::new(tls_config(trust)?, sni);
         Ok(ServiceConnections::new(
             pooled,
@@ -301,10 +296,10 @@ impl RemoteBackend {
             GatewayError::Internal(e.to_string())
         })?;
         if upgrade {
-            let http1 = self.connections.http1();
-            let mut resp = proxy::forward_upgrade(req, |r| http1.request(r), self.drain.clone())
+            let upgrades = self.connections.upgrades();
+            let mut resp = proxy::forward_upgrade(req, |r| upgrades.request(r), self.drain.clone())
                 .await
-                .map_err(|e| self.failed_request(&first, endpoints.len(), PoolError::Http1(e)))?;
+                .map_err(|e| self.failed_request(&first, endpoints.len(), PoolError::Upgrade(e)))?;
             remove_cors_grants(resp.headers_mut());
             return Ok(resp);
         }
@@ -389,9 +384,11 @@ impl RemoteBackend {
                     .await
             };
             let e = match sent {
-                Ok(resp) => {
+                Ok((resp, lease)) => {
                     self.connections.balancer().succeeded(&picked);
-                    return Ok(resp.map(|b| body::with_guard(b, picked)));
+                    // One box for the body, holding its connection (or stream) and the endpoint's
+                    // count of requests in flight.
+                    return Ok(resp.map(|b| body::with_guard(b, (lease, picked))));
                 }
                 Err(e) => e,
             };

@@ -57,11 +57,11 @@ impl Failure {
         match e {
             PoolError::Exhausted { .. } => Self::NotTheBackend,
             PoolError::Connect(_) | PoolError::NoConnection { .. } => Self::Unreachable,
-            PoolError::Http1(e) if e.is_connect() => Self::Unreachable,
+            PoolError::Upgrade(e) if e.is_connect() => Self::Unreachable,
             _ if caused_by_request_body(e) => Self::NotTheBackend,
-            PoolError::Http1(e) if refused_unprocessed(e) => Self::Refused,
-            PoolError::Http2(e) if refused_unprocessed(e) => Self::Refused,
-            PoolError::Http1(_) | PoolError::Http2(_) => Self::AfterSending,
+            PoolError::Upgrade(e) if refused_unprocessed(e) => Self::Refused,
+            PoolError::Request(e) if refused_unprocessed(e) => Self::Refused,
+            PoolError::Upgrade(_) | PoolError::Request(_) => Self::AfterSending,
         }
     }
 
@@ -151,23 +151,24 @@ impl Replay {
 /// of its own stream, which reads like the backend's connection failing after sending, so the
 /// error alone cannot tell the caller's doing from the backend's.
 pub fn watch_body(req: Request) -> (Request, CallerBody) {
-    let failure = CallerBody(Arc::new(std::sync::OnceLock::new()));
+    // A body already at its end cannot fail: nothing to watch, nothing to allocate.
     if http_body::Body::is_end_stream(req.body()) {
-        return (req, failure);
+        return (req, CallerBody(None));
     }
-    let seen = failure.clone();
+    let seen = Arc::new(std::sync::OnceLock::new());
+    let failure = CallerBody(Some(seen.clone()));
     let req = req.map(|inner| body::boxed(Watched { inner, seen }));
     (req, failure)
 }
 
-/// What [`watch_body`] saw of the caller's body.
+/// What [`watch_body`] saw of the caller's body (`None`: it had none to watch).
 #[derive(Clone)]
-pub struct CallerBody(Arc<std::sync::OnceLock<String>>);
+pub struct CallerBody(Option<Arc<std::sync::OnceLock<String>>>);
 
 impl CallerBody {
     /// Why the caller's body failed, if it did.
     pub fn failure(&self) -> Option<&str> {
-        self.0.get().map(String::as_str)
+        self.0.as_ref()?.get().map(String::as_str)
     }
 }
 
@@ -175,7 +176,7 @@ pin_project_lite::pin_project! {
     struct Watched {
         #[pin]
         inner: body::Body,
-        seen: CallerBody,
+        seen: Arc<std::sync::OnceLock<String>>,
     }
 }
 
@@ -190,7 +191,7 @@ impl http_body::Body for Watched {
         let this = self.project();
         let frame = this.inner.poll_frame(cx);
         if let std::task::Poll::Ready(Some(Err(e))) = &frame {
-            let _ = this.seen.0.set(crate::error::chain(e.as_ref()));
+            let _ = this.seen.set(crate::error::chain(e.as_ref()));
         }
         frame
     }
@@ -221,7 +222,7 @@ pub fn resendable(req: &Request) -> Option<Request> {
 /// Whether a transport error came from the request body the caller sent (it failed, or was
 /// aborted), rather than from the backend's side of the connection.
 pub fn caused_by_request_body(e: &PoolError) -> bool {
-    if let PoolError::Http2(h) = e {
+    if let PoolError::Request(h) = e {
         return h.is_user() || h.is_body_write_aborted();
     }
     let mut source = Error::source(e);

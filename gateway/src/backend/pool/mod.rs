@@ -19,8 +19,9 @@
 //! [`BUSY_STREAMS`] streams a second connection is opened, since one connection is driven by one
 //! task and shares one flow-control window (kubernetes#60042).
 //!
-//! HTTP/1.1 (upgrades, and backends that do not offer `h2`) stays on hyper-util's pooled
-//! client, which opens a connection per concurrent request anyway.
+//! HTTP/1.1 (anonymous callers, and backends that do not offer `h2`) goes out on
+//! `pool::http1`'s kept connections, one per concurrent request; upgrades on hyper-util's
+//! client.
 //!
 //! *Kept connections* (issue 27). Every endpoint the availability controller last found passing
 //! keeps one more HTTP/2 connection that carries no requests, pinged at the APIService's
@@ -37,6 +38,7 @@ use std::time::Duration;
 
 use http::uri::Authority;
 use http::Version;
+use hyper::body::Incoming;
 use hyper::client::conn::http2;
 use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
 use hyper_util::client::legacy::Client;
@@ -46,10 +48,12 @@ use tokio::time::Instant;
 
 mod connect;
 mod goaway;
+mod http1;
 mod watcher;
 
 use self::connect::{connect, Connected, H2Conn};
 use self::goaway::GoAwayWatch;
+pub use self::http1::{GiveBack, Http1Connections};
 use self::watcher::{Pings, Watcher};
 use super::balance::{Balancer, ProbeFn};
 use super::failures::{FailureSignal, Watched, WatchedStream};
@@ -171,10 +175,13 @@ pub enum PoolError {
     /// be gone.
     #[error("{0}")]
     Connect(#[source] BoxError),
+    /// An upgrade request failed (hyper-util's HTTP/1.1 client).
     #[error(transparent)]
-    Http1(hyper_util::client::legacy::Error),
+    Upgrade(hyper_util::client::legacy::Error),
+    /// The request failed on a connection it was given: an HTTP/2 stream, or an HTTP/1.1
+    /// connection of `pool::http1`.
     #[error(transparent)]
-    Http2(hyper::Error),
+    Request(hyper::Error),
     #[error(
         "all {connections} connections to {endpoint} carry the backend's limit of concurrent \
          streams ({streams} in flight) and none became free within {}s; the backend serves too \
@@ -201,8 +208,8 @@ impl PoolError {
     pub fn is_connect(&self) -> bool {
         match self {
             Self::Connect(_) | Self::NoConnection { .. } => true,
-            Self::Http1(e) => e.is_connect(),
-            Self::Http2(_) | Self::Exhausted { .. } => false,
+            Self::Upgrade(e) => e.is_connect(),
+            Self::Request(_) | Self::Exhausted { .. } => false,
         }
     }
 }
@@ -238,8 +245,11 @@ pub struct ServiceConnections {
     connector: Connector,
     /// The same, for the kept connections; reporting nothing itself (see `watcher`).
     kept_connector: Connector,
-    /// HTTP/1.1 only: upgrades, and every request to an endpoint that did not pick `h2`.
-    http1: HttpsClient,
+    /// HTTP/1.1 only: upgrades.
+    upgrades: HttpsClient,
+    /// HTTP/1.1 only: anonymous callers, and every request to an endpoint that did not pick
+    /// `h2`.
+    http1: Http1Connections,
     shared: Arc<Shared>,
     /// The availability probe's own connections to the same Service: a pool full of streams
     /// never starves it (see `probe`).
@@ -279,13 +289,13 @@ struct Endpoint {
 // === impl ServiceConnections ===
 
 impl ServiceConnections {
-    /// `connector` must offer `h2` and `http/1.1`; `http1` speaks HTTP/1.1 only; `failures`
+    /// `connector` must offer `h2` and `http/1.1`; `http1` offers HTTP/1.1 only; `failures`
     /// is the signal `connector`'s connections report to; `kept_connector` dials as
     /// `connector` does, reporting nowhere.
     pub fn new(
         connector: Connector,
         kept_connector: Connector,
-        http1: HttpsClient,
+        http1: Connector,
         probe: Probe,
         failures: Arc<FailureSignal>,
         settings: PoolSettings,
@@ -305,7 +315,8 @@ impl ServiceConnections {
         Self {
             connector,
             kept_connector,
-            http1,
+            upgrades: super::client_builder().build(http1.clone()),
+            http1: Http1Connections::new(http1),
             shared,
             probe,
             failures,
@@ -324,8 +335,8 @@ impl ServiceConnections {
     }
 
     /// The HTTP/1.1 client, for upgrades.
-    pub fn http1(&self) -> &HttpsClient {
-        &self.http1
+    pub fn upgrades(&self) -> &HttpsClient {
+        &self.upgrades
     }
 
     /// Sends `req` (an absolute `https://` URI) on a free HTTP/2 stream to its endpoint, or over
@@ -334,7 +345,8 @@ impl ServiceConnections {
     /// decision (see `retry`); a connection whose server refused the stream with a GOAWAY takes
     /// no new streams.
     pub async fn send(&self, req: Request) -> Result<http::Response<Body>, PoolError> {
-        self.send_dialing_until(req, None).await
+        let (resp, lease) = self.send_dialing_until(req, None).await?;
+        Ok(resp.map(|b| body::with_guard(b, lease)))
     }
 
     /// [`Self::send`], with any connection it needs made (or waited for) by `dial_deadline`:
@@ -344,7 +356,7 @@ impl ServiceConnections {
         &self,
         mut req: Request,
         dial_deadline: Option<Instant>,
-    ) -> Result<http::Response<Body>, PoolError> {
+    ) -> Result<(http::Response<Incoming>, Lease), PoolError> {
         let endpoint = req
             .uri()
             .authority()
@@ -356,12 +368,17 @@ impl ServiceConnections {
         *req.version_mut() = Version::HTTP_2;
         let mut send = stream.send.clone();
         match send.send_request(req).await {
-            Ok(resp) => Ok(resp.map(|b| body::with_guard(b, stream))),
+            Ok(resp) => Ok((
+                resp,
+                Lease {
+                    _leased: Leased::Stream { _stream: stream },
+                },
+            )),
             Err(e) => {
                 if refused_unprocessed(&e) {
                     stream.retire();
                 }
-                Err(PoolError::Http2(e))
+                Err(PoolError::Request(e))
             }
         }
     }
@@ -406,9 +423,19 @@ impl ServiceConnections {
     /// Sends `req` over HTTP/1.1 whatever the endpoint speaks: for anonymous callers, whom a
     /// k8s.io/apiserver backend answers on HTTP/2 with a GOAWAY for the whole connection (see
     /// `backend::core::Clients`).
-    pub async fn send_http1(&self, req: Request) -> Result<http::Response<Body>, PoolError> {
-        let resp = self.http1.request(req).await.map_err(PoolError::Http1)?;
-        Ok(resp.map(body::boxed))
+    pub async fn send_http1(
+        &self,
+        req: Request,
+    ) -> Result<(http::Response<Incoming>, Lease), PoolError> {
+        let (resp, connection) = self.http1.send(req).await?;
+        Ok((
+            resp,
+            Lease {
+                _leased: Leased::Connection {
+                    _connection: connection,
+                },
+            },
+        ))
     }
 
     /// A free stream on a connection to `endpoint`, or `None` when the endpoint speaks HTTP/1.1
@@ -643,6 +670,19 @@ impl Endpoint {
             .unwrap_or(100)
             .max(1)
     }
+}
+
+/// What a response holds of the connection it came on: hold it as long as the response body.
+pub struct Lease {
+    _leased: Leased,
+}
+
+/// Held only to be dropped: each gives its part of a connection back on drop.
+enum Leased {
+    /// A stream of an HTTP/2 connection.
+    Stream { _stream: Stream },
+    /// A whole HTTP/1.1 connection.
+    Connection { _connection: GiveBack },
 }
 
 /// A stream taken on a connection: given back when dropped (with the response body, or with

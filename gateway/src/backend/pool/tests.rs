@@ -154,12 +154,11 @@ fn pool(roots: rustls::RootCertStore, max_connections: usize) -> ServiceConnecti
     let failures = FailureSignal::new();
     let kept = builder().wrap_connector(Watched::new(http.clone(), None));
     let connector = builder().wrap_connector(Watched::new(http, Some(failures.clone())));
-    let http1 = crate::backend::client_builder().build(connector.clone());
     let probe = Probe::new(tls, ServerName::try_from("api.wardle.svc").unwrap());
     ServiceConnections::new(
-        connector,
+        connector.clone(),
         kept,
-        http1,
+        connector,
         probe,
         failures,
         PoolSettings {
