@@ -38,6 +38,29 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     ticks / hz
 }
 
+/// Context switches of all a process's threads so far, voluntary (a thread waited: for I/O, a
+/// lock, a wake-up) and not (the scheduler took the core), from `/proc/<pid>/task/*/status`.
+pub fn context_switches(pid: u32) -> (u64, u64) {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return (0, 0);
+    };
+    let field = |status: &str, name: &str| -> u64 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let mut total = (0, 0);
+    for task in tasks.filter_map(|t| t.ok()) {
+        if let Ok(status) = std::fs::read_to_string(task.path().join("status")) {
+            total.0 += field(&status, "voluntary_ctxt_switches:");
+            total.1 += field(&status, "nonvoluntary_ctxt_switches:");
+        }
+    }
+    total
+}
+
 // === impl CpuMeter ===
 
 /// CPU microseconds per request each process spent during a load run.

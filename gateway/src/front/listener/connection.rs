@@ -412,11 +412,13 @@ impl<P: Send + 'static> AsyncWrite for Lingering<P> {
 
 /// `body`, handed to hyper at most [`WRITE_WINDOW`] ahead of what reached the socket, in pieces
 /// no larger than the window (splitting `Bytes` copies nothing).
-pub fn paced(body: Body, state: Arc<ConnState>) -> Body {
+/// `exchange` is held until the body is finished or dropped.
+pub fn paced(body: Body, state: Arc<ConnState>, exchange: ExchangeGuard) -> Body {
     body::boxed(Paced {
         inner: body,
         state,
         rest: Bytes::new(),
+        _exchange: exchange,
     })
 }
 
@@ -425,6 +427,8 @@ struct Paced {
     state: Arc<ConnState>,
     /// What is left of a chunk larger than the window.
     rest: Bytes,
+    /// Dropped last, after the body: the exchange ends when its response does.
+    _exchange: ExchangeGuard,
 }
 
 impl http_body::Body for Paced {
@@ -501,8 +505,12 @@ mod tests {
     #[tokio::test]
     async fn a_paced_body_stays_one_window_ahead_of_the_socket() {
         let state = ConnState::new(Protocol::Http1, Duration::from_secs(10));
-        let _exchange = state.begin();
-        let mut body = paced(body::full(vec![0u8; 3 * WRITE_WINDOW]), state.clone());
+        let exchange = state.begin();
+        let mut body = paced(
+            body::full(vec![0u8; 3 * WRITE_WINDOW]),
+            state.clone(),
+            exchange,
+        );
         assert_eq!(body.size_hint().exact(), Some(3 * WRITE_WINDOW as u64));
 
         assert_eq!(data_len(poll_frame(&mut body)), Some(WRITE_WINDOW));
@@ -517,6 +525,10 @@ mod tests {
         assert_eq!(data_len(poll_frame(&mut body)), Some(WRITE_WINDOW));
         state.wrote(WRITE_WINDOW);
         assert!(matches!(poll_frame(&mut body), Poll::Ready(None)));
+        // The body held the exchange open until it was dropped.
+        assert_eq!(state.phase().open, 1);
+        drop(body);
+        assert_eq!(state.phase().open, 0);
     }
 
     #[tokio::test(start_paused = true)]

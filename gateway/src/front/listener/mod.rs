@@ -290,7 +290,11 @@ impl Connection {
             let info = self.info.clone();
             tower::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                 let exchange = state.begin();
-                let mut req = req.map(body::boxed);
+                // A request without a body (most GETs) gets the empty body, which boxes nothing.
+                let mut req = req.map(|b| match http_body::Body::is_end_stream(&b) {
+                    true => body::empty(),
+                    false => body::boxed(b),
+                });
                 req.extensions_mut().insert(info.clone());
                 let response = service.clone().call(req);
                 let state = state.clone();
@@ -299,12 +303,11 @@ impl Connection {
                     if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
                         state.upgraded();
                     }
-                    Ok::<_, std::convert::Infallible>(resp.map(|b| {
-                        let b = match protocol {
-                            Protocol::Http1 => connection::paced(b, state),
-                            Protocol::Http2 => b,
-                        };
-                        body::with_guard(b, exchange)
+                    // The body ends the exchange when it is finished or dropped; a paced one
+                    // holds the guard itself (one box instead of two).
+                    Ok::<_, std::convert::Infallible>(resp.map(|b| match protocol {
+                        Protocol::Http1 => connection::paced(b, state, exchange),
+                        Protocol::Http2 => body::with_guard(b, exchange),
                     }))
                 }
             })

@@ -110,13 +110,16 @@ impl Callgrind {
 pub struct Counts {
     /// Instructions executed.
     pub instructions: u64,
-    /// Calls into the C allocator that return a new block (`malloc`, `calloc`, the aligned
-    /// ones); `realloc` is not counted, as it resizes a block already counted.
+    /// Calls into the allocator that return a new block: the C allocator's (`malloc`, `calloc`,
+    /// the aligned ones), or mimalloc's where the program links it (the gateway's global
+    /// allocator); `realloc` is not counted, as it resizes a block already counted.
     pub allocations: u64,
 }
 
-/// The allocator's entry points a new block comes from (glibc may name them either way).
-const ALLOCATING: [&str; 9] = [
+/// The allocators' entry points a new block comes from: glibc's (which may name them either
+/// way), and mimalloc's, which Rust's global allocator calls by their own names
+/// (`mi_malloc_aligned` for every `alloc`, `mi_zalloc_aligned` for `alloc_zeroed`).
+const ALLOCATING: [&str; 17] = [
     "malloc",
     "__libc_malloc",
     "calloc",
@@ -126,6 +129,14 @@ const ALLOCATING: [&str; 9] = [
     "memalign",
     "__libc_memalign",
     "__posix_memalign",
+    "mi_malloc",
+    "mi_zalloc",
+    "mi_calloc",
+    "mi_malloc_aligned",
+    "mi_zalloc_aligned",
+    "mi_malloc_small",
+    "mi_heap_malloc",
+    "mi_heap_malloc_aligned",
 ];
 
 /// Calls to the allocator a dump records: the `calls=` lines whose callee (`cfn=`) is one of
@@ -221,5 +232,18 @@ mod tests {
             fn=(7) h2::proto::Frame'2\ncfn=(8) calloc'2\ncalls=4 0\n0 100\n";
         // 3 + 2 from Rust code, 4 calloc; not realloc, free, or posix_memalign's own malloc.
         assert_eq!(allocations(dump), 9);
+    }
+
+    #[test]
+    fn counts_the_calls_into_mimalloc() {
+        // Rust's global allocator calls mi_malloc_aligned, which calls on inside mimalloc.
+        let dump = "events: Ir\nsummary: 1000\n\
+            fn=(1) __rust_alloc\ncfn=(2) mi_malloc_aligned\ncalls=5 0\n0 100\n\
+            fn=(2)\ncfn=(3) mi_heap_malloc_aligned\ncalls=5 0\n0 80\n\
+            fn=(3)\ncfn=(4) mi_malloc\ncalls=5 0\n0 60\n\
+            fn=(5) __rust_alloc_zeroed\ncfn=(6) mi_zalloc_aligned\ncalls=2 0\n0 40\n\
+            fn=(7) __rust_dealloc\ncfn=(8) mi_free\ncalls=7 0\n0 70\n";
+        // 5 + 2 blocks; mimalloc's calls to itself and the frees are not new blocks.
+        assert_eq!(allocations(dump), 7);
     }
 }

@@ -32,7 +32,7 @@ use self::counters::{Counting, PerfStat};
 use self::proxies::Peer;
 use self::wrk::{WrkResult, WrkSpec};
 use super::load::{client_tls, connect, request, Endpoint, Proto};
-use super::memory::CpuMeter;
+use super::memory::{context_switches, CpuMeter};
 use super::report::{Results, Section};
 use super::setup::Setup;
 use super::{median, BoxError, Settings, BENCH_GROUP};
@@ -111,6 +111,8 @@ struct Sample {
     wrk: WrkResult,
     /// The serving process's user + system CPU time per request.
     cpu_us: f64,
+    /// Its threads' context switches per request: voluntary, and not.
+    switches: (f64, f64),
     /// Its instructions per request, or why there is no figure.
     instructions: Result<f64, String>,
 }
@@ -215,13 +217,15 @@ pub async fn run(
                 let server = SERVERS[k];
                 let sample = measure(&targets, server, shape, seconds, &counting).await?;
                 eprintln!(
-                    "bench:   round {} {} {}: {:.0} req/s p99 {:.2} ms errors {}",
+                    "bench:   round {} {} {}: {:.0} req/s p99 {:.2} ms errors {}, context switches per request {:.2} voluntary {:.2} not",
                     round + 1,
                     shape.key,
                     server.label(),
                     sample.wrk.requests_per_s,
                     sample.wrk.p99_ms,
-                    sample.wrk.errors
+                    sample.wrk.errors,
+                    sample.switches.0,
+                    sample.switches.1
                 );
                 samples[s][k].push(sample);
             }
@@ -264,6 +268,9 @@ pub async fn run(
                             "requests_per_s": r.wrk.requests_per_s,
                             "p50_ms": r.wrk.p50_ms, "p99_ms": r.wrk.p99_ms,
                             "errors": r.wrk.errors, "cpu_us_per_request": r.cpu_us,
+                            "context_switches_per_request": {
+                                "voluntary": r.switches.0, "nonvoluntary": r.switches.1,
+                            },
                             "instructions_per_request": r.instructions.as_ref().ok(),
                         })
                     })
@@ -386,9 +393,15 @@ async fn measure(
         Counting::Callgrind(_) | Counting::Unavailable(_) => None,
     };
     let meter = CpuMeter::start(&[pid]);
+    let switched = context_switches(pid);
     let wrk = wrk::run(&spec(targets, server, shape, seconds)).await?;
     let cpu_us = meter.per_request_us(wrk.requests)[0];
     let requests = wrk.requests.max(1) as f64;
+    let now = context_switches(pid);
+    let switches = (
+        now.0.saturating_sub(switched.0) as f64 / requests,
+        now.1.saturating_sub(switched.1) as f64 / requests,
+    );
     let instructions = match (perf, counting) {
         (Some(Ok(perf)), _) => perf
             .finish()
@@ -411,6 +424,7 @@ async fn measure(
     Ok(Sample {
         wrk,
         cpu_us,
+        switches,
         instructions,
     })
 }
