@@ -254,39 +254,9 @@ async fn a_core_without_leases_is_said_clearly_and_leader_elect_false_writes_sta
     s.kubectl(&s.user("alice", &[]))
         .apply_yaml(&s.pki.apiservice(WARDLE_GROUP, "v1alpha1", "wardle").yaml())
         .await;
-    let said_lines = || {
-        s.gateway
-            .process
-            .lines()
-            .into_iter()
-            .filter(|l| l.text.contains(SAID))
-            .map(|l| l.text)
-            .collect::<Vec<_>>()
-    };
-    let said = harness::wait_until(Duration::from_secs(10), || async {
-        !said_lines().is_empty()
-    })
-    .await;
-    assert!(said, "nothing said about the missing Leases\n{}", s.logs());
-    // Many retry periods (250 ms) later: still the one line.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let lines = said_lines();
-    assert_eq!(lines.len(), 1, "{lines:#?}");
-    assert!(lines[0].contains(FIX), "{}", lines[0]);
-
-    let admin = s.user("admin", &["system:masters"]);
-    let (status, _, body) =
-        scenario::get_raw(&s.gateway, &admin, "/healthz/leaderElection", &[]).await;
-    let body = String::from_utf8_lossy(&body);
-    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
-    assert!(body.contains(SAID) && body.contains(FIX), "{body}");
-    let (status, _, body) = scenario::get_raw(&s.gateway, &admin, "/readyz", &[]).await;
-    assert_eq!(
-        status,
-        StatusCode::OK,
-        "a replica that cannot lead still serves: {}",
-        String::from_utf8_lossy(&body)
-    );
+    let line = said_once(&s, SAID).await;
+    assert!(line.contains(FIX), "{line}");
+    assert_unled_but_serving(&s, &[SAID, FIX]).await;
     assert_eq!(available_condition(&s.core, NAME).await, None);
 
     // The fix: one replica that writes status without a Lease.
@@ -319,28 +289,11 @@ async fn a_core_that_forbids_the_lease_is_said_clearly_with_the_verbs_to_grant()
         .gateway_args(&ELECTION)
         .start()
         .await;
-    let lines_with = |text: &str| {
-        s.gateway
-            .process
-            .lines()
-            .into_iter()
-            .filter(|l| l.text.contains(text))
-            .map(|l| l.text)
-            .collect::<Vec<_>>()
-    };
-    let said = harness::wait_until(Duration::from_secs(10), || async {
-        !lines_with(SAID).is_empty()
-    })
-    .await;
-    assert!(said, "nothing said about the forbidden Lease\n{}", s.logs());
-    // Many retry periods (250 ms) later: still the one line.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let lines = lines_with(SAID);
-    assert_eq!(lines.len(), 1, "{lines:#?}");
+    let line = said_once(&s, SAID).await;
     for part in [GRANT, "is forbidden", "--leader-elect=false"] {
-        assert!(lines[0].contains(part), "no {part:?} in {}", lines[0]);
+        assert!(line.contains(part), "no {part:?} in {line}");
     }
-    let outage: Vec<_> = lines_with("cannot use the core server")
+    let outage: Vec<_> = lines_with(&s, "cannot use the core server")
         .into_iter()
         .filter(|l| l.contains("leader election"))
         .collect();
@@ -349,12 +302,45 @@ async fn a_core_that_forbids_the_lease_is_said_clearly_with_the_verbs_to_grant()
         "a 403 reported as an outage: {outage:#?}"
     );
 
+    assert_unled_but_serving(&s, &[SAID, GRANT]).await;
+}
+
+/// The gateway's log lines that contain `text`.
+fn lines_with(s: &Scenario, text: &str) -> Vec<String> {
+    s.gateway
+        .process
+        .lines()
+        .into_iter()
+        .filter(|l| l.text.contains(text))
+        .map(|l| l.text)
+        .collect()
+}
+
+/// The one line that says `text`: it comes within 10 s and is not repeated in the many retry
+/// periods (250 ms) of the next 2 s.
+async fn said_once(s: &Scenario, text: &str) -> String {
+    let said = harness::wait_until(Duration::from_secs(10), || async {
+        !lines_with(s, text).is_empty()
+    })
+    .await;
+    assert!(said, "nothing said: {text:?}\n{}", s.logs());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut lines = lines_with(s, text);
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    lines.remove(0)
+}
+
+/// `/healthz/leaderElection` fails with every one of `texts`, while `/readyz` passes: a
+/// replica that cannot lead still serves.
+async fn assert_unled_but_serving(s: &Scenario, texts: &[&str]) {
     let admin = s.user("admin", &["system:masters"]);
     let (status, _, body) =
         scenario::get_raw(&s.gateway, &admin, "/healthz/leaderElection", &[]).await;
     let body = String::from_utf8_lossy(&body);
     assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
-    assert!(body.contains(SAID) && body.contains(GRANT), "{body}");
+    for text in texts {
+        assert!(body.contains(text), "no {text:?} in {body}");
+    }
     let (status, _, body) = scenario::get_raw(&s.gateway, &admin, "/readyz", &[]).await;
     assert_eq!(
         status,
