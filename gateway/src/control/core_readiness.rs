@@ -65,53 +65,34 @@ pub fn core_started() -> (watch::Sender<bool>, CoreStarted) {
 /// the question is whether requests can reach it, not who may read that path.
 pub async fn run(core: Arc<CoreBackend>, check: Arc<Check>, started: watch::Sender<bool>) {
     let mut refresh_token = tokio::time::interval(Duration::from_secs(60));
-    let mut refused_since: Option<Instant> = None;
+    let mut start_watch = StartWatch::default();
     let outage = Outage::new(
         "core readiness probe",
         "/readyz fails its core-server check until it is back",
     );
     let mut reached = false;
     loop {
-        let req = http::Request::builder()
-            .method(Method::GET)
-            .uri("/readyz")
-            .body(crate::body::empty())
-            .expect("static request");
-        let outcome = tokio::time::timeout(PROBE_TIMEOUT, core.send_own(req)).await;
-        match outcome {
-            Ok(Ok(resp)) if resp.status() < StatusCode::INTERNAL_SERVER_ERROR => {
-                if !reached {
-                    tracing::info!(core = %core.url(), "core server reachable");
-                    reached = true;
-                }
-                outage.answered();
-                check.pass();
-                if !*started.borrow() && has_started(&core, resp.status(), &mut refused_since) {
+        let answer = probe(&core, &check, &outage, &mut reached).await;
+        if !*started.borrow() {
+            let status = answer.map(|s| s.to_string()).unwrap_or_default();
+            match start_watch.observe(answer, Instant::now()) {
+                Verdict::Waiting => {}
+                Verdict::Started { after_refusals } => {
+                    if after_refusals {
+                        tracing::info!(core = %core.url(), %status, "core server started");
+                    }
                     started.send_replace(true);
                 }
-            }
-            Ok(Ok(resp)) => {
-                let reason = format!(
-                    "the core server (--core-url) answered /readyz with {}; check the core \
-                     server's own /readyz?verbose",
-                    resp.status()
-                );
-                outage.failed_with(&reason);
-                check.fail(&reason);
-                // Only an unbroken run of refusals counts towards the fallback: a core between
-                // its RBAC sync (403) and its post-start hooks (500) is still starting.
-                refused_since = None;
-            }
-            Ok(Err(e)) => {
-                outage.failed(&e);
-                check.fail(&e.public_message());
-                refused_since = None;
-            }
-            Err(_) => {
-                let cause = format!("no answer to /readyz within {PROBE_TIMEOUT:?}");
-                outage.failed_with(&cause);
-                check.fail(&core_unreachable(&cause));
-                refused_since = None;
+                Verdict::GaveUpWaiting => {
+                    tracing::warn!(
+                        core = %core.url(),
+                        %status,
+                        "the core server has refused /readyz to the gateway's identity for {}s; \
+                         starting the watches on it without knowing whether it is ready",
+                        REFUSED_READYZ_WAIT.as_secs()
+                    );
+                    started.send_replace(true);
+                }
             }
         }
         tokio::select! {
@@ -121,28 +102,143 @@ pub async fn run(core: Arc<CoreBackend>, check: Arc<Check>, started: watch::Send
     }
 }
 
-/// Whether a `/readyz` answer below 500 means the core has started (see [`CoreStarted`]).
-fn has_started(
+/// One `GET /readyz`: passes or fails the check, and returns the status (`None`: no answer).
+async fn probe(
     core: &CoreBackend,
-    status: StatusCode,
-    refused_since: &mut Option<Instant>,
-) -> bool {
-    if status != StatusCode::UNAUTHORIZED && status != StatusCode::FORBIDDEN {
-        if refused_since.is_some() {
-            tracing::info!(core = %core.url(), %status, "core server started");
+    check: &Check,
+    outage: &Outage,
+    reached: &mut bool,
+) -> Option<StatusCode> {
+    let req = http::Request::builder()
+        .method(Method::GET)
+        .uri("/readyz")
+        .body(crate::body::empty())
+        .expect("static request");
+    match tokio::time::timeout(PROBE_TIMEOUT, core.send_own(req)).await {
+        Ok(Ok(resp)) if resp.status() < StatusCode::INTERNAL_SERVER_ERROR => {
+            if !*reached {
+                tracing::info!(core = %core.url(), "core server reachable");
+                *reached = true;
+            }
+            outage.answered();
+            check.pass();
+            Some(resp.status())
         }
-        return true;
+        Ok(Ok(resp)) => {
+            let reason = format!(
+                "the core server (--core-url) answered /readyz with {}; check the core server's \
+                 own /readyz?verbose",
+                resp.status()
+            );
+            outage.failed_with(&reason);
+            check.fail(&reason);
+            Some(resp.status())
+        }
+        Ok(Err(e)) => {
+            outage.failed(&e);
+            check.fail(&e.public_message());
+            None
+        }
+        Err(_) => {
+            let cause = format!("no answer to /readyz within {PROBE_TIMEOUT:?}");
+            outage.failed_with(&cause);
+            check.fail(&core_unreachable(&cause));
+            None
+        }
     }
-    let since = *refused_since.get_or_insert_with(Instant::now);
-    if since.elapsed() < REFUSED_READYZ_WAIT {
-        return false;
+}
+
+/// Whether the core has started (see [`CoreStarted`]), from its `/readyz` answers in turn.
+#[derive(Debug, Default)]
+struct StartWatch {
+    /// Since when every answer has been a 401 or 403.
+    refused_since: Option<Instant>,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    /// Not started yet, or no answer: the watches wait.
+    Waiting,
+    /// An answer below 500 other than a refusal; `after_refusals` when 401s or 403s came first.
+    Started { after_refusals: bool },
+    /// 401 or 403 without a break for [`REFUSED_READYZ_WAIT`]: the watches start without knowing.
+    GaveUpWaiting,
+}
+
+impl StartWatch {
+    /// Takes the probe's answer at `now`: its status, or `None` when it got none.
+    fn observe(&mut self, answer: Option<StatusCode>, now: Instant) -> Verdict {
+        match answer {
+            Some(StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) => {
+                let since = *self.refused_since.get_or_insert(now);
+                if now.duration_since(since) < REFUSED_READYZ_WAIT {
+                    Verdict::Waiting
+                } else {
+                    Verdict::GaveUpWaiting
+                }
+            }
+            Some(status) if status < StatusCode::INTERNAL_SERVER_ERROR => Verdict::Started {
+                after_refusals: self.refused_since.take().is_some(),
+            },
+            _ => {
+                // Only an unbroken run of refusals counts towards the fallback: a core between
+                // its RBAC sync (403) and its post-start hooks (500) is still starting.
+                self.refused_since = None;
+                Verdict::Waiting
+            }
+        }
     }
-    tracing::warn!(
-        core = %core.url(),
-        %status,
-        "the core server has refused /readyz to the gateway's identity for {}s; starting the \
-         watches on it without knowing whether it is ready",
-        REFUSED_READYZ_WAIT.as_secs()
-    );
-    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A kube-apiserver coming up: 403 while its RBAC authorizer syncs, 500 while its post-start
+    /// hooks run, then 403 again for a gateway identity it does not let read `/readyz`. The 30 s
+    /// count starts again after the 500s, so the watches wait 30 s from the second run of 403s.
+    #[test]
+    fn only_an_unbroken_run_of_refusals_counts_towards_the_fallback() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut watch = StartWatch::default();
+        let forbidden = Some(StatusCode::FORBIDDEN);
+        assert_eq!(watch.observe(forbidden, at(0)), Verdict::Waiting);
+        assert_eq!(watch.observe(forbidden, at(25)), Verdict::Waiting);
+        let starting = Some(StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(watch.observe(starting, at(26)), Verdict::Waiting);
+        assert_eq!(watch.observe(forbidden, at(27)), Verdict::Waiting);
+        assert_eq!(watch.observe(None, at(28)), Verdict::Waiting);
+        assert_eq!(watch.observe(forbidden, at(29)), Verdict::Waiting);
+        assert_eq!(
+            watch.observe(forbidden, at(45)),
+            Verdict::Waiting,
+            "the 500 and the missing answer broke the run of 403s"
+        );
+        assert_eq!(watch.observe(forbidden, at(59)), Verdict::GaveUpWaiting);
+    }
+
+    #[test]
+    fn any_other_answer_below_500_is_started() {
+        let t0 = Instant::now();
+        let mut watch = StartWatch::default();
+        assert_eq!(
+            watch.observe(Some(StatusCode::OK), t0),
+            Verdict::Started {
+                after_refusals: false
+            }
+        );
+        let mut watch = StartWatch::default();
+        assert_eq!(
+            watch.observe(Some(StatusCode::UNAUTHORIZED), t0),
+            Verdict::Waiting
+        );
+        assert_eq!(
+            watch.observe(Some(StatusCode::NOT_FOUND), t0 + Duration::from_secs(1)),
+            Verdict::Started {
+                after_refusals: true
+            },
+            "a core without /readyz has nothing to wait for"
+        );
+    }
 }
