@@ -70,84 +70,16 @@ impl Controller {
     /// Lends and borrows: each level's limit for the next period from its seat demand in the
     /// last one (kube's `updateBorrowingLocked`).
     pub(super) fn adjust(&self, state: &mut State, now: Instant) {
-        let mut remaining = i64::from(state.nominal_sum);
-        let (mut min_sum, mut min_current_sum) = (0i64, 0i64);
-        let mut items = Vec::new();
-        let mut floors = BTreeMap::new();
-        for (name, l) in &mut state.levels {
-            let r = l.level.lock().take_demand(now);
-            l.demand.high_watermark = r.max.round() as u32;
-            if r.duration > 0.0 {
-                l.demand.average = r.average;
-                l.demand.stdev = r.deviation;
-                let envelope = r.average + r.deviation;
-                l.demand.smoothed = envelope.max(
-                    DEMAND_SMOOTHING * l.demand.smoothed + (1.0 - DEMAND_SMOOTHING) * envelope,
-                );
-            }
-            if l.spec.is_exempt() {
-                let floor = l.min.max(l.demand.high_watermark);
-                floors.insert(name.clone(), floor);
-                remaining -= i64::from(floor);
-            } else {
-                // At least what it used (up to its nominal limit) or what it may not lend.
-                let floor = l.min.max(l.nominal.min(l.demand.high_watermark));
-                floors.insert(name.clone(), floor);
-                items.push((
-                    name.clone(),
-                    Item {
-                        lower: f64::from(floor),
-                        upper: f64::from(l.max),
-                        target: f64::from(floor).max(l.demand.smoothed),
-                    },
-                ));
-                min_sum += i64::from(l.min);
-                min_current_sum += i64::from(floor);
-            }
-        }
-        let mut allocated: BTreeMap<Arc<str>, u32> = BTreeMap::new();
-        let problem: Vec<Item> = items.iter().map(|(_, i)| *i).collect();
-        state.fair_fraction = 0.0;
-        if remaining <= min_sum {
-            for (name, _) in &items {
-                allocated.insert(name.clone(), state.levels[name].min);
-            }
-        } else if remaining <= min_current_sum {
-            let share = (remaining - min_sum) as f64 / (min_current_sum - min_sum) as f64;
-            for (name, item) in &items {
-                let min = state.levels[name].min;
-                let extra = ((item.lower - f64::from(min)) * share).round() as u32;
-                allocated.insert(name.clone(), min + extra);
-            }
-        } else {
-            match conc_alloc::allocate(state.nominal_sum, &problem) {
-                Ok((allocs, fair)) => {
-                    if std::mem::take(&mut state.division_failing) {
-                        tracing::info!("API Priority and Fairness divides the seats among the priority levels again");
-                    }
-                    state.fair_fraction = fair;
-                    for ((name, _), a) in items.iter().zip(allocs) {
-                        allocated.insert(name.clone(), a.round() as u32);
-                    }
-                }
-                Err(e) => {
-                    // The same objects fail the same way every borrowing period: say it once.
-                    if !std::mem::replace(&mut state.division_failing, true) {
-                        tracing::error!(error = %e, "API Priority and Fairness could not divide the seats among the priority levels; keeping the current limits");
-                    }
-                    for (name, _) in &items {
-                        allocated.insert(name.clone(), state.levels[name].current);
-                    }
-                }
-            }
-        }
+        let demands = Demands::take(state, now);
+        let allocated = demands.allocate(state);
         self.metrics.seat_fair_frac.set(state.fair_fraction);
         for (name, l) in &mut state.levels {
             let current = match allocated.get(name) {
                 Some(a) => *a,
-                None => floors[name],
+                None => demands.floors[name],
             };
-            let target = items
+            let target = demands
+                .items
                 .iter()
                 .find(|(n, _)| n == name)
                 .map_or(0.0, |(_, i)| i.target);
@@ -161,6 +93,117 @@ impl Controller {
                 current_limit: current,
             });
             l.level.lock().set_concurrency_limit(current, now);
+        }
+    }
+}
+
+/// The last period's seat demands, as the allocation problem kube's `updateBorrowingLocked`
+/// solves: what each level must keep, and what the borrowing levels aim for.
+struct Demands {
+    /// Seats left for the levels that borrow, once the exempt ones have their floors.
+    remaining: i64,
+    /// The borrowing levels' minimums, summed.
+    min_sum: i64,
+    /// The borrowing levels' floors (minimum, or what they used), summed.
+    min_current_sum: i64,
+    /// The borrowing levels, with their bounds and targets.
+    items: Vec<(Arc<str>, Item)>,
+    /// Every level's floor.
+    floors: BTreeMap<Arc<str>, u32>,
+}
+
+impl Demands {
+    /// Takes each level's demand for the period just ended and smooths it.
+    fn take(state: &mut State, now: Instant) -> Self {
+        let mut demands = Demands {
+            remaining: i64::from(state.nominal_sum),
+            min_sum: 0,
+            min_current_sum: 0,
+            items: Vec::new(),
+            floors: BTreeMap::new(),
+        };
+        for (name, l) in &mut state.levels {
+            let r = l.level.lock().take_demand(now);
+            l.demand.high_watermark = r.max.round() as u32;
+            if r.duration > 0.0 {
+                l.demand.average = r.average;
+                l.demand.stdev = r.deviation;
+                let envelope = r.average + r.deviation;
+                l.demand.smoothed = envelope.max(
+                    DEMAND_SMOOTHING * l.demand.smoothed + (1.0 - DEMAND_SMOOTHING) * envelope,
+                );
+            }
+            if l.spec.is_exempt() {
+                let floor = l.min.max(l.demand.high_watermark);
+                demands.floors.insert(name.clone(), floor);
+                demands.remaining -= i64::from(floor);
+            } else {
+                // At least what it used (up to its nominal limit) or what it may not lend.
+                let floor = l.min.max(l.nominal.min(l.demand.high_watermark));
+                demands.floors.insert(name.clone(), floor);
+                demands.items.push((
+                    name.clone(),
+                    Item {
+                        lower: f64::from(floor),
+                        upper: f64::from(l.max),
+                        target: f64::from(floor).max(l.demand.smoothed),
+                    },
+                ));
+                demands.min_sum += i64::from(l.min);
+                demands.min_current_sum += i64::from(floor);
+            }
+        }
+        demands
+    }
+
+    /// The borrowing levels' limits for the next period, in kube's three cases: not even the
+    /// minimums fit (each gets its minimum), the floors do not fit (each gets its minimum plus
+    /// a share of the rest), or they do (the fair allocation). Sets `state.fair_fraction`.
+    fn allocate(&self, state: &mut State) -> BTreeMap<Arc<str>, u32> {
+        state.fair_fraction = 0.0;
+        if self.remaining <= self.min_sum {
+            return self
+                .items
+                .iter()
+                .map(|(name, _)| (name.clone(), state.levels[name].min))
+                .collect();
+        }
+        if self.remaining <= self.min_current_sum {
+            let share = (self.remaining - self.min_sum) as f64
+                / (self.min_current_sum - self.min_sum) as f64;
+            return self
+                .items
+                .iter()
+                .map(|(name, item)| {
+                    let min = state.levels[name].min;
+                    let extra = ((item.lower - f64::from(min)) * share).round() as u32;
+                    (name.clone(), min + extra)
+                })
+                .collect();
+        }
+        let problem: Vec<Item> = self.items.iter().map(|(_, i)| *i).collect();
+        match conc_alloc::allocate(state.nominal_sum, &problem) {
+            Ok((allocs, fair)) => {
+                if std::mem::take(&mut state.division_failing) {
+                    tracing::info!("API Priority and Fairness divides the seats among the priority levels again");
+                }
+                state.fair_fraction = fair;
+                self.items
+                    .iter()
+                    .zip(allocs)
+                    .map(|((name, _), a)| (name.clone(), a.round() as u32))
+                    .collect()
+            }
+            Err(e) => {
+                // The same objects fail the same way every borrowing period: say it once.
+                if !std::mem::replace(&mut state.division_failing, true) {
+                    tracing::error!(error = %e, "API Priority and Fairness could not divide the seats among the priority levels; keeping the current limits");
+                }
+                self.items
+                    .iter()
+                    .map(|(name, _)| (name.clone(), state.levels[name].current))
+                    .collect()
+            }
         }
     }
 }

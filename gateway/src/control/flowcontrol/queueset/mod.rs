@@ -222,19 +222,13 @@ impl QueueSet {
         description: Arc<Description>,
     ) -> Started {
         self.sync(now);
-        let mut work = CompletedWork::new(estimate, ESTIMATED_SERVICE);
-        let seats = work.max_seats();
+        let work = CompletedWork::new(estimate, ESTIMATED_SERVICE);
         let Limit::Queue(_) = self.limit else {
-            if self.limit != Limit::Exempt && !self.can_accommodate(seats) {
-                self.counts.rejected += 1;
-                return Started::Rejected(RejectReason::ConcurrencyLimit);
-            }
-            return Started::Admitted(self.run(now, None, work, now, description));
+            return self.start_unqueued(now, work, description);
         };
         let q = self.shuffle_shard(hash);
-        let queue = &self.queues[q];
         if self.seats_in_use >= u64::from(self.concurrency_limit)
-            && queue.len() >= self.queue_length_limit
+            && self.queues[q].len() >= self.queue_length_limit
         {
             self.counts.rejected += 1;
             return Started::Rejected(RejectReason::QueueFull);
@@ -243,32 +237,67 @@ impl QueueSet {
         // final phase can keep them all).
         if self.waiting == 0
             && self.seats_in_use < u64::from(self.concurrency_limit)
-            && self.can_accommodate(seats)
+            && self.can_accommodate(work.max_seats())
         {
-            // It would be the only request waiting, and it fits: kube enqueues and dispatches
-            // it in the same breath; do the same to the books without the queue.
-            let was_active = queue.is_active();
-            let queue = &mut self.queues[q];
-            if !was_active {
-                queue.next_dispatch_r = self.current_r;
-            }
-            queue.next_dispatch_r = queue.next_dispatch_r.max(self.current_r);
-            let s = queue.next_dispatch_r;
-            self.robin = q;
-            self.metrics.dispatch(&DispatchReading {
-                r: self.current_r.to_f64(),
-                s: s.to_f64(),
-                s_min: s.to_f64(),
-                s_max: s.to_f64(),
-                discounted_s_min: s.to_f64(),
-                discounted_s_max: s.to_f64(),
-            });
-            work.fit_final_seats(self.concurrency_limit);
-            self.queues[q].next_dispatch_r = s.wrapping_add(work.total);
-            // kube observes the length right after enqueueing, itself included.
-            description.flow.queue_length(1);
-            return Started::Admitted(self.run(now, Some(q as u32), work, now, description));
+            return self.dispatch_at_once(now, q, work, description);
         }
+        self.enqueue(now, q, work, description)
+    }
+
+    /// A level without queues: exempt, or rejecting what does not fit.
+    fn start_unqueued(
+        &mut self,
+        now: Instant,
+        work: CompletedWork,
+        description: Arc<Description>,
+    ) -> Started {
+        if self.limit != Limit::Exempt && !self.can_accommodate(work.max_seats()) {
+            self.counts.rejected += 1;
+            return Started::Rejected(RejectReason::ConcurrencyLimit);
+        }
+        Started::Admitted(self.run(now, None, work, now, description))
+    }
+
+    /// It would be the only request waiting, and it fits: kube enqueues and dispatches it in the
+    /// same breath; this does the same to the books without the queue.
+    fn dispatch_at_once(
+        &mut self,
+        now: Instant,
+        q: usize,
+        mut work: CompletedWork,
+        description: Arc<Description>,
+    ) -> Started {
+        let queue = &mut self.queues[q];
+        if !queue.is_active() {
+            queue.next_dispatch_r = self.current_r;
+        }
+        queue.next_dispatch_r = queue.next_dispatch_r.max(self.current_r);
+        let s = queue.next_dispatch_r;
+        self.robin = q;
+        self.metrics.dispatch(&DispatchReading {
+            r: self.current_r.to_f64(),
+            s: s.to_f64(),
+            s_min: s.to_f64(),
+            s_max: s.to_f64(),
+            discounted_s_min: s.to_f64(),
+            discounted_s_max: s.to_f64(),
+        });
+        work.fit_final_seats(self.concurrency_limit);
+        self.queues[q].next_dispatch_r = s.wrapping_add(work.total);
+        // kube observes the length right after enqueueing, itself included.
+        description.flow.queue_length(1);
+        Started::Admitted(self.run(now, Some(q as u32), work, now, description))
+    }
+
+    /// Puts the request in queue `q` and dispatches what the free seats allow.
+    fn enqueue(
+        &mut self,
+        now: Instant,
+        q: usize,
+        work: CompletedWork,
+        description: Arc<Description>,
+    ) -> Started {
+        let seats = work.max_seats();
         let id = self.next_id;
         self.next_id += 1;
         let (tx, rx) = oneshot::channel();
