@@ -22,7 +22,7 @@ use super::bootstrap::{self, CATCH_ALL, EXEMPT};
 use super::classifier::Classifier;
 use super::dispatch::PriorityLevel;
 use super::metrics::{FlowMetrics, LevelMetrics, Metrics};
-use super::model::{Invalid, LevelSpec, Limit, SchemaSpec};
+use super::model::{Invalid, LevelSpec, LimitResponse, SchemaSpec};
 use super::shuffle_shard::FlowHashes;
 
 /// kube adjusts the levels' limits this often.
@@ -237,7 +237,7 @@ impl Controller {
                     level: l.level.clone(),
                     schema_uid: header_value(&spec.uid),
                     level_uid: header_value(&l.spec.uid),
-                    hashed: matches!(l.spec.limit, Limit::Queue(q) if q.queues > 1),
+                    hashed: matches!(l.spec.limit_response, LimitResponse::Queue(q) if q.queues > 1),
                     max_seats: l.max_seats,
                     flow_hashes: FlowHashes::new(spec.name.clone()),
                     spec,
@@ -256,7 +256,7 @@ impl Controller {
     fn new_level(&self, spec: LevelSpec) -> LevelState {
         let metrics = Arc::new(LevelMetrics::new(&self.metrics, &spec.name));
         LevelState {
-            level: PriorityLevel::new(spec.name.clone(), spec.limit, metrics),
+            level: PriorityLevel::new(spec.name.clone(), spec.limit_response, metrics),
             spec,
             nominal: 0,
             min: 0,

@@ -15,7 +15,7 @@ use tokio::sync::oneshot;
 use tokio::time::{Instant, Sleep};
 
 use super::metrics::{LevelMetrics, RejectReason};
-use super::model::Limit;
+use super::model::LimitResponse;
 use super::queueset::{Admitted, Description, Finished, QueueSet, Started};
 use super::retry_after::RetryAfter;
 use super::seats::WorkEstimate;
@@ -42,10 +42,19 @@ pub enum Admission {
 }
 
 impl PriorityLevel {
-    pub fn new(name: Arc<str>, limit: Limit, metrics: Arc<LevelMetrics>) -> Arc<Self> {
-        let queues = QueueSet::new(name.clone(), limit, metrics.clone(), Instant::now());
+    pub fn new(
+        name: Arc<str>,
+        limit_response: LimitResponse,
+        metrics: Arc<LevelMetrics>,
+    ) -> Arc<Self> {
+        let queues = QueueSet::new(
+            name.clone(),
+            limit_response,
+            metrics.clone(),
+            Instant::now(),
+        );
         Arc::new(Self {
-            exempt: limit == Limit::Exempt,
+            exempt: limit_response == LimitResponse::Exempt,
             name,
             queues: Mutex::new(queues),
             metrics,

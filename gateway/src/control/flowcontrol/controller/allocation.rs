@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::super::conc_alloc::{self, Item};
 use super::super::metrics::Adjustment;
-use super::super::model::Limit;
+use super::super::model::LimitResponse;
 use super::{Controller, LevelState, State};
 
 /// Smoothing of seat demand between periods: a half-life of about 5 minutes.
@@ -50,8 +50,8 @@ impl Controller {
             l.nominal = nominal;
             l.min = nominal - lendable;
             l.max = nominal.saturating_add(borrowing);
-            l.max_seats = match l.spec.limit {
-                Limit::Queue(q) => {
+            l.max_seats = match l.spec.limit_response {
+                LimitResponse::Queue(q) => {
                     let by_share = (f64::from(nominal) * LEVEL_MAX_SEATS_FRACTION).ceil();
                     let by_hand = f64::from(nominal / q.hand_size);
                     by_share.min(by_hand).max(1.0) as u32
@@ -63,7 +63,7 @@ impl Controller {
                 l.current = nominal - lendable / 2;
             }
             l.level.metrics.limits(l.nominal, l.min, l.max);
-            l.level.lock().set_limit(l.spec.limit);
+            l.level.lock().set_limit_response(l.spec.limit_response);
         }
     }
 

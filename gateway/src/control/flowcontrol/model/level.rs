@@ -26,11 +26,14 @@ pub struct LevelSpec {
     pub lendable_percent: u32,
     /// `None`: may borrow up to the server's whole concurrency limit.
     pub borrowing_limit_percent: Option<u32>,
-    pub limit: Limit,
+    pub limit_response: LimitResponse,
 }
 
+/// What a level does with a request over its seats: kube's `limitResponse` (queue or reject),
+/// with its `Exempt` level type as a third answer. Not to be confused with the seats
+/// themselves (`concurrency_limit`), which the controller sets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Limit {
+pub enum LimitResponse {
     /// Never limited (the `exempt` level).
     Exempt,
     /// Over its limit, a request is refused at once.
@@ -56,7 +59,7 @@ impl Queuing {
 
 impl LevelSpec {
     pub fn is_exempt(&self) -> bool {
-        self.limit == Limit::Exempt
+        self.limit_response == LimitResponse::Exempt
     }
 
     /// Reads and validates a PriorityLevelConfiguration.
@@ -75,7 +78,7 @@ impl LevelSpec {
         if (name == EXEMPT) != exempt_type {
             return invalid("spec.type must be 'Exempt' if and only if the name is 'exempt'");
         }
-        let (shares, lendable, borrowing, limit) = match spec.type_.as_str() {
+        let (shares, lendable, borrowing, limit_response) = match spec.type_.as_str() {
             "Exempt" => {
                 if spec.limited.is_some() {
                     return invalid("spec.limited must be unset when spec.type is 'Exempt'");
@@ -87,7 +90,7 @@ impl LevelSpec {
                     e.nominal_concurrency_shares.unwrap_or(0),
                     e.lendable_percent.unwrap_or(0),
                     None,
-                    Limit::Exempt,
+                    LimitResponse::Exempt,
                 )
             }
             "Limited" => {
@@ -132,18 +135,18 @@ impl LevelSpec {
             nominal_shares: shares as u32,
             lendable_percent: lendable as u32,
             borrowing_limit_percent: borrowing.map(|b| b as u32),
-            limit,
+            limit_response,
         })
     }
 }
 
-fn limit_response(lr: &api::LimitResponse) -> Result<Limit, Invalid> {
+fn limit_response(lr: &api::LimitResponse) -> Result<LimitResponse, Invalid> {
     match lr.type_.as_str() {
         "Reject" => {
             if lr.queuing.is_some() {
                 return invalid("limitResponse.queuing must be unset when its type is 'Reject'");
             }
-            Ok(Limit::Reject)
+            Ok(LimitResponse::Reject)
         }
         "Queue" => {
             let Some(q) = &lr.queuing else {
@@ -165,7 +168,7 @@ fn limit_response(lr: &api::LimitResponse) -> Result<Limit, Invalid> {
             }
             Dealer::new(i64::from(queues), i64::from(hand_size))
                 .map_err(|e| Invalid(format!("queuing: {e}")))?;
-            Ok(Limit::Queue(Queuing {
+            Ok(LimitResponse::Queue(Queuing {
                 queues: queues as u32,
                 hand_size: hand_size as u32,
                 queue_length_limit: queue_length_limit as u32,
@@ -222,8 +225,8 @@ mod tests {
         assert_eq!(pl.lendable_percent, 0);
         assert_eq!(pl.borrowing_limit_percent, None);
         assert_eq!(
-            pl.limit,
-            Limit::Queue(Queuing {
+            pl.limit_response,
+            LimitResponse::Queue(Queuing {
                 queues: 64,
                 hand_size: 8,
                 queue_length_limit: 50

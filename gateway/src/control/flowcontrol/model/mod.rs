@@ -16,7 +16,7 @@
 mod level;
 mod schema;
 
-pub use level::{LevelSpec, Limit, Queuing, MAX_QUEUES};
+pub use level::{LevelSpec, LimitResponse, Queuing, MAX_QUEUES};
 pub use schema::{
     Distinguisher, Name, NonResourceRule, NonResourceUrl, ResourceRule, ResourceSet, Rule,
     SchemaSpec, Set, SubjectSpec, MAX_MATCHING_PRECEDENCE,

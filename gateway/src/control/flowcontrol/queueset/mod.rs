@@ -32,7 +32,7 @@ use crate::request_info::RequestInfo;
 
 use super::integrator::{Integrator, Results};
 use super::metrics::{DispatchReading, FlowMetrics, LevelMetrics, RejectReason};
-use super::model::{Distinguisher, Limit};
+use super::model::{Distinguisher, LimitResponse};
 use super::seats::{CompletedWork, SeatSeconds, WorkEstimate};
 use super::shuffle_shard::{Dealer, Hand};
 
@@ -113,7 +113,7 @@ struct Running {
 pub struct QueueSet {
     /// The level's name, for the log.
     name: Arc<str>,
-    limit: Limit,
+    limit_response: LimitResponse,
     dealer: Option<Dealer>,
     /// Queues beyond this many are left over from an earlier configuration and drain away.
     desired_queues: usize,
@@ -141,10 +141,15 @@ pub struct QueueSet {
 }
 
 impl QueueSet {
-    pub fn new(name: Arc<str>, limit: Limit, metrics: Arc<LevelMetrics>, now: Instant) -> Self {
+    pub fn new(
+        name: Arc<str>,
+        limit_response: LimitResponse,
+        metrics: Arc<LevelMetrics>,
+        now: Instant,
+    ) -> Self {
         let mut qs = Self {
             name,
-            limit: Limit::Reject,
+            limit_response: LimitResponse::Reject,
             dealer: None,
             desired_queues: 0,
             queue_length_limit: 0,
@@ -167,16 +172,16 @@ impl QueueSet {
             demand: Integrator::new(now),
             metrics,
         };
-        qs.set_limit(limit);
+        qs.set_limit_response(limit_response);
         qs
     }
 
     /// A new queuing configuration. More queues are added at once; fewer take effect as the
     /// surplus queues at the end empty.
-    pub fn set_limit(&mut self, limit: Limit) {
-        self.limit = limit;
-        match limit {
-            Limit::Queue(q) => {
+    pub fn set_limit_response(&mut self, limit_response: LimitResponse) {
+        self.limit_response = limit_response;
+        match limit_response {
+            LimitResponse::Queue(q) => {
                 self.dealer = Some(q.dealer());
                 self.desired_queues = q.queues as usize;
                 self.queue_length_limit = q.queue_length_limit as usize;
@@ -184,7 +189,7 @@ impl QueueSet {
                     self.queues.resize_with(self.desired_queues, Queue::default);
                 }
             }
-            Limit::Reject | Limit::Exempt => {
+            LimitResponse::Reject | LimitResponse::Exempt => {
                 self.dealer = None;
                 self.desired_queues = 0;
             }
@@ -223,7 +228,7 @@ impl QueueSet {
     ) -> Started {
         self.sync(now);
         let work = CompletedWork::new(estimate, ESTIMATED_SERVICE);
-        let Limit::Queue(_) = self.limit else {
+        let LimitResponse::Queue(_) = self.limit_response else {
             return self.start_unqueued(now, work, description);
         };
         let q = self.shuffle_shard(hash);
@@ -251,7 +256,7 @@ impl QueueSet {
         work: CompletedWork,
         description: Arc<Description>,
     ) -> Started {
-        if self.limit != Limit::Exempt && !self.can_accommodate(work.max_seats()) {
+        if self.limit_response != LimitResponse::Exempt && !self.can_accommodate(work.max_seats()) {
             self.counts.rejected += 1;
             return Started::Rejected(RejectReason::ConcurrencyLimit);
         }
@@ -559,8 +564,8 @@ impl QueueSet {
 
     /// Whether `seats` more fit now. A request wider than the whole limit runs alone.
     fn can_accommodate(&self, seats: u32) -> bool {
-        match self.limit {
-            Limit::Exempt => true,
+        match self.limit_response {
+            LimitResponse::Exempt => true,
             _ if seats > self.concurrency_limit => self.executing == 0,
             _ => self.seats_in_use + u64::from(seats) <= u64::from(self.concurrency_limit),
         }

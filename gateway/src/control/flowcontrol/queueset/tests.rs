@@ -14,7 +14,7 @@ fn metrics() -> (Arc<Metrics>, Arc<LevelMetrics>) {
 }
 
 /// A queue set of `limit` with `concurrency` seats, and the time it starts at.
-fn queue_set(limit: Limit, concurrency: u32) -> (Arc<Metrics>, QueueSet, Instant) {
+fn queue_set(limit: LimitResponse, concurrency: u32) -> (Arc<Metrics>, QueueSet, Instant) {
     let (m, l) = metrics();
     let now = Instant::now();
     let mut qs = QueueSet::new("test".into(), limit, l, now);
@@ -22,8 +22,8 @@ fn queue_set(limit: Limit, concurrency: u32) -> (Arc<Metrics>, QueueSet, Instant
     (m, qs, now)
 }
 
-fn queuing(queues: u32, hand_size: u32, queue_length_limit: u32) -> Limit {
-    Limit::Queue(Queuing {
+fn queuing(queues: u32, hand_size: u32, queue_length_limit: u32) -> LimitResponse {
+    LimitResponse::Queue(Queuing {
         queues,
         hand_size,
         queue_length_limit,
@@ -78,7 +78,7 @@ struct Sim {
 }
 
 impl Sim {
-    fn new(limit: Limit, concurrency: u32, service: Duration) -> Self {
+    fn new(limit: LimitResponse, concurrency: u32, service: Duration) -> Self {
         let (m, l) = metrics();
         let now = Instant::now();
         let mut qs = QueueSet::new("test".into(), limit, l, now);
@@ -237,7 +237,7 @@ fn a_full_queue_refuses_and_the_queue_drains_in_order() {
 
 #[test]
 fn a_level_that_does_not_queue_refuses_past_its_limit() {
-    let mut sim = Sim::new(Limit::Reject, 2, Duration::from_millis(5));
+    let mut sim = Sim::new(LimitResponse::Reject, 2, Duration::from_millis(5));
     for _ in 0..3 {
         sim.submit("f", 1);
     }
@@ -253,7 +253,7 @@ fn a_level_that_does_not_queue_refuses_past_its_limit() {
 
 #[test]
 fn the_exempt_level_never_refuses() {
-    let mut sim = Sim::new(Limit::Exempt, 0, Duration::from_millis(5));
+    let mut sim = Sim::new(LimitResponse::Exempt, 0, Duration::from_millis(5));
     for _ in 0..100 {
         sim.submit("admin", 3);
     }
@@ -399,7 +399,7 @@ fn fewer_queues_take_effect_as_the_surplus_drains() {
             Started::Rejected(_) => unreachable!(),
         }
     }
-    qs.set_limit(queuing(4, 2, 10));
+    qs.set_limit_response(queuing(4, 2, 10));
     assert!(qs.queues().count() > 4, "a queue with requests stays");
     qs.check();
     while let Some(a) = running.pop() {
