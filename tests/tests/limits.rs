@@ -370,3 +370,61 @@ async fn an_http2_connection_that_made_a_request_may_idle_past_the_header_timeou
         .expect("the HTTP/2 connection that had made a request was closed");
     assert_eq!(second.status(), StatusCode::OK);
 }
+
+/// `apiserver_current_inflight_requests` is kube's: the most requests executing at once in the
+/// last second, under either filter. A burst that is over by the time of the scrape still shows
+/// (an instantaneous count would read 1, the scrape itself), and a quiet second brings it down.
+#[tokio::test]
+async fn the_inflight_gauge_is_the_last_seconds_high_watermark() {
+    let filters: [&[&str]; 2] = [
+        &[
+            "--enable-priority-and-fairness=false",
+            "--max-requests-inflight=100",
+        ],
+        &[],
+    ];
+    for args in filters {
+        let (core, gateway) = core_and_gateway(args).await;
+        let ca = gateway.ca_pem().unwrap();
+        let client = harness::http1_client(&ca, None).unwrap();
+        let slow = format!("{}/fixture/sleep?ms=300", gateway.url());
+        let burst: Vec<_> = (0..10)
+            .map(|_| {
+                let (client, url) = (client.clone(), slow.clone());
+                tokio::spawn(async move { harness::get(&client, &url).await.unwrap().0 })
+            })
+            .collect();
+        for r in burst {
+            assert_eq!(r.await.unwrap(), StatusCode::OK);
+        }
+
+        let mut seen = Vec::new();
+        for _ in 0..12 {
+            seen.push(read_only_inflight(&gateway).await);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(
+            seen.iter().any(|&n| n >= 5),
+            "{args:?}: the burst of 10 does not show in the next second's scrapes: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        let quiet = read_only_inflight(&gateway).await;
+        assert!(
+            quiet <= 1,
+            "{args:?}: still {quiet} after a quiet second (the scrapes: {seen:?})"
+        );
+        drop(core);
+    }
+}
+
+/// `apiserver_current_inflight_requests{request_kind="readOnly"}` on the gateway's `/metrics`.
+async fn read_only_inflight(gateway: &Gateway) -> i64 {
+    let metrics = e2e::scenario::metrics(gateway).await;
+    metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("apiserver_current_inflight_requests{request_kind=\"readOnly\"} ")
+        })
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no read-only in-flight gauge in:\n{metrics}"))
+}

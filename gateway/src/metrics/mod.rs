@@ -3,15 +3,19 @@
 //! `KubeAggregatedAPIDown` work unchanged). Families are registered once at start; recording is
 //! lock-free after the first use of a label set.
 
+pub mod inflight;
 pub mod known_resources;
 pub mod request_labels;
 mod series;
+
+use std::sync::Arc;
 
 use prometheus::{
     HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
     TextEncoder,
 };
 
+pub use inflight::Watermark;
 pub use known_resources::KnownResources;
 pub use request_labels::RequestLabels;
 
@@ -53,8 +57,10 @@ pub struct Metrics {
     gateway_requests: IntCounterVec,
     /// verb, target: time to response headers.
     gateway_duration: HistogramVec,
-    /// request_kind: readOnly | mutating.
-    pub inflight: IntGaugeVec,
+    /// `apiserver_current_inflight_requests{request_kind="readOnly"}`: see [`inflight`].
+    pub executing_read_only: Arc<Watermark>,
+    /// `apiserver_current_inflight_requests{request_kind="mutating"}`.
+    pub executing_mutating: Arc<Watermark>,
     /// name: 1 when the APIService is unavailable, 0 when available.
     pub unavailable_apiservice: IntGaugeVec,
     /// name, reason: transitions to unavailable.
@@ -139,6 +145,7 @@ fn histogram(
 impl Metrics {
     pub fn new() -> Self {
         let registry = Registry::new();
+        let inflight = gauge(&registry, "apiserver_current_inflight_requests", "Maximal number of currently used inflight request limit of this apiserver per request kind in last second.", &["request_kind"]);
         Self {
             requests: counter(&registry, "apiserver_request_total", "Counter of apiserver requests broken out for each verb, dry run value, group, version, resource, scope, component, and HTTP response code.", &["verb", "dry_run", "group", "version", "resource", "subresource", "scope", "component", "code", "system_client"]),
             duration: histogram(&registry, "apiserver_request_duration_seconds", "Response latency distribution in seconds (to response headers) for each verb, dry run value, group, version, resource, subresource, scope and component.", &REQUEST_DURATION_BUCKETS, &["verb", "dry_run", "group", "version", "resource", "subresource", "scope", "component"]),
@@ -146,7 +153,8 @@ impl Metrics {
             terminations: counter(&registry, "apiserver_request_terminations_total", "Number of requests which apiserver terminated in self-defense.", &["verb", "group", "version", "resource", "subresource", "scope", "component", "code"]),
             gateway_requests: counter(&registry, "aggregation_gateway_requests_total", "Requests through the gateway by verb, route target (gateway, core, apiservice/<name>) and HTTP code", &["verb", "target", "code"]),
             gateway_duration: histogram(&registry, "aggregation_gateway_request_duration_seconds", "Time to response headers by verb and route target", &GATEWAY_DURATION_BUCKETS, &["verb", "target"]),
-            inflight: gauge(&registry, "apiserver_current_inflight_requests", "Requests in flight, read-only and mutating counted apart (long-running excluded)", &["request_kind"]),
+            executing_read_only: Watermark::new(inflight.with_label_values(&["readOnly"])),
+            executing_mutating: Watermark::new(inflight.with_label_values(&["mutating"])),
             unavailable_apiservice: gauge(&registry, "aggregator_unavailable_apiservice", "Gauge of APIServices which are marked as unavailable broken down by APIService name", &["name"]),
             unavailable_apiservice_total: counter(&registry, "aggregator_unavailable_apiservice_total", "Counter of APIServices which are marked as unavailable broken down by APIService name and reason", &["name", "reason"]),
             invalid_apiservice: gauge(&registry, "aggregation_gateway_invalid_apiservice", "APIServices whose definition was refused by validation (1): not routed, or (file source) routed by their last good definition", &["name"]),
@@ -165,6 +173,27 @@ impl Metrics {
             inflight_limit: gauge(&registry, "aggregation_gateway_max_inflight_requests", "The in-flight limit of apiserver_current_inflight_requests by request_kind (--max-requests-inflight, --max-mutating-requests-inflight); absent when unlimited", &["request_kind"]),
             registry,
             series: series::SeriesCache::default(),
+        }
+    }
+
+    /// The watermark `apiserver_current_inflight_requests{request_kind}` reports for a request
+    /// of this kind.
+    pub fn executing(&self, mutating: bool) -> &Arc<Watermark> {
+        if mutating {
+            &self.executing_mutating
+        } else {
+            &self.executing_read_only
+        }
+    }
+
+    /// Publishes `apiserver_current_inflight_requests` every second, as kube-apiserver does.
+    pub async fn publish_inflight(self: Arc<Self>) {
+        let mut every = tokio::time::interval(inflight::PUBLISH_PERIOD);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            self.executing_read_only.publish();
+            self.executing_mutating.publish();
         }
     }
 

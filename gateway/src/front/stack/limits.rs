@@ -18,12 +18,12 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use crate::metrics::inflight::Executing;
 use apiservice::route_table::Lookup;
 use futures::future::Either;
 use http::header::CONTENT_LENGTH;
 use http::Method;
 use http_body_util::Limited;
-use prometheus::IntGauge as Gauge;
 use tower::layer::layer_fn;
 use tower::{Layer, Service};
 
@@ -71,15 +71,7 @@ impl Drop for SlotGuard {
 
 struct InflightGuard {
     _slot: SlotGuard,
-    gauge: Gauge,
-}
-
-// === impl InflightGuard ===
-
-impl Drop for InflightGuard {
-    fn drop(&mut self) {
-        self.gauge.dec();
-    }
+    _executing: Executing,
 }
 
 /// The limits and their counters, shared by every clone of the service.
@@ -252,19 +244,17 @@ where
 impl Shared {
     /// An in-flight slot of the request's kind, or the 429 refusing it.
     fn take_slot(&self, mutating: bool) -> Result<InflightGuard, GatewayError> {
-        let (slots, kind, kind_name) = if mutating {
-            (&self.mutating, "mutating", "mutating")
+        let (slots, kind_name) = if mutating {
+            (&self.mutating, "mutating")
         } else {
-            (&self.readonly, "readOnly", "read-only")
+            (&self.readonly, "read-only")
         };
         let Some(guard) = slots.try_take() else {
             return Err(GatewayError::TooManyRequests { kind: kind_name });
         };
-        let gauge = self.metrics.inflight.with_label_values(&[kind]);
-        gauge.inc();
         Ok(InflightGuard {
             _slot: guard,
-            gauge,
+            _executing: self.metrics.executing(mutating).start(),
         })
     }
 }

@@ -36,7 +36,7 @@ use futures::future::Either;
 use http::header::HeaderName;
 use http::{HeaderMap, StatusCode};
 use http_body::Frame;
-use prometheus::IntGauge;
+
 use tower::layer::layer_fn;
 use tower::{Layer, Service};
 
@@ -66,8 +66,7 @@ struct Shared {
     request_timeout: Duration,
     /// `apiserver_current_inflight_requests`: requests executing (not waiting), as kube's filter
     /// counts them.
-    executing_read_only: IntGauge,
-    executing_mutating: IntGauge,
+    metrics: Arc<Metrics>,
 }
 
 #[derive(Clone)]
@@ -80,13 +79,12 @@ impl<S> PriorityAndFairness<S> {
     pub fn layer(
         flow_control: Arc<FlowControl>,
         request_timeout: Duration,
-        metrics: &Metrics,
+        metrics: &Arc<Metrics>,
     ) -> impl Layer<S, Service = Self> + Clone {
         let shared = Arc::new(Shared {
             flow_control,
             request_timeout,
-            executing_read_only: metrics.inflight.with_label_values(&["readOnly"]),
-            executing_mutating: metrics.inflight.with_label_values(&["mutating"]),
+            metrics: Arc::clone(metrics),
         });
         layer_fn(move |inner| Self {
             inner,
@@ -243,15 +241,13 @@ impl Shared {
     /// a request is admitted.
     fn run(&self, req: &Request, class: Class, seat: Seat, is_watch: bool) -> Run {
         let (info, _, query) = parts(req);
-        let gauge = if info.is_mutating() {
-            &self.executing_mutating
-        } else {
-            &self.executing_read_only
-        };
         let watches = self.flow_control.estimator().watches();
         Run {
             class,
-            executing: Executing::start(gauge.clone(), seat),
+            executing: Executing {
+                _seat: seat,
+                _executing: self.metrics.executing(info.is_mutating()).start(),
+            },
             watch: is_watch.then(|| watches.register(info, query)).flatten(),
         }
     }
@@ -270,20 +266,7 @@ fn parts(req: &Request) -> (&Arc<RequestInfo>, &Arc<UserInfo>, &str) {
 /// A request's seats and its count among the executing requests, until it is done.
 struct Executing {
     _seat: Seat,
-    gauge: IntGauge,
-}
-
-impl Executing {
-    fn start(gauge: IntGauge, seat: Seat) -> Self {
-        gauge.inc();
-        Self { _seat: seat, gauge }
-    }
-}
-
-impl Drop for Executing {
-    fn drop(&mut self) {
-        self.gauge.dec();
-    }
+    _executing: crate::metrics::inflight::Executing,
 }
 
 /// Names, by UID, the FlowSchema and the priority level of the request, as kube-apiserver does
@@ -431,7 +414,7 @@ mod tests {
 
     /// request_info then priority and fairness over `inner`, as in the real stack.
     fn stack<S>(fc: &Arc<FlowControl>, inner: S) -> RequestInfoService<PriorityAndFairness<S>> {
-        let metrics = Metrics::new();
+        let metrics = Arc::new(Metrics::new());
         let apf =
             PriorityAndFairness::layer(fc.clone(), Duration::from_secs(60), &metrics).layer(inner);
         RequestInfoService::layer(None).layer(apf)
