@@ -32,7 +32,13 @@ const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host")
 
 /// True when the client asks to switch protocols (`Connection: Upgrade` plus `Upgrade`).
 pub fn is_upgrade(headers: &HeaderMap) -> bool {
-    headers.contains_key(header::UPGRADE)
+    let (mut connection, mut upgrade) = (false, false);
+    for name in headers.keys() {
+        connection |= name == header::CONNECTION;
+        upgrade |= name == header::UPGRADE;
+    }
+    connection
+        && upgrade
         && headers
             .get_all(header::CONNECTION)
             .iter()
@@ -41,9 +47,23 @@ pub fn is_upgrade(headers: &HeaderMap) -> bool {
             .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
 }
 
+/// Whether `headers` hold any hop-by-hop header or `Upgrade`. One pass over the names, comparing
+/// them (a standard name is a one-byte tag) and hashing nothing: the common message has none
+/// (a `Connection`-named header needs a `Connection` header, which is one), while each of the
+/// ten `remove`s [`strip_hop_by_hop`] would do hashes its name and probes the table even when
+/// the name is not there.
+fn carries_hop_by_hop(headers: &HeaderMap) -> bool {
+    headers
+        .keys()
+        .any(|name| name == header::UPGRADE || HOP_BY_HOP.iter().any(|h| h == name))
+}
+
 /// Removes hop-by-hop headers, including any named by `Connection`. When `keep_upgrade` is set,
 /// `Upgrade` and a `Connection: Upgrade` survive so the next hop sees the same upgrade request.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+    if !keep_upgrade && !carries_hop_by_hop(headers) {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -70,8 +90,6 @@ pub struct Upstream {
     pub authority: Authority,
 }
 
-/// Rewrites a client request into the request for `upstream`. The client's trailers are dropped
-/// (see [`body::without_trailers`]): like `Trailer` and `TE`, they are not passed on.
 /// Points an already prepared request at another upstream (a retry on another endpoint).
 pub fn set_upstream(req: &mut Request, upstream: &Upstream) {
     let mut parts = req.uri().clone().into_parts();
@@ -82,6 +100,8 @@ pub fn set_upstream(req: &mut Request, upstream: &Upstream) {
     }
 }
 
+/// Rewrites a client request into the request for `upstream`. The client's trailers are dropped
+/// (see [`body::without_trailers`]): like `Trailer` and `TE`, they are not passed on.
 pub fn prepare_request(req: &mut Request, upstream: &Upstream, client: Option<SocketAddr>) {
     let body = std::mem::take(req.body_mut());
     *req.body_mut() = body::without_trailers(body);
@@ -269,6 +289,74 @@ mod tests {
         strip_hop_by_hop(&mut h, false);
         let names: Vec<_> = h.keys().map(|k| k.as_str()).collect();
         assert_eq!(names, ["accept", "audit-id"]);
+    }
+
+    #[test]
+    fn any_one_hop_by_hop_header_is_enough_to_strip() {
+        // The one-pass check decides whether anything is removed: each of these, alone among
+        // ordinary headers and in any case, must make it say yes.
+        for name in [
+            "Connection",
+            "Keep-Alive",
+            "PROXY-CONNECTION",
+            "proxy-authenticate",
+            "Proxy-Authorization",
+            "TE",
+            "trailer",
+            "Transfer-Encoding",
+            "upgrade",
+        ] {
+            let mut h = headers(&[("accept", "*/*"), (name, "x"), ("user-agent", "kubectl")]);
+            strip_hop_by_hop(&mut h, false);
+            let mut names: Vec<_> = h.keys().map(|k| k.as_str()).collect();
+            names.sort();
+            assert_eq!(names, ["accept", "user-agent"], "{name} survived");
+        }
+    }
+
+    #[test]
+    fn every_connection_value_names_headers_to_remove() {
+        let mut h = headers(&[
+            ("x-one", "1"),
+            ("Connection", "X-One"),
+            ("x-two", "2"),
+            ("connection", "x-Two , keep-alive,"),
+            ("accept", "*/*"),
+            ("x-three", "3"),
+        ]);
+        strip_hop_by_hop(&mut h, false);
+        let mut names: Vec<_> = h.keys().map(|k| k.as_str()).collect();
+        names.sort();
+        assert_eq!(names, ["accept", "x-three"]);
+    }
+
+    #[test]
+    fn a_message_without_hop_by_hop_headers_is_left_as_it_is() {
+        let sent = headers(&[
+            ("accept", "application/json"),
+            ("x-forwarded-for", "10.0.0.1"),
+            ("x-connection", "kept"),
+            ("keep-alive-ish", "kept"),
+        ]);
+        let mut h = sent.clone();
+        strip_hop_by_hop(&mut h, false);
+        assert_eq!(h, sent);
+        assert!(!is_upgrade(&h));
+    }
+
+    #[test]
+    fn an_upgrade_needs_both_headers() {
+        assert!(!is_upgrade(&headers(&[("upgrade", "websocket")])));
+        assert!(!is_upgrade(&headers(&[("connection", "upgrade")])));
+        assert!(!is_upgrade(&headers(&[
+            ("connection", "keep-alive"),
+            ("upgrade", "websocket")
+        ])));
+        assert!(is_upgrade(&headers(&[
+            ("upgrade", "websocket"),
+            ("connection", "keep-alive"),
+            ("connection", "UPGRADE")
+        ])));
     }
 
     #[test]
