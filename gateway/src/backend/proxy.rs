@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, Entry, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{StatusCode, Uri, Version};
 use hyper_util::rt::TokioIo;
@@ -106,32 +106,45 @@ pub fn prepare_request(req: &mut Request, upstream: &Upstream, client: Option<So
     let body = std::mem::take(req.body_mut());
     *req.body_mut() = body::without_trailers(body);
     let upgrade = is_upgrade(req.headers());
-    let original_host = req.headers().get(header::HOST).cloned().or_else(|| {
-        req.uri()
-            .authority()
+    // The client's URI is taken apart rather than cloned: its path goes on as it is.
+    let client_uri = std::mem::take(req.uri_mut()).into_parts();
+    let headers = req.headers_mut();
+    // The original `Host` is taken out (one lookup, no copy) before hop-by-hop stripping, so
+    // `X-Forwarded-Host` carries it even when `Connection` names it.
+    let original_host = headers.remove(header::HOST).or_else(|| {
+        client_uri
+            .authority
+            .as_ref()
             .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
     });
-    let path_and_query = req
-        .uri()
-        .path_and_query()
-        .cloned()
-        .unwrap_or_else(|| PathAndQuery::from_static("/"));
-    *req.uri_mut() = Uri::builder()
-        .scheme(upstream.scheme.clone())
-        .authority(upstream.authority.clone())
-        .path_and_query(path_and_query)
-        .build()
-        .expect("scheme, authority and path are already valid");
+    let mut uri = http::uri::Parts::default();
+    uri.scheme = Some(upstream.scheme.clone());
+    uri.authority = Some(upstream.authority.clone());
+    uri.path_and_query = Some(
+        client_uri
+            .path_and_query
+            .unwrap_or_else(|| PathAndQuery::from_static("/")),
+    );
+    *req.uri_mut() = Uri::from_parts(uri).expect("scheme, authority and path are already valid");
     // The connection decides the version on the wire (h2 when negotiated); asking for HTTP/1.1
     // here lets the pooled client use either.
     *req.version_mut() = Version::HTTP_11;
 
     let headers = req.headers_mut();
     strip_hop_by_hop(headers, upgrade);
-    headers.remove(header::HOST);
     if let Some(addr) = client {
-        if let Some(v) = forwarded_for(headers.get(&X_FORWARDED_FOR), addr.ip()) {
-            headers.insert(X_FORWARDED_FOR, v);
+        // One lookup for reading what the client sent and replacing it.
+        match headers.entry(X_FORWARDED_FOR) {
+            Entry::Occupied(mut sent) => {
+                if let Some(v) = forwarded_for(Some(sent.get()), addr.ip()) {
+                    sent.insert(v);
+                }
+            }
+            Entry::Vacant(none) => {
+                if let Some(v) = forwarded_for(None, addr.ip()) {
+                    none.insert(v);
+                }
+            }
         }
     }
     headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("https"));
@@ -394,5 +407,42 @@ mod tests {
         assert_eq!(req.headers()["x-forwarded-host"], "gateway.example:8443");
         assert_eq!(req.headers()["x-forwarded-proto"], "https");
         assert!(req.headers().get("host").is_none());
+    }
+
+    #[test]
+    fn forwarded_headers_replace_what_the_client_sent() {
+        let mut req = http::Request::builder()
+            .uri("/api")
+            .header("host", "gateway.example")
+            .header("x-forwarded-for", "10.0.0.1")
+            .header("x-forwarded-for", "10.0.0.2")
+            .header("x-forwarded-proto", "http")
+            .header("x-forwarded-host", "forged.example")
+            .header("connection", "host")
+            .body(body::empty())
+            .unwrap();
+        let upstream = Upstream {
+            scheme: Scheme::HTTP,
+            authority: "127.0.0.1:9".parse().unwrap(),
+        };
+        prepare_request(&mut req, &upstream, Some("192.0.2.7:5555".parse().unwrap()));
+        let all = |name| -> Vec<_> { req.headers().get_all(name).iter().collect() };
+        // The first value the client sent, then the client's address (as before: one value).
+        assert_eq!(all("x-forwarded-for"), ["10.0.0.1, 192.0.2.7"]);
+        assert_eq!(all("x-forwarded-proto"), ["https"]);
+        // `Connection: host` does not hide the client's `Host` from the backend.
+        assert_eq!(all("x-forwarded-host"), ["gateway.example"]);
+        assert!(all("host").is_empty());
+        assert!(all("connection").is_empty());
+
+        // HTTP/2: no `Host`, the authority of the URI.
+        let mut req = http::Request::builder()
+            .uri("https://gateway.example:8443/api?x=1")
+            .body(body::empty())
+            .unwrap();
+        prepare_request(&mut req, &upstream, None);
+        assert_eq!(req.uri().to_string(), "http://127.0.0.1:9/api?x=1");
+        assert_eq!(req.headers()["x-forwarded-host"], "gateway.example:8443");
+        assert!(req.headers().get("x-forwarded-for").is_none());
     }
 }
