@@ -171,6 +171,14 @@ impl Authenticator {
         self.certs.as_ref()
     }
 
+    /// Whether authenticating a request with these headers may wait on a webhook: a bearer
+    /// token to review, or impersonation to check. When it may not, [`Self::authenticate`]
+    /// is done at its first poll.
+    pub fn may_wait(&self, headers: &HeaderMap) -> bool {
+        (self.tokens.is_some() && token::bearer_token(headers).is_some())
+            || impersonation::requested(headers)
+    }
+
     /// Authenticates `req` and applies impersonation: on success the request's headers are
     /// cleaned and [`Authenticated`] plus the effective `Arc<UserInfo>` are in its extensions; on
     /// failure the answer to send (401, 400, 403 or 503 Status).

@@ -2,9 +2,9 @@
 //! rules, `X-Forwarded-*`), streaming bodies in both directions, and tunnelling upgraded
 //! connections (SPDY/3.1 and WebSocket for exec, attach and port-forward) after a 101.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, Entry, HeaderMap, HeaderName, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{StatusCode, Uri, Version};
 use hyper_util::rt::TokioIo;
@@ -32,7 +32,13 @@ const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host")
 
 /// True when the client asks to switch protocols (`Connection: Upgrade` plus `Upgrade`).
 pub fn is_upgrade(headers: &HeaderMap) -> bool {
-    headers.contains_key(header::UPGRADE)
+    let (mut connection, mut upgrade) = (false, false);
+    for name in headers.keys() {
+        connection |= name == header::CONNECTION;
+        upgrade |= name == header::UPGRADE;
+    }
+    connection
+        && upgrade
         && headers
             .get_all(header::CONNECTION)
             .iter()
@@ -41,9 +47,23 @@ pub fn is_upgrade(headers: &HeaderMap) -> bool {
             .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
 }
 
+/// Whether `headers` hold any hop-by-hop header or `Upgrade`. One pass over the names, comparing
+/// them (a standard name is a one-byte tag) and hashing nothing: the common message has none
+/// (a `Connection`-named header needs a `Connection` header, which is one), while each of the
+/// ten `remove`s [`strip_hop_by_hop`] would do hashes its name and probes the table even when
+/// the name is not there.
+fn carries_hop_by_hop(headers: &HeaderMap) -> bool {
+    headers
+        .keys()
+        .any(|name| name == header::UPGRADE || HOP_BY_HOP.iter().any(|h| h == name))
+}
+
 /// Removes hop-by-hop headers, including any named by `Connection`. When `keep_upgrade` is set,
 /// `Upgrade` and a `Connection: Upgrade` survive so the next hop sees the same upgrade request.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+    if !keep_upgrade && !carries_hop_by_hop(headers) {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -70,8 +90,6 @@ pub struct Upstream {
     pub authority: Authority,
 }
 
-/// Rewrites a client request into the request for `upstream`. The client's trailers are dropped
-/// (see [`body::without_trailers`]): like `Trailer` and `TE`, they are not passed on.
 /// Points an already prepared request at another upstream (a retry on another endpoint).
 pub fn set_upstream(req: &mut Request, upstream: &Upstream) {
     let mut parts = req.uri().clone().into_parts();
@@ -82,36 +100,51 @@ pub fn set_upstream(req: &mut Request, upstream: &Upstream) {
     }
 }
 
+/// Rewrites a client request into the request for `upstream`. The client's trailers are dropped
+/// (see [`body::without_trailers`]): like `Trailer` and `TE`, they are not passed on.
 pub fn prepare_request(req: &mut Request, upstream: &Upstream, client: Option<SocketAddr>) {
     let body = std::mem::take(req.body_mut());
     *req.body_mut() = body::without_trailers(body);
     let upgrade = is_upgrade(req.headers());
-    let original_host = req.headers().get(header::HOST).cloned().or_else(|| {
-        req.uri()
-            .authority()
+    // The client's URI is taken apart rather than cloned: its path goes on as it is.
+    let client_uri = std::mem::take(req.uri_mut()).into_parts();
+    let headers = req.headers_mut();
+    // The original `Host` is taken out (one lookup, no copy) before hop-by-hop stripping, so
+    // `X-Forwarded-Host` carries it even when `Connection` names it.
+    let original_host = headers.remove(header::HOST).or_else(|| {
+        client_uri
+            .authority
+            .as_ref()
             .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
     });
-    let path_and_query = req
-        .uri()
-        .path_and_query()
-        .cloned()
-        .unwrap_or_else(|| PathAndQuery::from_static("/"));
-    *req.uri_mut() = Uri::builder()
-        .scheme(upstream.scheme.clone())
-        .authority(upstream.authority.clone())
-        .path_and_query(path_and_query)
-        .build()
-        .expect("scheme, authority and path are already valid");
+    let mut uri = http::uri::Parts::default();
+    uri.scheme = Some(upstream.scheme.clone());
+    uri.authority = Some(upstream.authority.clone());
+    uri.path_and_query = Some(
+        client_uri
+            .path_and_query
+            .unwrap_or_else(|| PathAndQuery::from_static("/")),
+    );
+    *req.uri_mut() = Uri::from_parts(uri).expect("scheme, authority and path are already valid");
     // The connection decides the version on the wire (h2 when negotiated); asking for HTTP/1.1
     // here lets the pooled client use either.
     *req.version_mut() = Version::HTTP_11;
 
     let headers = req.headers_mut();
     strip_hop_by_hop(headers, upgrade);
-    headers.remove(header::HOST);
     if let Some(addr) = client {
-        if let Some(v) = forwarded_for(headers.get(&X_FORWARDED_FOR), addr.ip()) {
-            headers.insert(X_FORWARDED_FOR, v);
+        // One lookup for reading what the client sent and replacing it.
+        match headers.entry(X_FORWARDED_FOR) {
+            Entry::Occupied(mut sent) => {
+                if let Some(v) = forwarded_for(Some(sent.get()), addr.ip()) {
+                    sent.insert(v);
+                }
+            }
+            Entry::Vacant(none) => {
+                if let Some(v) = forwarded_for(None, addr.ip()) {
+                    none.insert(v);
+                }
+            }
         }
     }
     headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("https"));
@@ -124,13 +157,9 @@ pub fn prepare_request(req: &mut Request, upstream: &Upstream, client: Option<So
 
 /// `X-Forwarded-For` with `ip` appended to what the client sent (an empty or non-text value is
 /// replaced). Formatted on the stack: the header value is the request's only allocation here.
-fn forwarded_for(prior: Option<&HeaderValue>, ip: std::net::IpAddr) -> Option<HeaderValue> {
-    use std::io::Write as _;
+fn forwarded_for(prior: Option<&HeaderValue>, ip: IpAddr) -> Option<HeaderValue> {
     let mut own = [0u8; 48];
-    let mut cursor = std::io::Cursor::new(&mut own[..]);
-    write!(cursor, "{ip}").ok()?;
-    let len = cursor.position() as usize;
-    let own = &own[..len];
+    let own = ip_text(ip, &mut own)?;
     match prior.and_then(|v| v.to_str().ok()) {
         Some(prior) if !prior.is_empty() => {
             let mut value = Vec::with_capacity(prior.len() + 2 + own.len());
@@ -141,6 +170,36 @@ fn forwarded_for(prior: Option<&HeaderValue>, ip: std::net::IpAddr) -> Option<He
         }
         _ => HeaderValue::from_bytes(own).ok(),
     }
+}
+
+/// `ip` as text, written into `buf`. An IPv4 address (nearly every client) is written digit by
+/// digit: `Display` goes through the formatter once per octet, about 500 instructions a request.
+fn ip_text(ip: IpAddr, buf: &mut [u8; 48]) -> Option<&[u8]> {
+    let IpAddr::V4(v4) = ip else {
+        use std::io::Write as _;
+        let mut cursor = std::io::Cursor::new(&mut buf[..]);
+        write!(cursor, "{ip}").ok()?;
+        let len = cursor.position() as usize;
+        return Some(&buf[..len]);
+    };
+    let mut len = 0;
+    for (i, octet) in v4.octets().into_iter().enumerate() {
+        if i > 0 {
+            buf[len] = b'.';
+            len += 1;
+        }
+        if octet >= 100 {
+            buf[len] = b'0' + octet / 100;
+            len += 1;
+        }
+        if octet >= 10 {
+            buf[len] = b'0' + octet / 10 % 10;
+            len += 1;
+        }
+        buf[len] = b'0' + octet % 10;
+        len += 1;
+    }
+    Some(&buf[..len])
 }
 
 /// Cleans a backend response for the client: hop-by-hop headers go, except on a 101 where the
@@ -272,6 +331,74 @@ mod tests {
     }
 
     #[test]
+    fn any_one_hop_by_hop_header_is_enough_to_strip() {
+        // The one-pass check decides whether anything is removed: each of these, alone among
+        // ordinary headers and in any case, must make it say yes.
+        for name in [
+            "Connection",
+            "Keep-Alive",
+            "PROXY-CONNECTION",
+            "proxy-authenticate",
+            "Proxy-Authorization",
+            "TE",
+            "trailer",
+            "Transfer-Encoding",
+            "upgrade",
+        ] {
+            let mut h = headers(&[("accept", "*/*"), (name, "x"), ("user-agent", "kubectl")]);
+            strip_hop_by_hop(&mut h, false);
+            let mut names: Vec<_> = h.keys().map(|k| k.as_str()).collect();
+            names.sort();
+            assert_eq!(names, ["accept", "user-agent"], "{name} survived");
+        }
+    }
+
+    #[test]
+    fn every_connection_value_names_headers_to_remove() {
+        let mut h = headers(&[
+            ("x-one", "1"),
+            ("Connection", "X-One"),
+            ("x-two", "2"),
+            ("connection", "x-Two , keep-alive,"),
+            ("accept", "*/*"),
+            ("x-three", "3"),
+        ]);
+        strip_hop_by_hop(&mut h, false);
+        let mut names: Vec<_> = h.keys().map(|k| k.as_str()).collect();
+        names.sort();
+        assert_eq!(names, ["accept", "x-three"]);
+    }
+
+    #[test]
+    fn a_message_without_hop_by_hop_headers_is_left_as_it_is() {
+        let sent = headers(&[
+            ("accept", "application/json"),
+            ("x-forwarded-for", "10.0.0.1"),
+            ("x-connection", "kept"),
+            ("keep-alive-ish", "kept"),
+        ]);
+        let mut h = sent.clone();
+        strip_hop_by_hop(&mut h, false);
+        assert_eq!(h, sent);
+        assert!(!is_upgrade(&h));
+    }
+
+    #[test]
+    fn an_upgrade_needs_both_headers() {
+        assert!(!is_upgrade(&headers(&[("upgrade", "websocket")])));
+        assert!(!is_upgrade(&headers(&[("connection", "upgrade")])));
+        assert!(!is_upgrade(&headers(&[
+            ("connection", "keep-alive"),
+            ("upgrade", "websocket")
+        ])));
+        assert!(is_upgrade(&headers(&[
+            ("upgrade", "websocket"),
+            ("connection", "keep-alive"),
+            ("connection", "UPGRADE")
+        ])));
+    }
+
+    #[test]
     fn upgrade_requests_keep_their_upgrade() {
         let mut h = headers(&[
             ("connection", "Upgrade"),
@@ -306,5 +433,64 @@ mod tests {
         assert_eq!(req.headers()["x-forwarded-host"], "gateway.example:8443");
         assert_eq!(req.headers()["x-forwarded-proto"], "https");
         assert!(req.headers().get("host").is_none());
+    }
+
+    #[test]
+    fn client_addresses_are_written_as_display_writes_them() {
+        let mut buf = [0u8; 48];
+        for ip in [
+            "0.0.0.0",
+            "255.255.255.255",
+            "10.0.100.9",
+            "1.20.199.0",
+            "192.0.2.7",
+            "::1",
+            "::ffff:192.0.2.7",
+            "2001:db8::8a2e:370:7334",
+        ] {
+            let ip: IpAddr = ip.parse().unwrap();
+            assert_eq!(ip_text(ip, &mut buf).unwrap(), ip.to_string().as_bytes());
+        }
+        for n in (0..=u32::MAX).step_by(9_973) {
+            let ip = IpAddr::from(n.to_be_bytes());
+            assert_eq!(ip_text(ip, &mut buf).unwrap(), ip.to_string().as_bytes());
+        }
+    }
+
+    #[test]
+    fn forwarded_headers_replace_what_the_client_sent() {
+        let mut req = http::Request::builder()
+            .uri("/api")
+            .header("host", "gateway.example")
+            .header("x-forwarded-for", "10.0.0.1")
+            .header("x-forwarded-for", "10.0.0.2")
+            .header("x-forwarded-proto", "http")
+            .header("x-forwarded-host", "forged.example")
+            .header("connection", "host")
+            .body(body::empty())
+            .unwrap();
+        let upstream = Upstream {
+            scheme: Scheme::HTTP,
+            authority: "127.0.0.1:9".parse().unwrap(),
+        };
+        prepare_request(&mut req, &upstream, Some("192.0.2.7:5555".parse().unwrap()));
+        let all = |name| -> Vec<_> { req.headers().get_all(name).iter().collect() };
+        // The first value the client sent, then the client's address (as before: one value).
+        assert_eq!(all("x-forwarded-for"), ["10.0.0.1, 192.0.2.7"]);
+        assert_eq!(all("x-forwarded-proto"), ["https"]);
+        // `Connection: host` does not hide the client's `Host` from the backend.
+        assert_eq!(all("x-forwarded-host"), ["gateway.example"]);
+        assert!(all("host").is_empty());
+        assert!(all("connection").is_empty());
+
+        // HTTP/2: no `Host`, the authority of the URI.
+        let mut req = http::Request::builder()
+            .uri("https://gateway.example:8443/api?x=1")
+            .body(body::empty())
+            .unwrap();
+        prepare_request(&mut req, &upstream, None);
+        assert_eq!(req.uri().to_string(), "http://127.0.0.1:9/api?x=1");
+        assert_eq!(req.headers()["x-forwarded-host"], "gateway.example:8443");
+        assert!(req.headers().get("x-forwarded-for").is_none());
     }
 }

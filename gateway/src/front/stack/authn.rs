@@ -9,6 +9,8 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use futures::future::Either;
+use futures::FutureExt as _;
 use tower::layer::layer_fn;
 use tower::{Layer, Service};
 
@@ -41,20 +43,33 @@ where
 {
     type Response = Response;
     type Error = BoxError;
-    type Future = BoxFuture<Result<Response, BoxError>>;
+    /// A request authenticated without waiting (no webhook to ask): the inner call itself.
+    /// Boxing every request's future copied the whole stack's future below into the box.
+    type Future = Either<S::Future, BoxFuture<Result<Response, BoxError>>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, mut req: Request) -> Self::Future {
+        if !self.authenticator.may_wait(req.headers()) {
+            // Nothing to await (a certificate, a front proxy's headers or no credential at
+            // all), so the first poll finishes; should it not, the request takes the path
+            // below from the start (nothing was sent anywhere).
+            if let Some(authenticated) = self.authenticator.authenticate(&mut req).now_or_never() {
+                return match authenticated {
+                    Ok(()) => Either::Left(self.inner.call(req)),
+                    Err(answer) => Either::Right(Box::pin(std::future::ready(Ok(answer)))),
+                };
+            }
+        }
         let authenticator = self.authenticator.clone();
         let mut inner = take_inner(&mut self.inner);
-        Box::pin(async move {
+        Either::Right(Box::pin(async move {
             match authenticator.authenticate(&mut req).await {
                 Ok(()) => inner.call(req).await,
                 Err(answer) => Ok(answer),
             }
-        })
+        }))
     }
 }

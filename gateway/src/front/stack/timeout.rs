@@ -47,8 +47,20 @@ pub struct ExchangeDeadline(Arc<DeadlineState>);
 
 #[derive(Default)]
 struct DeadlineState {
-    at: Mutex<Option<Instant>>,
+    armed: Mutex<Armed>,
     changed: Notify,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Armed {
+    /// When the exchange must be over; `None` while unarmed.
+    at: Option<Instant>,
+    /// What the waiter in [`ExchangeDeadline::expired`] sleeps until (`None`: until armed).
+    /// Arming it for later, or disarming it, wakes nobody: the waiter reads the deadline again
+    /// when its sleep ends. So an HTTP/1.1 connection's exchanges, armed and disarmed one
+    /// after another, cost it no wake-up and no timer each (one timer per deadline that
+    /// passes, for a connection that keeps serving).
+    waking: Option<Instant>,
 }
 
 impl ExchangeDeadline {
@@ -67,34 +79,49 @@ impl ExchangeDeadline {
         EXCHANGE.try_with(Clone::clone).ok()
     }
 
+    fn armed_state(&self) -> std::sync::MutexGuard<'_, Armed> {
+        self.0.armed.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn arm(&self, at: Instant) {
-        *self.0.at.lock().unwrap_or_else(|e| e.into_inner()) = Some(at);
-        self.0.changed.notify_waiters();
+        let earlier = {
+            let mut armed = self.armed_state();
+            armed.at = Some(at);
+            armed.waking.is_none_or(|waking| at < waking)
+        };
+        if earlier {
+            self.0.changed.notify_waiters();
+        }
     }
 
     /// The exchange is over (its response was written or dropped): nothing to enforce until
     /// the next one arms it.
     pub fn disarm(&self) {
-        *self.0.at.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        self.0.changed.notify_waiters();
+        self.armed_state().at = None;
     }
 
     fn armed(&self) -> Option<Instant> {
-        *self.0.at.lock().unwrap_or_else(|e| e.into_inner())
+        self.armed_state().at
     }
 
-    /// Resolves once an armed deadline has passed while still armed.
+    /// Resolves once an armed deadline has passed while still armed. One waiter per deadline
+    /// (the listener's).
     pub async fn expired(&self) {
         loop {
             let changed = self.0.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            match self.armed() {
+            let at = {
+                let mut armed = self.armed_state();
+                armed.waking = armed.at;
+                armed.at
+            };
+            match at {
                 None => changed.await,
                 Some(at) => {
                     tokio::select! {
                         _ = tokio::time::sleep_until(at) => {
-                            if self.armed().is_some_and(|now| now <= Instant::now()) {
+                            if self.armed().is_some_and(|at| at <= Instant::now()) {
                                 return;
                             }
                         }
@@ -237,6 +264,77 @@ mod tests {
             client_timeout("timeout=2s&timeout=1s"),
             Some(Duration::from_secs(2))
         );
+    }
+
+    /// Whether `deadline.expired()` resolves within `within` (paused time).
+    async fn expires_within(deadline: &ExchangeDeadline, within: Duration) -> bool {
+        tokio::time::timeout(within, deadline.expired())
+            .await
+            .is_ok()
+    }
+
+    /// A task waiting for `deadline` to expire, as the listener does, once it waits.
+    async fn waiting(deadline: &ExchangeDeadline) -> tokio::task::JoinHandle<()> {
+        let deadline = deadline.clone();
+        let waiter = tokio::spawn(async move { deadline.expired().await });
+        tokio::task::yield_now().await;
+        waiter
+    }
+
+    /// Arms `deadline` for `after` from now and checks that `waiter` sees it expire then.
+    async fn expires_on_time(
+        deadline: &ExchangeDeadline,
+        waiter: tokio::task::JoinHandle<()>,
+        after: Duration,
+    ) {
+        let at = Instant::now() + after;
+        deadline.arm(at);
+        tokio::time::timeout(LIMIT * 10, waiter)
+            .await
+            .expect("the armed deadline passed unnoticed")
+            .unwrap();
+        // Give or take the timer's millisecond.
+        let late = Instant::now() - at;
+        assert!(
+            late < Duration::from_millis(2),
+            "{late:?} after the deadline"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_exchange_deadline_is_enforced_whatever_came_before_it() {
+        let deadline = ExchangeDeadline::default();
+        let waiter = waiting(&deadline).await;
+        // Exchanges armed and disarmed one after another (the waiter sleeps until the first
+        // deadline, and is not woken for the later ones): none passes while armed.
+        let start = Instant::now();
+        for i in 1..=5 {
+            deadline.arm(start + Duration::from_secs(10 * i));
+            tokio::time::sleep(Duration::from_secs(9)).await;
+            deadline.disarm();
+        }
+        tokio::time::sleep(Duration::from_secs(100)).await;
+        assert!(!waiter.is_finished(), "a disarmed deadline expired");
+        // Armed again, unwatched since its last sleep ended: it is woken for this one.
+        expires_on_time(&deadline, waiter, Duration::from_secs(30)).await;
+
+        // Armed later than the deadline the waiter sleeps until: found when that sleep ends,
+        // enforced on time.
+        let deadline = ExchangeDeadline::default();
+        deadline.arm(Instant::now() + Duration::from_secs(10));
+        let waiter = waiting(&deadline).await;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        deadline.disarm();
+        expires_on_time(&deadline, waiter, Duration::from_secs(15)).await;
+
+        // Armed earlier than the deadline the waiter sleeps until: it wakes for the earlier one.
+        let deadline = ExchangeDeadline::default();
+        deadline.arm(Instant::now() + LIMIT);
+        let waiter = waiting(&deadline).await;
+        expires_on_time(&deadline, waiter, Duration::from_secs(5)).await;
+        // Unarmed, it never expires.
+        deadline.disarm();
+        assert!(!expires_within(&deadline, LIMIT * 10).await);
     }
 
     fn request(method: &str, uri: &str) -> Request {
