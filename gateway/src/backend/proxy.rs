@@ -412,6 +412,15 @@ mod tests {
         assert_eq!(h["x-stream-protocol-version"], "v4.channel.k8s.io");
     }
 
+    /// `req` prepared for a plain core at 127.0.0.1:9, from `client` (`None`: unknown).
+    fn prepare_for_core(req: &mut Request, client: Option<&str>) {
+        let upstream = Upstream {
+            scheme: Scheme::HTTP,
+            authority: "127.0.0.1:9".parse().unwrap(),
+        };
+        prepare_request(req, &upstream, client.map(|c| c.parse().unwrap()));
+    }
+
     #[test]
     fn forwarded_headers_are_set_and_path_kept() {
         let mut req = http::Request::builder()
@@ -420,11 +429,7 @@ mod tests {
             .header("x-forwarded-for", "10.0.0.1")
             .body(body::empty())
             .unwrap();
-        let upstream = Upstream {
-            scheme: Scheme::HTTP,
-            authority: "127.0.0.1:9".parse().unwrap(),
-        };
-        prepare_request(&mut req, &upstream, Some("192.0.2.7:5555".parse().unwrap()));
+        prepare_for_core(&mut req, Some("192.0.2.7:5555"));
         assert_eq!(
             req.uri().to_string(),
             "http://127.0.0.1:9/api/v1/pods?labelSelector=a%3Db&watch=1"
@@ -469,11 +474,7 @@ mod tests {
             .header("connection", "host")
             .body(body::empty())
             .unwrap();
-        let upstream = Upstream {
-            scheme: Scheme::HTTP,
-            authority: "127.0.0.1:9".parse().unwrap(),
-        };
-        prepare_request(&mut req, &upstream, Some("192.0.2.7:5555".parse().unwrap()));
+        prepare_for_core(&mut req, Some("192.0.2.7:5555"));
         let all = |name| -> Vec<_> { req.headers().get_all(name).iter().collect() };
         // The first value the client sent, then the client's address (as before: one value).
         assert_eq!(all("x-forwarded-for"), ["10.0.0.1, 192.0.2.7"]);
@@ -488,7 +489,7 @@ mod tests {
             .uri("https://gateway.example:8443/api?x=1")
             .body(body::empty())
             .unwrap();
-        prepare_request(&mut req, &upstream, None);
+        prepare_for_core(&mut req, None);
         assert_eq!(req.uri().to_string(), "http://127.0.0.1:9/api?x=1");
         assert_eq!(req.headers()["x-forwarded-host"], "gateway.example:8443");
         assert!(req.headers().get("x-forwarded-for").is_none());
