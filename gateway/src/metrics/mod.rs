@@ -58,9 +58,9 @@ pub struct Metrics {
     /// verb, target: time to response headers.
     gateway_duration: HistogramVec,
     /// `apiserver_current_inflight_requests{request_kind="readOnly"}`: see [`inflight`].
-    pub executing_read_only: Arc<Watermark>,
+    executing_read_only: Arc<Watermark>,
     /// `apiserver_current_inflight_requests{request_kind="mutating"}`.
-    pub executing_mutating: Arc<Watermark>,
+    executing_mutating: Arc<Watermark>,
     /// name: 1 when the APIService is unavailable, 0 when available.
     pub unavailable_apiservice: IntGaugeVec,
     /// name, reason: transitions to unavailable.

@@ -54,8 +54,9 @@ where
     fn call(&mut self, mut req: Request) -> Self::Future {
         if !self.authenticator.may_wait(req.headers()) {
             // Nothing to await (a certificate, a front proxy's headers or no credential at
-            // all), so the first poll finishes; should it not, the request takes the path
-            // below from the start (nothing was sent anywhere).
+            // all), so the first poll finishes. Should it not, the request takes the path below
+            // from the start: `authenticate` changes the request only once its caller is
+            // identified, and its only later wait (impersonation's review) is ruled out here.
             if let Some(authenticated) = self.authenticator.authenticate(&mut req).now_or_never() {
                 return match authenticated {
                     Ok(()) => Either::Left(self.inner.call(req)),

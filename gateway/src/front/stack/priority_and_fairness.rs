@@ -36,7 +36,6 @@ use futures::future::Either;
 use http::header::HeaderName;
 use http::{HeaderMap, StatusCode};
 use http_body::Frame;
-
 use tower::layer::layer_fn;
 use tower::{Layer, Service};
 
