@@ -113,8 +113,11 @@ impl RequestInfo {
         self.field(self.name)
     }
 
+    /// kube's split for the in-flight limits and their gauge: only get, list and watch read.
+    /// A HEAD or OPTIONS outside the resource paths keeps its own verb and so counts as mutating
+    /// there too (a HEAD on a resource is already a get).
     pub fn is_mutating(&self) -> bool {
-        !matches!(self.verb(), "get" | "list" | "watch" | "head" | "options")
+        !matches!(self.verb(), "get" | "list" | "watch")
     }
 }
 

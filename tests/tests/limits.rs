@@ -64,6 +64,22 @@ async fn in_flight_limit_answers_429_while_watches_keep_streaming() {
     let body: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(body["reason"], "TooManyRequests");
 
+    // kube counts only get, list and watch as read-only: a HEAD or OPTIONS outside the resource
+    // paths (verbs `head`, `options`) takes a mutating slot, so it is served now.
+    for method in [http::Method::HEAD, http::Method::OPTIONS] {
+        let request = Request::builder()
+            .method(method.clone())
+            .uri(format!("{}/version", gateway.url()))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let status = client.request(request).await.unwrap().status();
+        assert_ne!(
+            status,
+            StatusCode::TOO_MANY_REQUESTS,
+            "{method} /version was counted as read-only"
+        );
+    }
+
     // Mutating requests are counted apart, and the watches keep flowing.
     assert_eq!(
         create_configmap(&client, &gateway, "during-load").await,
