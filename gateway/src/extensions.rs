@@ -6,6 +6,8 @@
 
 use std::sync::Arc;
 
+use http::HeaderValue;
+
 /// Where the router sent a request; set on the response for the access log, metrics and audit.
 #[derive(Clone, Debug)]
 pub enum RoutedTo {
@@ -55,6 +57,27 @@ pub struct ConnInfo {
     /// The verified client certificate chain, when the client presented one, with what
     /// authentication last concluded from it (shared by the connection's requests).
     pub peer_certs: Option<Arc<crate::auth::x509::PeerCertificates>>,
+    /// `remote`'s address as a header value (what `X-Forwarded-For` carries for it), written
+    /// once for the connection: its requests share it instead of each copying the text.
+    client_address: HeaderValue,
+}
+
+impl ConnInfo {
+    /// A connection from `remote`, before its TLS handshake.
+    pub fn new(remote: std::net::SocketAddr) -> Self {
+        let client_address = HeaderValue::from_str(&remote.ip().to_string())
+            .expect("an IP address is a valid header value");
+        Self {
+            remote,
+            peer_certs: None,
+            client_address,
+        }
+    }
+
+    /// The client's address as a header value; cloning it copies no text.
+    pub fn client_address(&self) -> &HeaderValue {
+        &self.client_address
+    }
 }
 
 #[cfg(test)]
@@ -69,5 +92,13 @@ mod tests {
             RoutedTo::api_service("v1alpha1.wardle.example.com", false).label(),
             "apiservice/v1alpha1.wardle.example.com"
         );
+    }
+
+    #[test]
+    fn the_client_address_is_the_peer_ip() {
+        let v4 = ConnInfo::new("10.1.2.3:4567".parse().unwrap());
+        assert_eq!(v4.client_address(), "10.1.2.3");
+        let v6 = ConnInfo::new("[2001:db8::1]:443".parse().unwrap());
+        assert_eq!(v6.client_address(), "2001:db8::1");
     }
 }

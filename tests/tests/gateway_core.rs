@@ -248,6 +248,46 @@ async fn headers_path_and_bodies_pass_through_over_http1_and_http2() {
     }
 }
 
+/// A client that sends neither `X-Forwarded-For` nor `Audit-ID` gets its address forwarded and
+/// a new ID that the core sees too, on every request of a kept-alive connection (the address
+/// is the connection's, the ID each request's own).
+#[tokio::test]
+async fn forwarded_for_and_a_new_audit_id_on_every_request_of_a_connection() {
+    let (_core, gateway) = core_and_gateway(&[]).await;
+    for client in [
+        harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap(),
+        harness::http2_client(&gateway.ca_pem().unwrap(), None).unwrap(),
+    ] {
+        let mut ids = Vec::new();
+        for _ in 0..3 {
+            let req = Request::builder()
+                .uri(format!("{}/fixture/echo", gateway.url()))
+                .body(Full::new(Bytes::new()))
+                .unwrap();
+            let (status, headers, body) = harness::send(&client, req).await.unwrap();
+            assert_eq!(status, StatusCode::OK);
+            let echo: Value = serde_json::from_slice(&body).unwrap();
+            let header = |name: &str| -> Vec<String> {
+                echo["headers"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|h| h[0].as_str().unwrap().eq_ignore_ascii_case(name))
+                    .map(|h| h[1].as_str().unwrap().to_owned())
+                    .collect()
+            };
+            assert_eq!(header("x-forwarded-for"), ["127.0.0.1"]);
+            let id = headers["audit-id"].to_str().unwrap().to_owned();
+            assert_eq!(id.len(), 36, "{id}");
+            assert_eq!(header("audit-id"), std::slice::from_ref(&id));
+            ids.push(id);
+        }
+        ids.sort();
+        ids.dedup();
+        assert_eq!(ids.len(), 3, "each request has its own Audit-ID");
+    }
+}
+
 /// A gateway whose core URL is a port nothing listens on (bound, read, closed), and that URL.
 async fn gateway_without_core() -> (String, Gateway) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")

@@ -11,6 +11,7 @@ use hyper_util::rt::TokioIo;
 use tokio::sync::watch;
 
 use crate::body::{self, Request, Response};
+use crate::extensions::ConnInfo;
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1, plus the historical ones Go's proxy also drops).
 const HOP_BY_HOP: [HeaderName; 8] = [
@@ -130,6 +131,14 @@ pub fn prepare_request(req: &mut Request, upstream: &Upstream, client: Option<So
     // here lets the pooled client use either.
     *req.version_mut() = Version::HTTP_11;
 
+    // The connection's own copy of the client's address, when the request came on it: a
+    // client that sent no `X-Forwarded-For` gets it without a copy of the text.
+    let connection_address = client.and_then(|addr| {
+        req.extensions()
+            .get::<ConnInfo>()
+            .filter(|conn| conn.remote == addr)
+            .map(|conn| conn.client_address().clone())
+    });
     let headers = req.headers_mut();
     strip_hop_by_hop(headers, upgrade);
     if let Some(addr) = client {
@@ -141,7 +150,7 @@ pub fn prepare_request(req: &mut Request, upstream: &Upstream, client: Option<So
                 }
             }
             Entry::Vacant(none) => {
-                if let Some(v) = forwarded_for(None, addr.ip()) {
+                if let Some(v) = connection_address.or_else(|| forwarded_for(None, addr.ip())) {
                     none.insert(v);
                 }
             }
@@ -156,7 +165,9 @@ pub fn prepare_request(req: &mut Request, upstream: &Upstream, client: Option<So
 }
 
 /// `X-Forwarded-For` with `ip` appended to what the client sent (an empty or non-text value is
-/// replaced). Formatted on the stack: the header value is the request's only allocation here.
+/// replaced). Formatted on the stack: the header value is the request's only allocation here
+/// (none when the client sent no `X-Forwarded-For` on a connection of ours: [`prepare_request`]
+/// uses the connection's copy of the address then).
 fn forwarded_for(prior: Option<&HeaderValue>, ip: IpAddr) -> Option<HeaderValue> {
     let mut own = [0u8; 48];
     let own = ip_text(ip, &mut own)?;
@@ -438,6 +449,29 @@ mod tests {
         assert_eq!(req.headers()["x-forwarded-host"], "gateway.example:8443");
         assert_eq!(req.headers()["x-forwarded-proto"], "https");
         assert!(req.headers().get("host").is_none());
+    }
+
+    #[test]
+    fn a_client_without_forwarded_for_gets_its_connection_address() {
+        for (peer, other) in [
+            ("192.0.2.7:5555", "192.0.2.8:5555"),
+            ("[::1]:443", "[::2]:443"),
+        ] {
+            let addr: SocketAddr = peer.parse().unwrap();
+            // The request carries its connection (the listener's extension), or another one.
+            for conn in [peer, other] {
+                let mut req = http::Request::builder()
+                    .uri("/api")
+                    .extension(ConnInfo::new(conn.parse().unwrap()))
+                    .body(body::empty())
+                    .unwrap();
+                prepare_for_core(&mut req, Some(peer));
+                assert_eq!(
+                    req.headers()["x-forwarded-for"],
+                    addr.ip().to_string().as_str()
+                );
+            }
+        }
     }
 
     #[test]

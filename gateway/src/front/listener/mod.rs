@@ -216,10 +216,7 @@ where
             tls: tls.load_full(),
             builders: builders.clone(),
             stop: stop.clone(),
-            info: ConnInfo {
-                remote,
-                peer_certs: None,
-            },
+            info: ConnInfo::new(remote),
         };
         let watcher = graceful.watcher();
         // The permit goes with the socket, which may linger after the connection ends.

@@ -201,9 +201,12 @@ fn ensure_audit_id(headers: &mut HeaderMap) -> HeaderValue {
     if let Some(v) = headers.get(&AUDIT_ID).filter(|v| valid_audit_id(v)) {
         return v.clone();
     }
-    let id = uuid::Uuid::new_v4();
-    let mut buf = uuid::Uuid::encode_buffer();
-    let value = HeaderValue::from_str(id.hyphenated().encode_lower(&mut buf))
+    // The text is the value's own buffer, so the request's copy and the response's share one
+    // allocation: a value copied from a slice is promoted to a shared one (a second
+    // allocation) the first time it is cloned.
+    let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
+    uuid::Uuid::new_v4().hyphenated().encode_lower(&mut text);
+    let value = HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(text))
         .expect("a UUID is a valid header value");
     headers.insert(AUDIT_ID, value.clone());
     value
