@@ -19,6 +19,9 @@
 //!   drained that long so that it reads the answer instead of a reset ([`Lingering`]).
 
 mod connection;
+mod rare;
+#[cfg(test)]
+mod tests;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,11 +39,13 @@ use tokio::net::TcpListener;
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tower::Service;
 
+use crate::backend::proxy::drained;
 use crate::body::{self, Request, Response};
 use crate::extensions::ConnInfo;
 use crate::front::stack::timeout::ExchangeDeadline;
 pub use connection::IDLE_TIMEOUT;
 use connection::{ConnState, Deadlines, Lingering, Protocol};
+use rare::Rare;
 
 pub struct ListenerSettings {
     pub header_read_timeout: Duration,
@@ -204,7 +209,7 @@ where
                     continue;
                 }
             },
-            _ = crate::backend::proxy::drained(&mut stop) => break,
+            _ = drained(&mut stop) => break,
         };
         let Some(permit) = cap.admit() else {
             // Closed before any byte is read: the client's handshake fails at once.
@@ -230,6 +235,17 @@ where
         );
     }
     graceful
+}
+
+/// Why a connection stops being served as usual before it ends by itself.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// The gateway is shutting down: finish the open exchanges, take no new ones.
+    Drain,
+    /// Nothing happened on it for [`IDLE_TIMEOUT`].
+    Idle,
+    /// HTTP/1.1: the exchange in progress outlived its deadline.
+    Expired,
 }
 
 /// One accepted client connection.
@@ -313,18 +329,25 @@ impl Connection {
             })
         };
         let service = TowerToHyperService::new(per_conn);
+        let mut drain = self.stop;
         let result = match protocol {
             Protocol::Http2 => {
                 let conn = self.builders.http2.serve_connection(io, service);
                 let mut conn = std::pin::pin!(conn);
-                tokio::select! {
-                    result = conn.as_mut() => result,
-                    _ = crate::backend::proxy::drained(&mut self.stop) => {
-                        conn.as_mut().graceful_shutdown();
-                        conn.await
+                let ended = Rare::new(async {
+                    tokio::select! {
+                        _ = drained(&mut drain) => Ended::Drain,
+                        _ = state.idle_expired() => Ended::Idle,
                     }
-                    _ = state.idle_expired() => {
-                        tracing::debug!("closing an idle HTTP/2 connection (GOAWAY)");
+                });
+                // Biased: the connection first, and the rare events only on their own wake-ups.
+                tokio::select! {
+                    biased;
+                    result = conn.as_mut() => result,
+                    ended = ended => {
+                        if ended == Ended::Idle {
+                            tracing::debug!("closing an idle HTTP/2 connection (GOAWAY)");
+                        }
                         conn.as_mut().graceful_shutdown();
                         conn.await
                     }
@@ -340,21 +363,30 @@ impl Connection {
                     .serve_connection(io, service)
                     .with_upgrades();
                 let mut conn = std::pin::pin!(conn);
-                let served =
-                    std::future::poll_fn(|cx| deadline.poll_within(|| conn.as_mut().poll(cx)));
+                let ended = Rare::new(async {
+                    tokio::select! {
+                        _ = drained(&mut drain) => Ended::Drain,
+                        _ = state.idle_expired() => Ended::Idle,
+                        _ = deadline.expired() => Ended::Expired,
+                    }
+                });
+                let served = deadline.clone().scope(conn.as_mut());
                 tokio::select! {
+                    biased;
                     result = served => result,
-                    _ = crate::backend::proxy::drained(&mut self.stop) => {
-                        conn.as_mut().graceful_shutdown();
-                        deadline.scope(conn).await
-                    }
-                    _ = state.idle_expired() => {
-                        tracing::debug!("closing an idle HTTP/1.1 connection");
-                        return;
-                    }
-                    _ = deadline.expired() => {
-                        tracing::debug!("HTTP/1.1 connection closed: its response was not taken within the request timeout");
-                        return;
+                    ended = ended => match ended {
+                        Ended::Drain => {
+                            conn.as_mut().graceful_shutdown();
+                            deadline.scope(conn).await
+                        }
+                        Ended::Idle => {
+                            tracing::debug!("closing an idle HTTP/1.1 connection");
+                            return;
+                        }
+                        Ended::Expired => {
+                            tracing::debug!("HTTP/1.1 connection closed: its response was not taken within the request timeout");
+                            return;
+                        }
                     }
                 }
             }
