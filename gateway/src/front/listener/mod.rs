@@ -19,6 +19,7 @@
 //!   drained that long so that it reads the answer instead of a reset ([`Lingering`]).
 
 mod connection;
+mod exchange;
 mod rare;
 #[cfg(test)]
 mod tests;
@@ -33,18 +34,18 @@ use arc_swap::ArcSwap;
 use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use rustls::ServerConfig;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tower::Service;
 
 use crate::backend::proxy::drained;
-use crate::body::{self, Request, Response};
+use crate::body::{Request, Response};
 use crate::extensions::ConnInfo;
 use crate::front::stack::timeout::ExchangeDeadline;
 pub use connection::IDLE_TIMEOUT;
 use connection::{ConnState, Deadlines, Lingering, Protocol};
+use exchange::Exchanges;
 use rare::Rare;
 
 pub struct ListenerSettings {
@@ -301,34 +302,7 @@ impl Connection {
         };
         let state = ConnState::new(protocol, header_read_timeout);
         let io = TokioIo::new(Deadlines::new(stream, state.clone()));
-        let per_conn = {
-            let state = state.clone();
-            let info = self.info.clone();
-            tower::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                let exchange = state.begin();
-                // A request without a body (most GETs) gets the empty body, which boxes nothing.
-                let mut req = req.map(|b| match http_body::Body::is_end_stream(&b) {
-                    true => body::empty(),
-                    false => body::boxed(b),
-                });
-                req.extensions_mut().insert(info.clone());
-                let response = service.clone().call(req);
-                let state = state.clone();
-                async move {
-                    let resp = response.await?;
-                    if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
-                        state.upgraded();
-                    }
-                    // The body ends the exchange when it is finished or dropped; a paced one
-                    // holds the guard itself (one box instead of two).
-                    Ok::<_, std::convert::Infallible>(resp.map(|b| match protocol {
-                        Protocol::Http1 => connection::paced(b, state, exchange),
-                        Protocol::Http2 => body::with_guard(b, exchange),
-                    }))
-                }
-            })
-        };
-        let service = TowerToHyperService::new(per_conn);
+        let service = Exchanges::new(service, state.clone(), self.info);
         let mut drain = self.stop;
         let result = match protocol {
             Protocol::Http2 => {

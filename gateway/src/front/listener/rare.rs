@@ -3,10 +3,9 @@
 //! read and write.
 //!
 //! A plain `select!` polls every branch on each wake-up of the connection's task: the drain's
-//! watch, two timers and a `Notify`: about 1.8k instructions per request for nothing (issue 30).
-//! [`Rare`]
-//! hands its future a waker of its own, which notes that it fired before waking the task; on
-//! any other wake-up, polling it is a pointer comparison and an atomic swap.
+//! watch, two timers and a `Notify`: about 1.8k instructions per request for nothing (issue
+//! 30). [`Rare`] hands its future a waker of its own, which notes that it fired before waking
+//! the task; on any other wake-up, polling it is a pointer comparison and an atomic swap.
 
 use std::future::Future;
 use std::pin::Pin;
