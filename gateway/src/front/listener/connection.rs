@@ -112,6 +112,10 @@ impl ConnState {
         ExchangeGuard(self.clone())
     }
 
+    pub fn protocol(&self) -> Protocol {
+        self.protocol
+    }
+
     /// The HTTP/1.1 connection's exchange deadline.
     pub fn exchange(&self) -> Option<&ExchangeDeadline> {
         self.exchange.as_ref()
@@ -186,6 +190,13 @@ impl ConnState {
 
 /// Ends its exchange when dropped.
 pub struct ExchangeGuard(Arc<ConnState>);
+
+impl ExchangeGuard {
+    /// The connection the exchange is on.
+    pub fn state(&self) -> &Arc<ConnState> {
+        &self.0
+    }
+}
 
 impl Drop for ExchangeGuard {
     fn drop(&mut self) {

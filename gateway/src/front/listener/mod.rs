@@ -19,6 +19,10 @@
 //!   drained that long so that it reads the answer instead of a reset ([`Lingering`]).
 
 mod connection;
+mod exchange;
+mod rare;
+#[cfg(test)]
+mod tests;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,17 +34,19 @@ use arc_swap::ArcSwap;
 use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use rustls::ServerConfig;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tower::Service;
 
-use crate::body::{self, Request, Response};
+use crate::backend::proxy::drained;
+use crate::body::{Request, Response};
 use crate::extensions::ConnInfo;
 use crate::front::stack::timeout::ExchangeDeadline;
 pub use connection::IDLE_TIMEOUT;
 use connection::{ConnState, Deadlines, Lingering, Protocol};
+use exchange::Exchanges;
+use rare::Rare;
 
 pub struct ListenerSettings {
     pub header_read_timeout: Duration,
@@ -204,7 +210,7 @@ where
                     continue;
                 }
             },
-            _ = crate::backend::proxy::drained(&mut stop) => break,
+            _ = drained(&mut stop) => break,
         };
         let Some(permit) = cap.admit() else {
             // Closed before any byte is read: the client's handshake fails at once.
@@ -227,6 +233,17 @@ where
         );
     }
     graceful
+}
+
+/// Why a connection stops being served as usual before it ends by itself.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// The gateway is shutting down: finish the open exchanges, take no new ones.
+    Drain,
+    /// Nothing happened on it for [`IDLE_TIMEOUT`].
+    Idle,
+    /// HTTP/1.1: the exchange in progress outlived its deadline.
+    Expired,
 }
 
 /// One accepted client connection.
@@ -282,46 +299,26 @@ impl Connection {
         };
         let state = ConnState::new(protocol, header_read_timeout);
         let io = TokioIo::new(Deadlines::new(stream, state.clone()));
-        let per_conn = {
-            let state = state.clone();
-            let info = self.info.clone();
-            tower::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                let exchange = state.begin();
-                // A request without a body (most GETs) gets the empty body, which boxes nothing.
-                let mut req = req.map(|b| match http_body::Body::is_end_stream(&b) {
-                    true => body::empty(),
-                    false => body::boxed(b),
-                });
-                req.extensions_mut().insert(info.clone());
-                let response = service.clone().call(req);
-                let state = state.clone();
-                async move {
-                    let resp = response.await?;
-                    if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
-                        state.upgraded();
-                    }
-                    // The body ends the exchange when it is finished or dropped; a paced one
-                    // holds the guard itself (one box instead of two).
-                    Ok::<_, std::convert::Infallible>(resp.map(|b| match protocol {
-                        Protocol::Http1 => connection::paced(b, state, exchange),
-                        Protocol::Http2 => body::with_guard(b, exchange),
-                    }))
-                }
-            })
-        };
-        let service = TowerToHyperService::new(per_conn);
+        let service = Exchanges::new(service, state.clone(), self.info);
+        let mut drain = self.stop;
         let result = match protocol {
             Protocol::Http2 => {
                 let conn = self.builders.http2.serve_connection(io, service);
                 let mut conn = std::pin::pin!(conn);
-                tokio::select! {
-                    result = conn.as_mut() => result,
-                    _ = crate::backend::proxy::drained(&mut self.stop) => {
-                        conn.as_mut().graceful_shutdown();
-                        conn.await
+                let ended = Rare::new(async {
+                    tokio::select! {
+                        _ = drained(&mut drain) => Ended::Drain,
+                        _ = state.idle_expired() => Ended::Idle,
                     }
-                    _ = state.idle_expired() => {
-                        tracing::debug!("closing an idle HTTP/2 connection (GOAWAY)");
+                });
+                // Biased: the connection first, and the rare events only on their own wake-ups.
+                tokio::select! {
+                    biased;
+                    result = conn.as_mut() => result,
+                    ended = ended => {
+                        if ended == Ended::Idle {
+                            tracing::debug!("closing an idle HTTP/2 connection (GOAWAY)");
+                        }
                         conn.as_mut().graceful_shutdown();
                         conn.await
                     }
@@ -337,21 +334,30 @@ impl Connection {
                     .serve_connection(io, service)
                     .with_upgrades();
                 let mut conn = std::pin::pin!(conn);
-                let served =
-                    std::future::poll_fn(|cx| deadline.poll_within(|| conn.as_mut().poll(cx)));
+                let ended = Rare::new(async {
+                    tokio::select! {
+                        _ = drained(&mut drain) => Ended::Drain,
+                        _ = state.idle_expired() => Ended::Idle,
+                        _ = deadline.expired() => Ended::Expired,
+                    }
+                });
+                let served = deadline.clone().scope(conn.as_mut());
                 tokio::select! {
+                    biased;
                     result = served => result,
-                    _ = crate::backend::proxy::drained(&mut self.stop) => {
-                        conn.as_mut().graceful_shutdown();
-                        deadline.scope(conn).await
-                    }
-                    _ = state.idle_expired() => {
-                        tracing::debug!("closing an idle HTTP/1.1 connection");
-                        return;
-                    }
-                    _ = deadline.expired() => {
-                        tracing::debug!("HTTP/1.1 connection closed: its response was not taken within the request timeout");
-                        return;
+                    ended = ended => match ended {
+                        Ended::Drain => {
+                            conn.as_mut().graceful_shutdown();
+                            deadline.scope(conn).await
+                        }
+                        Ended::Idle => {
+                            tracing::debug!("closing an idle HTTP/1.1 connection");
+                            return;
+                        }
+                        Ended::Expired => {
+                            tracing::debug!("HTTP/1.1 connection closed: its response was not taken within the request timeout");
+                            return;
+                        }
                     }
                 }
             }

@@ -33,6 +33,12 @@ use crate::request_info::RequestInfo;
 /// After a 504, how long the client has to read that Status before the exchange is cut.
 const TIMEOUT_STATUS_GRACE: Duration = Duration::from_secs(5);
 
+/// How often the waiter of an unarmed [`ExchangeDeadline`] looks again. Below the default
+/// request timeout (60 s), so that an exchange armed with it does not wake the waiter: waking it
+/// on every arm cost an HTTP/1.1 connection one more poll per request, since a small exchange
+/// is usually armed and disarmed again before the waiter runs.
+const UNARMED_RECHECK: Duration = Duration::from_secs(30);
+
 tokio::task_local! {
     static EXCHANGE: ExchangeDeadline;
 }
@@ -55,20 +61,15 @@ struct DeadlineState {
 struct Armed {
     /// When the exchange must be over; `None` while unarmed.
     at: Option<Instant>,
-    /// What the waiter in [`ExchangeDeadline::expired`] sleeps until (`None`: until armed).
-    /// Arming it for later, or disarming it, wakes nobody: the waiter reads the deadline again
-    /// when its sleep ends. So an HTTP/1.1 connection's exchanges, armed and disarmed one
-    /// after another, cost it no wake-up and no timer each (one timer per deadline that
-    /// passes, for a connection that keeps serving).
+    /// What the waiter in [`ExchangeDeadline::expired`] sleeps until (`None`: it never looked):
+    /// the armed deadline, or [`UNARMED_RECHECK`] from when it found none. Arming it for
+    /// later, or disarming it, wakes nobody: the waiter reads the deadline again when its sleep
+    /// ends. So an HTTP/1.1 connection's exchanges, armed and disarmed one after another (most
+    /// within one poll of the connection), cost it no wake-up and no timer each.
     waking: Option<Instant>,
 }
 
 impl ExchangeDeadline {
-    /// Polls `f` with this deadline as the current exchange's, for one poll.
-    pub fn poll_within<R>(&self, f: impl FnOnce() -> R) -> R {
-        EXCHANGE.sync_scope(self.clone(), f)
-    }
-
     /// Runs `fut` with this deadline as the current exchange's.
     pub async fn scope<F: Future>(self, fut: F) -> F::Output {
         EXCHANGE.scope(self, fut).await
@@ -111,23 +112,19 @@ impl ExchangeDeadline {
             let changed = self.0.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            let at = {
+            let waking = {
                 let mut armed = self.armed_state();
-                armed.waking = armed.at;
-                armed.at
+                let waking = armed.at.unwrap_or_else(|| Instant::now() + UNARMED_RECHECK);
+                armed.waking = Some(waking);
+                waking
             };
-            match at {
-                None => changed.await,
-                Some(at) => {
-                    tokio::select! {
-                        _ = tokio::time::sleep_until(at) => {
-                            if self.armed().is_some_and(|at| at <= Instant::now()) {
-                                return;
-                            }
-                        }
-                        _ = changed => {}
+            tokio::select! {
+                _ = tokio::time::sleep_until(waking) => {
+                    if self.armed().is_some_and(|at| at <= Instant::now()) {
+                        return;
                     }
                 }
+                _ = changed => {}
             }
         }
     }
@@ -326,6 +323,17 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(5)).await;
         deadline.disarm();
         expires_on_time(&deadline, waiter, Duration::from_secs(15)).await;
+
+        // Armed, after the waiter found it unarmed, for later than it looks again: not woken,
+        // found when it looks, enforced on time.
+        let deadline = ExchangeDeadline::default();
+        let waiter = waiting(&deadline).await;
+        expires_on_time(
+            &deadline,
+            waiter,
+            UNARMED_RECHECK * 2 + Duration::from_secs(3),
+        )
+        .await;
 
         // Armed earlier than the deadline the waiter sleeps until: it wakes for the earlier one.
         let deadline = ExchangeDeadline::default();
