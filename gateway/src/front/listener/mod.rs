@@ -303,12 +303,11 @@ impl Connection {
                     if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
                         state.upgraded();
                     }
-                    // The body ends the exchange when it is finished or dropped; a paced one
-                    // holds the guard itself (one box instead of two).
-                    Ok::<_, std::convert::Infallible>(resp.map(|b| match protocol {
-                        Protocol::Http1 => connection::paced(b, state, exchange),
-                        Protocol::Http2 => body::with_guard(b, exchange),
-                    }))
+                    // The body ends the exchange when it is finished or dropped (and is
+                    // paced on HTTP/1.1): one unboxed wrapper for both protocols.
+                    Ok::<_, std::convert::Infallible>(
+                        resp.map(|b| connection::paced(b, state, exchange)),
+                    )
                 }
             })
         };
