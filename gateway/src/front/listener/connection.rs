@@ -509,15 +509,17 @@ mod tests {
         }
     }
 
+    /// A connection of `protocol` with one exchange open, answered by three windows' worth.
+    fn three_windows(protocol: Protocol) -> (Arc<ConnState>, Paced) {
+        let state = ConnState::new(protocol, Duration::from_secs(10));
+        let exchange = state.begin();
+        let body = crate::body::full(vec![0u8; 3 * WRITE_WINDOW]);
+        (state.clone(), paced(body, state, exchange))
+    }
+
     #[tokio::test]
     async fn a_paced_body_stays_one_window_ahead_of_the_socket() {
-        let state = ConnState::new(Protocol::Http1, Duration::from_secs(10));
-        let exchange = state.begin();
-        let mut body = paced(
-            crate::body::full(vec![0u8; 3 * WRITE_WINDOW]),
-            state.clone(),
-            exchange,
-        );
+        let (state, mut body) = three_windows(Protocol::Http1);
         assert_eq!(body.size_hint().exact(), Some(3 * WRITE_WINDOW as u64));
 
         assert_eq!(data_len(poll_frame(&mut body)), Some(WRITE_WINDOW));
@@ -540,13 +542,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_http2_body_passes_unpaced_and_holds_its_exchange() {
-        let state = ConnState::new(Protocol::Http2, Duration::from_secs(10));
-        let exchange = state.begin();
-        let mut body = paced(
-            crate::body::full(vec![0u8; 3 * WRITE_WINDOW]),
-            state.clone(),
-            exchange,
-        );
+        let (state, mut body) = three_windows(Protocol::Http2);
         // One frame as it came, nothing written to the socket counted: HTTP/2's own flow
         // control bounds what waits.
         assert_eq!(data_len(poll_frame(&mut body)), Some(3 * WRITE_WINDOW));
