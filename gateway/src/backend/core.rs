@@ -457,11 +457,10 @@ impl CoreBackend {
         // caller could strip them and reach the core on our credentials.
         proxy::prepare_request(&mut req, &self.upstream, client);
         let (mut parts, body) = req.into_parts();
-        let credentials = prepare_core_request(
-            &mut parts.headers,
-            parts.extensions.get::<Authenticated>(),
-            self.identity,
-        )?;
+        // One lookup in the extensions for both uses below.
+        let authenticated = parts.extensions.get::<Authenticated>();
+        let anonymous = authenticated.is_some_and(|a| a.user().name == ANONYMOUS);
+        let credentials = prepare_core_request(&mut parts.headers, authenticated, self.identity)?;
         let proxy_clients;
         let clients = match credentials {
             CoreCredentials::Caller => &self.caller,
@@ -476,10 +475,6 @@ impl CoreBackend {
                 &self.own
             }
         };
-        let anonymous = parts
-            .extensions
-            .get::<Authenticated>()
-            .is_some_and(|a| a.user().name == ANONYMOUS);
         let req = Request::from_parts(parts, body);
         if upgrade {
             return proxy::forward_upgrade(req, |r| clients.upgrades.send(r), self.drain.clone())

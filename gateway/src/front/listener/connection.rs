@@ -29,7 +29,7 @@ use http_body::Frame;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
-use crate::body::{self, Body, BoxError};
+use crate::body::{Body, BoxError};
 use crate::front::stack::timeout::ExchangeDeadline;
 
 /// How long a connection may idle between requests: kube-apiserver's `IdleTimeout` for HTTP/1.1
@@ -110,10 +110,6 @@ impl ConnState {
             exchange.disarm();
         }
         ExchangeGuard(self.clone())
-    }
-
-    pub fn protocol(&self) -> Protocol {
-        self.protocol
     }
 
     /// The HTTP/1.1 connection's exchange deadline.
@@ -421,19 +417,23 @@ impl<P: Send + 'static> AsyncWrite for Lingering<P> {
 
 // === impl Paced ===
 
-/// `body`, handed to hyper at most [`WRITE_WINDOW`] ahead of what reached the socket, in pieces
-/// no larger than the window (splitting `Bytes` copies nothing).
-/// `exchange` is held until the body is finished or dropped.
-pub fn paced(body: Body, state: Arc<ConnState>, exchange: ExchangeGuard) -> Body {
-    body::boxed(Paced {
+/// The response body as hyper gets it: `body`, holding `exchange` until it is finished or
+/// dropped. On HTTP/1.1 it is also handed over at most [`WRITE_WINDOW`] ahead of what reached
+/// the socket, in pieces no larger than the window (splitting `Bytes` copies nothing); HTTP/2's
+/// own flow control bounds what waits there, so its frames pass as they come.
+///
+/// Not boxed: hyper serves this type as it is, so a response costs no allocation here and no
+/// dynamic call per frame beyond the inner body's.
+pub fn paced(body: Body, state: Arc<ConnState>, exchange: ExchangeGuard) -> Paced {
+    Paced {
         inner: body,
         state,
         rest: Bytes::new(),
         _exchange: exchange,
-    })
+    }
 }
 
-struct Paced {
+pub struct Paced {
     inner: Body,
     state: Arc<ConnState>,
     /// What is left of a chunk larger than the window.
@@ -451,6 +451,9 @@ impl http_body::Body for Paced {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
+        if this.state.protocol == Protocol::Http2 {
+            return Pin::new(&mut this.inner).poll_frame(cx);
+        }
         {
             let mut phase = this.state.phase();
             if phase.unwritten >= WRITE_WINDOW {
@@ -500,7 +503,7 @@ mod tests {
 
     use super::*;
 
-    fn poll_frame(body: &mut Body) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(body: &mut Paced) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let waker = futures::task::noop_waker();
         let mut cx = Context::from_waker(&waker);
         Pin::new(body).poll_frame(&mut cx)
@@ -513,15 +516,17 @@ mod tests {
         }
     }
 
+    /// A connection of `protocol` with one exchange open, answered by three windows' worth.
+    fn three_windows(protocol: Protocol) -> (Arc<ConnState>, Paced) {
+        let state = ConnState::new(protocol, Duration::from_secs(10));
+        let exchange = state.begin();
+        let body = crate::body::full(vec![0u8; 3 * WRITE_WINDOW]);
+        (state.clone(), paced(body, state, exchange))
+    }
+
     #[tokio::test]
     async fn a_paced_body_stays_one_window_ahead_of_the_socket() {
-        let state = ConnState::new(Protocol::Http1, Duration::from_secs(10));
-        let exchange = state.begin();
-        let mut body = paced(
-            body::full(vec![0u8; 3 * WRITE_WINDOW]),
-            state.clone(),
-            exchange,
-        );
+        let (state, mut body) = three_windows(Protocol::Http1);
         assert_eq!(body.size_hint().exact(), Some(3 * WRITE_WINDOW as u64));
 
         assert_eq!(data_len(poll_frame(&mut body)), Some(WRITE_WINDOW));
@@ -537,6 +542,19 @@ mod tests {
         state.wrote(WRITE_WINDOW);
         assert!(matches!(poll_frame(&mut body), Poll::Ready(None)));
         // The body held the exchange open until it was dropped.
+        assert_eq!(state.phase().open, 1);
+        drop(body);
+        assert_eq!(state.phase().open, 0);
+    }
+
+    #[tokio::test]
+    async fn an_http2_body_passes_unpaced_and_holds_its_exchange() {
+        let (state, mut body) = three_windows(Protocol::Http2);
+        // One frame as it came, nothing written to the socket counted: HTTP/2's own flow
+        // control bounds what waits.
+        assert_eq!(data_len(poll_frame(&mut body)), Some(3 * WRITE_WINDOW));
+        assert!(matches!(poll_frame(&mut body), Poll::Ready(None)));
+        // The exchange stays open (the connection is not idle) until the body is dropped.
         assert_eq!(state.phase().open, 1);
         drop(body);
         assert_eq!(state.phase().open, 0);

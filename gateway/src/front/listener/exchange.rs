@@ -14,7 +14,7 @@ use std::task::{ready, Context, Poll};
 
 use tower::Service;
 
-use super::connection::{self, ConnState, ExchangeGuard, Protocol};
+use super::connection::{self, ConnState, ExchangeGuard, Paced};
 use crate::body::{self, Request, Response};
 use crate::extensions::ConnInfo;
 
@@ -35,7 +35,7 @@ impl<S> hyper::service::Service<hyper::Request<hyper::body::Incoming>> for Excha
 where
     S: Service<Request, Response = Response, Error = Infallible> + Clone,
 {
-    type Response = Response;
+    type Response = http::Response<Paced>;
     type Error = Infallible;
     type Future = Exchange<S::Future>;
 
@@ -68,7 +68,7 @@ impl<F> Future for Exchange<F>
 where
     F: Future<Output = Result<Response, Infallible>>,
 {
-    type Output = Result<Response, Infallible>;
+    type Output = Result<http::Response<Paced>, Infallible>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
@@ -77,14 +77,9 @@ where
         if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
             exchange.state().upgraded();
         }
-        // The body ends the exchange when it is finished or dropped; a paced one holds the
-        // guard itself (one box instead of two).
-        Poll::Ready(Ok(resp.map(|b| match exchange.state().protocol() {
-            Protocol::Http1 => {
-                let state = exchange.state().clone();
-                connection::paced(b, state, exchange)
-            }
-            Protocol::Http2 => body::with_guard(b, exchange),
-        })))
+        // The body ends the exchange when it is finished or dropped (and is paced on
+        // HTTP/1.1): one unboxed wrapper for both protocols.
+        let state = exchange.state().clone();
+        Poll::Ready(Ok(resp.map(|b| connection::paced(b, state, exchange))))
     }
 }
