@@ -68,4 +68,33 @@ pub(crate) mod test_util {
         }
         h
     }
+
+    /// A TLS server config with a fresh self-signed certificate for `name`, offering `alpn`,
+    /// and the roots that trust it.
+    pub fn self_signed_server(
+        name: &str,
+        alpn: &[&[u8]],
+    ) -> (rustls::ServerConfig, rustls::RootCertStore) {
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec![name.to_owned()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(cert.der().clone()).unwrap();
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![CertificateDer::from(cert.der().to_vec())],
+                PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
+            )
+            .unwrap();
+        tls.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        (tls, roots)
+    }
 }

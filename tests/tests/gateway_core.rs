@@ -222,15 +222,7 @@ async fn headers_path_and_bodies_pass_through_over_http1_and_http2() {
             echo["query"], "b=2&a=1&a=%2F",
             "query must be preserved byte for byte"
         );
-        let header = |name: &str| -> Vec<String> {
-            echo["headers"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter(|h| h[0].as_str().unwrap().eq_ignore_ascii_case(name))
-                .map(|h| h[1].as_str().unwrap().to_owned())
-                .collect()
-        };
+        let header = |name: &str| echoed_header(&echo, name);
         assert_eq!(header("x-custom"), ["kept"]);
         assert_eq!(header("audit-id"), ["1234"]);
         assert_eq!(
@@ -267,15 +259,7 @@ async fn forwarded_for_and_a_new_audit_id_on_every_request_of_a_connection() {
             let (status, headers, body) = harness::send(&client, req).await.unwrap();
             assert_eq!(status, StatusCode::OK);
             let echo: Value = serde_json::from_slice(&body).unwrap();
-            let header = |name: &str| -> Vec<String> {
-                echo["headers"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .filter(|h| h[0].as_str().unwrap().eq_ignore_ascii_case(name))
-                    .map(|h| h[1].as_str().unwrap().to_owned())
-                    .collect()
-            };
+            let header = |name: &str| echoed_header(&echo, name);
             assert_eq!(header("x-forwarded-for"), ["127.0.0.1"]);
             let id = headers["audit-id"].to_str().unwrap().to_owned();
             assert_eq!(id.len(), 36, "{id}");
@@ -733,4 +717,15 @@ async fn open_watches_end_cleanly_at_shutdown() {
         .await
         .expect("gateway exits");
     assert_eq!(status.code(), Some(0));
+}
+
+/// The values of header `name` as the fixture core's `/fixture/echo` saw them, in order.
+fn echoed_header(echo: &Value, name: &str) -> Vec<String> {
+    echo["headers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|h| h[0].as_str().unwrap().eq_ignore_ascii_case(name))
+        .map(|h| h[1].as_str().unwrap().to_owned())
+        .collect()
 }

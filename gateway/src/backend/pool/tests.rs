@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use http_body_util::BodyExt;
 use hyper::service::service_fn;
 use hyper_rustls::FixedServerNameResolver;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::ServerName;
 
 use super::*;
 
@@ -111,24 +111,7 @@ async fn refusing_server() -> (
 }
 
 fn tls_acceptor() -> (tokio_rustls::TlsAcceptor, rustls::RootCertStore) {
-    let key = rcgen::KeyPair::generate().unwrap();
-    let cert = rcgen::CertificateParams::new(vec!["api.wardle.svc".to_owned()])
-        .unwrap()
-        .self_signed(&key)
-        .unwrap();
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(cert.der().clone()).unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![CertificateDer::from(cert.der().to_vec())],
-            PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
-        )
-        .unwrap();
-    tls.alpn_protocols = vec![b"h2".to_vec()];
+    let (tls, roots) = crate::test_util::self_signed_server("api.wardle.svc", &[b"h2"]);
     (tokio_rustls::TlsAcceptor::from(Arc::new(tls)), roots)
 }
 

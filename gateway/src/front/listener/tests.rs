@@ -2,7 +2,7 @@
 
 use std::convert::Infallible;
 
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::ServerName;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::{timeout, Instant};
 
@@ -15,24 +15,7 @@ async fn listening() -> (
     rustls::RootCertStore,
     watch::Sender<bool>,
 ) {
-    let key = rcgen::KeyPair::generate().unwrap();
-    let cert = rcgen::CertificateParams::new(vec!["gateway.test".to_owned()])
-        .unwrap()
-        .self_signed(&key)
-        .unwrap();
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(cert.der().clone()).unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut tls = ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![CertificateDer::from(cert.der().to_vec())],
-            PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
-        )
-        .unwrap();
-    tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let (tls, roots) = crate::test_util::self_signed_server("gateway.test", &[b"h2", b"http/1.1"]);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let ok = tower::service_fn(|_req: Request| async {
