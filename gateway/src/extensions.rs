@@ -1,14 +1,15 @@
-//! The request and response extensions the listener and the router set for the layers around
-//! them: the connection a request came on ([`ConnInfo`]) and where the router sent it
-//! ([`RoutedTo`]). They sit below the listener, the stack and the router, so none of those
-//! imports from a layer above it. (kube's request attributes, another extension, are
+//! The request's context, which the listener inserts as the one extension of ours it adds
+//! ([`RequestContext`]): the connection the request came on ([`ConnInfo`]) and where the router
+//! sent it ([`RoutedTo`]). They sit below the listener, the stack and the router, so none of
+//! those imports from a layer above it. (kube's request attributes, another extension, are
 //! `crate::request_info`'s; the caller's identity is `crate::auth::Authenticated`.)
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use http::HeaderValue;
 
-/// Where the router sent a request; set on the response for the access log, metrics and audit.
+/// Where the router sent a request; set in the request's context for the access log, metrics,
+/// audit and tracing, which read it once the response is back.
 #[derive(Clone, Debug)]
 pub enum RoutedTo {
     Gateway,
@@ -80,6 +81,52 @@ impl ConnInfo {
     }
 }
 
+/// One request's context: the connection it came on, and slots the layers set once when they
+/// learn something the layers around them report on the way out.
+///
+/// The listener inserts it once per request, shared (`Arc`): a layer keeps its clone on the way
+/// in and reads on the way out what the layers inside it set. So the route needs no extension
+/// map of the response's own (a map, its table and a box for every request), and the response
+/// of a layer that answers before the router leaves the route unset, which reads as the
+/// gateway's.
+#[derive(Debug)]
+pub struct RequestContext {
+    pub conn: ConnInfo,
+    route: OnceLock<RoutedTo>,
+}
+
+impl RequestContext {
+    /// The context of a request that came on `conn`; nothing is learnt yet.
+    pub fn new(conn: ConnInfo) -> Arc<Self> {
+        Arc::new(Self {
+            conn,
+            route: OnceLock::new(),
+        })
+    }
+
+    /// The context the listener put in a request's extensions; `None` for a request that did
+    /// not come through it (unit tests, built requests).
+    pub fn of(extensions: &http::Extensions) -> Option<&Arc<Self>> {
+        extensions.get::<Arc<Self>>()
+    }
+
+    /// The connection a request came on, from its extensions.
+    pub fn conn_of(extensions: &http::Extensions) -> Option<&ConnInfo> {
+        Self::of(extensions).map(|context| &context.conn)
+    }
+
+    /// Records where the router sent the request. A request is routed once; should it ever be
+    /// routed again, the first route stays, as it is the one that answered.
+    pub fn set_route(&self, route: RoutedTo) {
+        let _ = self.route.set(route);
+    }
+
+    /// Where the router sent the request; `None` when a layer answered before it.
+    pub fn route(&self) -> Option<&RoutedTo> {
+        self.route.get()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -100,5 +147,20 @@ mod tests {
         assert_eq!(v4.client_address(), "10.1.2.3");
         let v6 = ConnInfo::new("[2001:db8::1]:443".parse().unwrap());
         assert_eq!(v6.client_address(), "2001:db8::1");
+    }
+
+    #[test]
+    fn the_context_keeps_the_first_route() {
+        let context = RequestContext::new(ConnInfo::new("10.1.2.3:4567".parse().unwrap()));
+        assert!(context.route().is_none());
+        context.set_route(RoutedTo::Core);
+        context.set_route(RoutedTo::Gateway);
+        assert_eq!(context.route().map(RoutedTo::label), Some("core"));
+        let mut extensions = http::Extensions::new();
+        extensions.insert(context.clone());
+        assert_eq!(
+            RequestContext::conn_of(&extensions).map(|c| c.remote),
+            Some("10.1.2.3:4567".parse().unwrap())
+        );
     }
 }

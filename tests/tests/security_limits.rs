@@ -297,6 +297,10 @@ async fn the_audit_log_records_user_verb_code_decision_and_target() {
         denied["annotations"]["authorization.k8s.io/decision"],
         "forbid"
     );
+    // Answered by authorization, before the router: no route to record.
+    assert!(denied["annotations"]
+        .get("aggregation-gateway/routed-to")
+        .is_none());
     assert!(denied["requestReceivedTimestamp"].as_str().is_some());
     assert!(denied["stageTimestamp"].as_str().is_some());
     let allowed = events

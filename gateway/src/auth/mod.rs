@@ -50,7 +50,7 @@ use http::{HeaderMap, StatusCode};
 
 use crate::body::{Request, Response};
 use crate::error::without_addresses;
-use crate::extensions::ConnInfo;
+use crate::extensions::RequestContext;
 use crate::identity::{
     strip_identity_headers, UserInfo, ANONYMOUS, AUTHENTICATED, UNAUTHENTICATED,
 };
@@ -185,10 +185,7 @@ impl Authenticator {
     pub async fn authenticate(&self, req: &mut Request) -> Result<(), Response> {
         let health = is_health_probe(req.method(), req.uri().path());
         // Only Sync parts are held across the reviews (the body is not Sync).
-        let chain = req
-            .extensions()
-            .get::<ConnInfo>()
-            .and_then(|c| c.peer_certs.clone());
+        let chain = RequestContext::conn_of(req.extensions()).and_then(|c| c.peer_certs.clone());
         let found = self.identify(req.headers(), chain.as_deref()).await;
         let (method, requestor) = match found {
             Ok(Some(found)) => found,

@@ -11,7 +11,7 @@ use hyper_util::rt::TokioIo;
 use tokio::sync::watch;
 
 use crate::body::{self, Request, Response};
-use crate::extensions::ConnInfo;
+use crate::extensions::RequestContext;
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1, plus the historical ones Go's proxy also drops).
 const HOP_BY_HOP: [HeaderName; 8] = [
@@ -134,8 +134,7 @@ pub fn prepare_request(req: &mut Request, upstream: &Upstream, client: Option<So
     // The connection's own copy of the client's address, when the request came on it: a
     // client that sent no `X-Forwarded-For` gets it without a copy of the text.
     let connection_address = client.and_then(|addr| {
-        req.extensions()
-            .get::<ConnInfo>()
+        RequestContext::conn_of(req.extensions())
             .filter(|conn| conn.remote == addr)
             .map(|conn| conn.client_address().clone())
     });
@@ -323,6 +322,7 @@ pub async fn drained(drain: &mut watch::Receiver<bool>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::extensions::ConnInfo;
     use crate::test_util::headers;
 
     #[test]
@@ -462,7 +462,7 @@ mod tests {
             for conn in [peer, other] {
                 let mut req = http::Request::builder()
                     .uri("/api")
-                    .extension(ConnInfo::new(conn.parse().unwrap()))
+                    .extension(RequestContext::new(ConnInfo::new(conn.parse().unwrap())))
                     .body(body::empty())
                     .unwrap();
                 prepare_for_core(&mut req, Some(peer));

@@ -17,7 +17,7 @@ use crate::control::apiservices::{Routes, Routing, Target};
 use crate::control::discovery::DiscoveryCache;
 use crate::control::flowcontrol::FlowControl;
 use crate::error::GatewayError;
-use crate::extensions::{ConnInfo, RoutedTo};
+use crate::extensions::{RequestContext, RoutedTo};
 use crate::handlers::apiservice_printing;
 use crate::handlers::health::Health;
 use crate::handlers::priority_and_fairness;
@@ -61,11 +61,6 @@ fn routes_for(req: &Request, routing: &Routing) -> Arc<Routes> {
     }
 }
 
-fn tagged(mut resp: Response, target: RoutedTo) -> Response {
-    resp.extensions_mut().insert(target);
-    resp
-}
-
 /// `/apis/<group>/...` for a group other than apiregistration.k8s.io: such a path may belong to
 /// an APIService we have not loaded yet. APIService objects themselves always reach the core, so
 /// a gateway that cannot sync can still be fixed through itself.
@@ -86,7 +81,16 @@ impl Service<Request> for Router {
 
     fn call(&mut self, req: Request) -> Self::Future {
         let gw = self.gateway.clone();
+        // The route goes into the request's context, where the layers around the router read it
+        // once the response is back; the response itself carries no extensions for it.
+        let context = RequestContext::of(req.extensions()).cloned();
         Box::pin(async move {
+            let tagged = |resp: Response, target: RoutedTo| {
+                if let Some(context) = &context {
+                    context.set_route(target);
+                }
+                resp
+            };
             let path = req.uri().path();
             if req.method() == Method::GET || req.method() == Method::HEAD {
                 if let Some(resp) = gw.health.respond(path, req.uri().query().unwrap_or("")) {
@@ -110,7 +114,7 @@ impl Service<Request> for Router {
             if let Some(resp) = discovery.await {
                 return Ok(tagged(resp, RoutedTo::Gateway));
             }
-            let client = req.extensions().get::<ConnInfo>().map(|c| c.remote);
+            let client = context.as_ref().map(|c| c.conn.remote);
             let info = req.extensions().get::<Arc<RequestInfo>>().map(|i| &**i);
             let long_running = info.is_some_and(|i| i.long_running);
             // A CRD or APIService written through us: the core's discovery follows at once.

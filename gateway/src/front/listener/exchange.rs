@@ -46,7 +46,8 @@ where
             true => body::empty(),
             false => body::boxed(b),
         });
-        req.extensions_mut().insert(self.info.clone());
+        req.extensions_mut()
+            .insert(crate::extensions::RequestContext::new(self.info.clone()));
         Exchange {
             response: self.stack.clone().call(req),
             exchange: Some(exchange),

@@ -3,7 +3,6 @@
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
@@ -17,7 +16,7 @@ use tower::{Layer, Service};
 use crate::body::{Request, Response};
 use crate::control::discovery::DiscoveryCache;
 use crate::error::Terminated;
-use crate::extensions::RoutedTo;
+use crate::extensions::{RequestContext, RoutedTo};
 use crate::metrics::{Metrics, Observed, RequestLabels, APISERVER};
 
 #[derive(Clone)]
@@ -59,10 +58,8 @@ where
         // Cloning the path and query only bumps a reference count; the log line formats it if it
         // is written. (HTTP/2 requests carry an absolute URI; the log shows the path either way.)
         let uri = req.uri().path_and_query().cloned();
-        let client = req
-            .extensions()
-            .get::<crate::extensions::ConnInfo>()
-            .map(|c| c.remote);
+        // Kept for the way out: the router records the route in it.
+        let context = RequestContext::of(req.extensions()).cloned();
         let version = req.version();
         // Parsed once for the labels and the layers below (see `ensure_parsed`).
         crate::request_info::ensure_parsed(&mut req);
@@ -83,7 +80,7 @@ where
                 start,
                 method,
                 uri,
-                client,
+                context,
                 version,
                 labels,
                 metrics: self.metrics.clone(),
@@ -108,7 +105,8 @@ struct Logging {
     start: Instant,
     method: Method,
     uri: Option<PathAndQuery>,
-    client: Option<SocketAddr>,
+    /// The connection (the log's `client`) and, once the response is back, the route.
+    context: Option<Arc<RequestContext>>,
     version: Version,
     labels: RequestLabels,
     metrics: Arc<Metrics>,
@@ -133,7 +131,7 @@ where
 impl Logging {
     fn log(self, resp: &Response) {
         let elapsed = self.start.elapsed();
-        let routed = resp.extensions().get::<RoutedTo>();
+        let routed = self.context.as_deref().and_then(RequestContext::route);
         let target = routed.map_or("gateway", RoutedTo::label);
         let code = resp.status().as_u16();
         self.metrics.observe(Observed {
@@ -151,7 +149,7 @@ impl Logging {
             status = code,
             duration_ms = elapsed.as_secs_f64() * 1000.0,
             routed = %target,
-            client = ?self.client,
+            client = ?self.context.as_ref().map(|c| c.conn.remote),
             protocol = ?self.version,
             "request"
         );

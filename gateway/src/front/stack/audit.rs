@@ -38,7 +38,7 @@ use super::authz::AuthzOutcome;
 use crate::auth::Authenticated;
 use crate::body::BoxFuture;
 use crate::body::{self, BoxError, Request, Response};
-use crate::extensions::{ConnInfo, RoutedTo};
+use crate::extensions::RequestContext;
 use crate::identity::UserInfo;
 use crate::request_info::RequestInfo;
 
@@ -311,7 +311,9 @@ where
             .path_and_query()
             .map(|p| p.as_str().to_owned())
             .unwrap_or_else(|| req.uri().path().to_owned());
-        let peer = req.extensions().get::<ConnInfo>().map(|c| c.remote.ip());
+        // Kept for the way out: the router records the route in it.
+        let context = RequestContext::of(req.extensions()).cloned();
+        let peer = context.as_ref().map(|c| c.conn.remote.ip());
         let source_ips = source_ips(req.headers(), peer);
         let user_agent = req
             .headers()
@@ -339,7 +341,7 @@ where
                 }
                 annotations.insert("authorization.k8s.io/reason", outcome.reason.to_string());
             }
-            if let Some(target) = resp.extensions().get::<RoutedTo>() {
+            if let Some(target) = context.as_deref().and_then(RequestContext::route) {
                 annotations.insert("aggregation-gateway/routed-to", target.label().to_owned());
             }
             let event = Event {

@@ -35,7 +35,7 @@ use tower::{Layer, Service};
 
 use crate::body::BoxFuture;
 use crate::body::{Request, Response};
-use crate::extensions::{ConnInfo, RoutedTo};
+use crate::extensions::{RequestContext, RoutedTo};
 use crate::otel::{HeaderExtractor, RequestTrace};
 
 /// What the layer needs of the tracer provider: the tracer and the W3C propagator.
@@ -106,12 +106,14 @@ where
             span.set_attributes(request_attributes(&req));
         }
         let trace = req.extensions().get::<RequestTrace>().cloned();
+        // Kept for the way out: the router records the route in it.
+        let context = RequestContext::of(req.extensions()).cloned();
         let fut = self.inner.call(req);
         Either::Right(Box::pin(async move {
             let Ok(resp) = fut.await;
             if span.is_recording() {
                 let status = resp.status();
-                let routed = resp.extensions().get::<RoutedTo>();
+                let routed = context.as_deref().and_then(RequestContext::route);
                 let route = routed.map_or("gateway", RoutedTo::label);
                 span.set_attribute(KeyValue::new(
                     "http.response.status_code",
@@ -205,7 +207,7 @@ fn request_attributes(req: &Request) -> Vec<KeyValue> {
     if let Some(query) = req.uri().query() {
         attributes.push(KeyValue::new("url.query", query.to_owned()));
     }
-    if let Some(conn) = req.extensions().get::<ConnInfo>() {
+    if let Some(conn) = RequestContext::conn_of(req.extensions()) {
         attributes.push(KeyValue::new(
             "client.address",
             conn.remote.ip().to_string(),
@@ -238,6 +240,7 @@ mod tests {
 
     use super::*;
     use crate::body;
+    use crate::extensions::ConnInfo;
     use crate::otel::propagate;
     use http::HeaderMap;
 
@@ -272,8 +275,9 @@ mod tests {
             propagate(&mut req);
             let mut resp = Response::new(body::empty());
             *resp.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
-            resp.extensions_mut()
-                .insert(RoutedTo::api_service("v1alpha1.wardle.example.com", false));
+            if let Some(context) = RequestContext::of(req.extensions()) {
+                context.set_route(RoutedTo::api_service("v1alpha1.wardle.example.com", false));
+            }
             resp.extensions_mut().insert(req.headers().clone());
             Ok::<_, Infallible>(resp)
         });
@@ -297,7 +301,12 @@ mod tests {
                 .header("traceparent", tp)
                 .header("tracestate", "vendor=x");
         }
-        req.body(body::empty()).unwrap()
+        // The listener's context, which carries the route back out.
+        req.extension(RequestContext::new(ConnInfo::new(
+            "192.0.2.7:5555".parse().unwrap(),
+        )))
+        .body(body::empty())
+        .unwrap()
     }
 
     fn attribute<'a>(span: &'a SpanData, key: &str) -> Option<&'a Value> {
