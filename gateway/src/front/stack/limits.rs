@@ -18,7 +18,6 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use crate::metrics::inflight::Executing;
 use apiservice::route_table::Lookup;
 use futures::future::Either;
 use http::header::CONTENT_LENGTH;
@@ -32,6 +31,7 @@ use crate::body::{self, BoxError, Request, Response};
 use crate::control::apiservices::{Routing, Target};
 use crate::error::GatewayError;
 use crate::handlers::health::Endpoint;
+use crate::metrics::inflight::Executing;
 use crate::metrics::Metrics;
 use crate::request_info::RequestInfo;
 
