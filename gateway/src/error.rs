@@ -24,6 +24,8 @@ pub enum GatewayError {
     RoutesNotReady,
     #[error("the request did not complete within {}s; retry, or narrow it (e.g. a smaller ?limit=)", .0.as_secs())]
     Timeout(Duration),
+    #[error("the request body did not arrive within {}s of its headers; send the whole body its Content-Length declares without pausing", .0.as_secs())]
+    RequestBodyTimeout(Duration),
     #[error("too many requests in flight ({kind}), please try again later")]
     TooManyRequests { kind: &'static str },
     #[error("the request body is larger than the limit of {limit} bytes")]
@@ -78,6 +80,7 @@ impl GatewayError {
             | Self::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             Self::BackendRedirect { .. } => StatusCode::BAD_GATEWAY,
             Self::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            Self::RequestBodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
@@ -102,6 +105,7 @@ impl GatewayError {
     fn termination(&self) -> Option<Terminated> {
         match self {
             Self::Timeout(_)
+            | Self::RequestBodyTimeout(_)
             | Self::TooManyRequests { .. }
             | Self::BodyTooLarge { .. }
             | Self::BackendUnavailable { .. }

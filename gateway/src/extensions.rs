@@ -127,9 +127,81 @@ impl RequestContext {
     }
 }
 
+/// What a watch holds while it starts: its priority-and-fairness seats, given back once
+/// (kube's watch initialization signal, `apf_context.go`).
+///
+/// Flow control puts one in a watch's extensions. The seats go back when the core's answer
+/// arrives (the watch is accepted and streams), or sooner, when the router hands the watch to a
+/// remote APIService: the request is delegated and the aggregated server's own flow control
+/// takes it from there (kube-aggregator's `RequestDelegated`). A watch to a backend that has not
+/// answered yet, or whose caller has not sent its body, then holds nothing here.
+#[derive(Clone)]
+pub struct WatchInitialization(Arc<std::sync::Mutex<Option<Box<dyn Send>>>>);
+
+impl WatchInitialization {
+    /// A signal that, when given, drops `held`.
+    pub fn holding(held: impl Send + 'static) -> Self {
+        Self(Arc::new(std::sync::Mutex::new(Some(Box::new(held)))))
+    }
+
+    /// The watch has started, or was delegated: what it held is given back. Later calls do
+    /// nothing.
+    pub fn signal(&self) {
+        let held = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        drop(held);
+    }
+
+    /// Whether it still holds what it was given (for tests and the dumps).
+    pub fn is_holding(&self) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_some()
+    }
+
+    /// Gives back what the watch in `extensions` holds, if it is one that holds anything: the
+    /// request is delegated to another server.
+    pub fn delegated(extensions: &http::Extensions) {
+        if let Some(signal) = extensions.get::<Self>() {
+            signal.signal();
+        }
+    }
+}
+
+impl std::fmt::Debug for WatchInitialization {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WatchInitialization")
+            .field("holding", &self.is_holding())
+            .finish()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_watch_gives_back_what_it_holds_once() {
+        let held = Arc::new(());
+        let signal = WatchInitialization::holding(held.clone());
+        let mut extensions = http::Extensions::new();
+        extensions.insert(signal.clone());
+        assert_eq!(Arc::strong_count(&held), 2);
+        WatchInitialization::delegated(&extensions);
+        assert_eq!(
+            Arc::strong_count(&held),
+            1,
+            "delegating gives the seats back"
+        );
+        assert!(!signal.is_holding());
+        signal.signal();
+        // A request that holds nothing is left alone.
+        WatchInitialization::delegated(&http::Extensions::new());
+    }
 
     #[test]
     fn labels_name_the_route() {

@@ -493,3 +493,74 @@ async fn proxied_group_version_discovery_is_cut_off_after_5s_body_included() {
     .await;
     assert_eq!(status, StatusCode::OK);
 }
+
+/// Issue 39, row 1: a watch to a remote APIService whose declared body never arrives held its
+/// priority-and-fairness seats for as long as the caller liked (the copy kept for sending again
+/// waited for the whole body, with no deadline, and a watch has no request timeout), so one
+/// viewer's HTTP/2 connection starved a whole priority level. kube-aggregator gives a watch's
+/// seats back once it delegates the request, and so does the gateway now; and a watch's body is
+/// streamed on, never waited for.
+#[tokio::test]
+async fn a_watch_withholding_its_body_holds_no_seat_of_its_priority_level() {
+    use bytes::Bytes;
+
+    let s = Scenario::wardle()
+        .apiservice(WARDLE_GROUP, "v1alpha1", "wardle")
+        // 15 seats: `global-default`, where both users are classified, gets 2; a queued request
+        // waits a quarter of the 2 s request timeout.
+        .gateway_args(&[
+            "--max-requests-inflight=10",
+            "--max-mutating-requests-inflight=5",
+            "--request-timeout=2s",
+        ])
+        .start()
+        .await;
+    let viewer = s.user("viewer", &[]);
+    let flunders = "/apis/wardle.example.com/v1alpha1/namespaces/default/flunders";
+    let served = harness::wait_until(Duration::from_secs(20), || async {
+        get_json(&s, &viewer, flunders).await.0 == StatusCode::OK
+    })
+    .await;
+    assert!(served, "{}", s.logs());
+
+    // 40 watches on one HTTP/2 connection, each declaring a 10-byte body it never sends.
+    let config =
+        harness::tls_client_config(&s.gateway.ca_pem().unwrap(), Some(&viewer), &[b"h2"]).unwrap();
+    let tls = harness::tls_connect_with(s.gateway.addr, config)
+        .await
+        .unwrap();
+    let (mut sender, conn) = h2::client::handshake(tls).await.unwrap();
+    let conn = tokio::spawn(conn);
+    let mut withheld = Vec::new();
+    for _ in 0..40 {
+        sender = sender.ready().await.unwrap();
+        let req = http::Request::get(format!("{}{flunders}?watch=1", s.gateway.url()))
+            .header("content-length", "10")
+            .body(())
+            .unwrap();
+        let (response, body) = sender.send_request(req, false).unwrap();
+        withheld.push((response, body));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // Another user of the same level is served, now and a while later, while the watches stay
+    // open and their bodies withheld.
+    let other = s.user("bob", &[]);
+    let configmaps = "/api/v1/namespaces/default/configmaps";
+    for round in 0..2 {
+        for _ in 0..5 {
+            let (status, body) = get_json(&s, &other, configmaps).await;
+            assert_eq!(
+                status,
+                StatusCode::OK,
+                "round {round}: {body}\n{}",
+                s.logs()
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
+    // The watches stayed open, their bodies withheld, all along.
+    let withheld: Vec<(h2::client::ResponseFuture, h2::SendStream<Bytes>)> = withheld;
+    drop((withheld, sender));
+    conn.abort();
+}

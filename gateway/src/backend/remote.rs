@@ -307,7 +307,7 @@ impl RemoteBackend {
         // connection after an anonymous request (kube's UnauthenticatedHTTP2DOSMitigation),
         // and every other caller's requests share that connection.
         let http1 = user.name == crate::identity::ANONYMOUS;
-        let send = self.send(req, &endpoints, first, http1);
+        let send = self.send(req, &endpoints, first, http1, long_running);
         // kube-aggregator bounds the whole exchange of group-version discovery, body included:
         // a backend trickling its answer must not hold the client for the request timeout.
         let discovery_deadline = tokio::time::Instant::now() + DISCOVERY_TIMEOUT;
@@ -352,18 +352,18 @@ impl RemoteBackend {
 
     /// Sends `req` (prepared for `first`) and, when it fails in a way `retry` allows, again on
     /// another endpoint or connection. The endpoint counts the request in flight until the
-    /// response body ends.
+    /// response body ends. A `long_running` request's body is never held back for sending
+    /// again (see `retry`).
     async fn send(
         &self,
         req: Request,
         endpoints: &[Endpoint],
         first: Picked,
         http1: bool,
+        long_running: bool,
     ) -> Result<http::Response<Body>, GatewayError> {
         let method = req.method().clone();
-        let (req, replay) = Replay::keep(req)
-            .await
-            .map_err(|e| GatewayError::BadRequest(format!("reading the request body: {e}")))?;
+        let (req, replay) = Replay::keep(req, long_running).await?;
         let (mut req, caller_body) = retry::watch_body(req);
         let mut picked = first;
         let mut sent_again_after_sending = false;
@@ -507,7 +507,7 @@ impl RemoteBackend {
         *req.headers_mut() = headers;
         set_identity_headers(req.headers_mut(), own_identity(path_and_query))
             .map_err(|e| GatewayError::Internal(e.to_string()))?;
-        match tokio::time::timeout(timeout, self.send(req, &endpoints, first, false)).await {
+        match tokio::time::timeout(timeout, self.send(req, &endpoints, first, false, false)).await {
             Err(_) => Err(self.unavailable(format!(
                 "GET {path_and_query} did not answer within {}s",
                 timeout.as_secs()

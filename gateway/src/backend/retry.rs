@@ -18,10 +18,14 @@
 //!
 //! Sending again needs the request again, and hyper consumes it: [`Replay`] keeps its head and,
 //! for a body of at most [`REPLAY_BODY_LIMIT`] bytes with a declared length, the body itself,
-//! read before the first attempt. Longer or streamed bodies are sent once.
+//! read before the first attempt, within [`REPLAY_BODY_TIMEOUT`]. Longer or streamed bodies are
+//! sent once, and so is the body of a watch or another long-running request: nothing of theirs
+//! is held back waiting for a body (a watch that waited would hold the caller's connection and
+//! the backend's stream for as long as the caller cared to withhold it).
 
 use std::error::Error;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, Uri, Version};
@@ -29,6 +33,7 @@ use http_body_util::BodyExt;
 
 use super::pool::{refused_unprocessed, PoolError};
 use crate::body::{self, Request};
+use crate::error::GatewayError;
 
 /// Sends of one request at most.
 pub const MAX_ATTEMPTS: usize = 5;
@@ -36,6 +41,11 @@ pub const MAX_ATTEMPTS: usize = 5;
 /// The largest body kept to be sent again: kube objects are mostly a few KiB; a larger body is
 /// not held in memory for a retry that rarely comes.
 pub const REPLAY_BODY_LIMIT: u64 = 64 * 1024;
+
+/// How long a body kept for sending again may take to arrive. The request's own timeout bounds
+/// it too, but a caller trickling a small body would otherwise hold its priority-and-fairness
+/// seats and a request slot for all of it with nothing sent on; 64 KiB in 10 s is a slow link.
+pub const REPLAY_BODY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What a failed attempt says about the backend and the request; see the module docs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,22 +108,30 @@ pub struct Replay {
 
 impl Replay {
     /// `req` ready to send, and a copy to send again, unless its body is too long to keep (or
-    /// of unknown length). A body kept is read here, before the first attempt.
-    pub async fn keep(req: Request) -> Result<(Request, Option<Replay>), crate::body::BoxError> {
+    /// of unknown length), or it is `long_running` (a watch) with a body at all. A body kept is
+    /// read here, before the first attempt, within [`REPLAY_BODY_TIMEOUT`].
+    pub async fn keep(
+        req: Request,
+        long_running: bool,
+    ) -> Result<(Request, Option<Replay>), GatewayError> {
         let declared = req
             .headers()
             .get(http::header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
         let empty = http_body::Body::is_end_stream(req.body());
-        if !empty && declared.is_none_or(|n| n > REPLAY_BODY_LIMIT) {
+        if !empty && (long_running || declared.is_none_or(|n| n > REPLAY_BODY_LIMIT)) {
             return Ok((req, None));
         }
         let (parts, body) = req.into_parts();
         let bytes = if empty {
             Bytes::new()
         } else {
-            body.collect().await?.to_bytes()
+            tokio::time::timeout(REPLAY_BODY_TIMEOUT, body.collect())
+                .await
+                .map_err(|_| GatewayError::RequestBodyTimeout(REPLAY_BODY_TIMEOUT))?
+                .map_err(|e| GatewayError::BadRequest(format!("reading the request body: {e}")))?
+                .to_bytes()
         };
         let replay = Replay {
             method: parts.method.clone(),
@@ -264,7 +282,9 @@ mod tests {
             }
             b.body(body::full(body)).unwrap()
         };
-        let (req, replay) = Replay::keep(post("{\"a\":1}", Some(7))).await.unwrap();
+        let (req, replay) = Replay::keep(post("{\"a\":1}", Some(7)), false)
+            .await
+            .unwrap();
         let replay = replay.expect("a 7-byte body is kept");
         let first = req.into_body().collect().await.unwrap().to_bytes();
         let again = replay.request();
@@ -274,14 +294,51 @@ mod tests {
             (&first[..], &second[..]),
             (&b"{\"a\":1}"[..], &b"{\"a\":1}"[..])
         );
-        let (_, replay) = Replay::keep(post("{}", None)).await.unwrap();
+        let (_, replay) = Replay::keep(post("{}", None), false).await.unwrap();
         assert!(
             replay.is_none(),
             "a body of unknown length is streamed once"
         );
         let long = (REPLAY_BODY_LIMIT + 1) as usize;
-        let (_, replay) = Replay::keep(post("{}", Some(long))).await.unwrap();
+        let (_, replay) = Replay::keep(post("{}", Some(long)), false).await.unwrap();
         assert!(replay.is_none(), "a body over the limit is streamed once");
+        let (_, replay) = Replay::keep(post("{}", Some(2)), true).await.unwrap();
+        assert!(
+            replay.is_none(),
+            "a long-running request's body is streamed once"
+        );
+    }
+
+    /// Issue 39, row 1: a watch declaring a body it never sends was held before anything was
+    /// sent, with no deadline; now a watch's body is never waited for, and an ordinary
+    /// request's small body has [`REPLAY_BODY_TIMEOUT`] to arrive.
+    #[tokio::test(start_paused = true)]
+    async fn no_body_is_waited_for_without_a_deadline() {
+        let withheld = || {
+            http::Request::get("https://127.0.0.1:1/apis/x?watch=1")
+                .header("content-length", "10")
+                .body(body::boxed(http_body_util::StreamBody::new(
+                    futures::stream::pending::<Result<http_body::Frame<Bytes>, body::BoxError>>(),
+                )))
+                .unwrap()
+        };
+        let started = tokio::time::Instant::now();
+        let (req, replay) = Replay::keep(withheld(), true).await.unwrap();
+        assert!(replay.is_none());
+        assert_eq!(started.elapsed(), Duration::ZERO, "a watch is sent at once");
+        drop(req);
+        let err = Replay::keep(withheld(), false).await.err().unwrap();
+        assert_eq!(started.elapsed(), REPLAY_BODY_TIMEOUT);
+        assert_eq!(err.code(), http::StatusCode::REQUEST_TIMEOUT);
+        assert!(
+            err.to_string().contains("did not arrive within 10s"),
+            "{err}"
+        );
+        // A watch without a body can still be sent again when a backend refuses it.
+        let watch = http::Request::get("https://127.0.0.1:1/apis/x?watch=1")
+            .body(body::empty())
+            .unwrap();
+        assert!(Replay::keep(watch, true).await.unwrap().1.is_some());
     }
 
     #[test]

@@ -17,7 +17,7 @@ use crate::control::apiservices::{Routes, Routing, Target};
 use crate::control::discovery::DiscoveryCache;
 use crate::control::flowcontrol::FlowControl;
 use crate::error::GatewayError;
-use crate::extensions::{RequestContext, RoutedTo};
+use crate::extensions::{RequestContext, RoutedTo, WatchInitialization};
 use crate::handlers::apiservice_printing;
 use crate::handlers::health::Health;
 use crate::handlers::priority_and_fairness;
@@ -163,6 +163,10 @@ impl Service<Request> for Router {
                         })
                     }
                     Target::Remote(backend) => {
+                        // Delegated: a watch's priority-and-fairness seats go back now, as
+                        // kube-aggregator's proxy gives them back, whatever the backend or the
+                        // caller's body then take.
+                        WatchInitialization::delegated(req.extensions());
                         let user = crate::auth::request_user(req.extensions())
                             .unwrap_or(UserInfo::shared_anonymous())
                             .clone();

@@ -11,8 +11,12 @@
 //! What a request holds, and for how long, is kube's:
 //! * an ordinary request: its seats until its response body is finished or dropped, because a
 //!   large list still occupies the server (and here the gateway's buffers) while it streams;
-//! * a watch: its seats only while it starts, here until the backend's response headers arrive
-//!   (the watch has been accepted and begins to stream); it then counts, for as long as it
+//! * a watch: its seats only while it starts, here until the core's response headers arrive
+//!   (the watch has been accepted and begins to stream), or until the router hands it to a
+//!   remote APIService, whose own flow control takes it from there (kube-aggregator's
+//!   `RequestDelegated`: a watch held by an aggregated server that has not answered, or by a
+//!   caller that never sends its body, must not hold seats here). The seats ride in the
+//!   request as an [`WatchInitialization`] for that. The watch then counts, for as long as it
 //!   streams, among the watches a write may wake (see `flowcontrol::watch_tracker`);
 //! * exec, attach, port-forward, log, proxy and what an APIService declares long-running: not
 //!   seen at all, as kube does not track them.
@@ -46,6 +50,7 @@ use crate::control::flowcontrol::list_sizes::ListKey;
 use crate::control::flowcontrol::watch_tracker::Registration;
 use crate::control::flowcontrol::{self, FlowControl, Outcome, Schema, Seat, Waiting};
 use crate::error::Terminated;
+use crate::extensions::WatchInitialization;
 use crate::identity::UserInfo;
 use crate::metrics::Metrics;
 use crate::request_info::RequestInfo;
@@ -107,7 +112,7 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request) -> Self::Future {
+    fn call(&mut self, mut req: Request) -> Self::Future {
         // The request-info layer above answers a request it cannot parse itself.
         let Some(info) = req.extensions().get::<Arc<RequestInfo>>() else {
             return Either::Left(Admitted::passed_by(self.inner.call(req)));
@@ -116,7 +121,7 @@ where
         if info.long_running && !is_watch {
             return Either::Left(Admitted::passed_by(self.inner.call(req)));
         }
-        match self.shared.start(&req, is_watch) {
+        match self.shared.start(&mut req, is_watch) {
             Started::Run(run) => Either::Left(Admitted {
                 inner: self.inner.call(req),
                 run: Some((run, self.shared.clone(), is_watch)),
@@ -126,8 +131,9 @@ where
                 let shared = self.shared.clone();
                 let mut inner = take_inner(&mut self.inner);
                 Either::Right(Box::pin(async move {
+                    let mut req = req;
                     let run = match waiting.await {
-                        Ok(seat) => shared.run(&req, class, seat, is_watch),
+                        Ok(seat) => shared.run(&mut req, class, seat, is_watch),
                         Err(_) => {
                             let retry_after = class.schema.level.retry_after.refused();
                             return Ok(refused(&class.schema, retry_after));
@@ -184,7 +190,7 @@ struct Class {
 /// A request given its seats, about to be handed on.
 struct Run {
     class: Class,
-    executing: Executing,
+    held: Held,
     /// A watch's place among the watches a write may wake (none for a watch kube does not
     /// count).
     watch: Option<Registration>,
@@ -200,17 +206,18 @@ impl Shared {
     /// The answer of a request that ran: classified, and holding its seats (a watch: its place
     /// among the watches) while it streams.
     fn finish(&self, mut resp: Response, run: Run, is_watch: bool) -> Response {
-        let Run {
-            class,
-            executing,
-            watch,
-        } = run;
+        let Run { class, held, watch } = run;
         classified(resp.headers_mut(), &class.schema);
-        if is_watch {
-            // Started: the seats go back now; the watch stays counted while it streams.
-            drop(executing);
-            return resp.map(|b| body::with_guard(b, watch));
-        }
+        let executing = match held {
+            Held::Request(executing) => executing,
+            Held::Watch(started) => {
+                // Started (unless delegated already): the seats go back now; the watch stays
+                // counted while it streams.
+                debug_assert!(is_watch);
+                started.signal();
+                return resp.map(|b| body::with_guard(b, watch));
+            }
+        };
         let list = class
             .list
             .filter(|_| resp.status() == StatusCode::OK)
@@ -219,7 +226,7 @@ impl Shared {
     }
 
     /// Classifies `req` and asks its level for seats.
-    fn start(&self, req: &Request, is_watch: bool) -> Started {
+    fn start(&self, req: &mut Request, is_watch: bool) -> Started {
         let (info, user, query) = parts(req);
         let timeout = (!is_watch).then(|| timeout::request_limit(self.request_timeout, query));
         let decision = self.flow_control.admit(user, info, query, timeout);
@@ -237,18 +244,30 @@ impl Shared {
     }
 
     /// Counts `req` as executing with `seat`, and a watch among the watches, as kube does once
-    /// a request is admitted.
-    fn run(&self, req: &Request, class: Class, seat: Seat, is_watch: bool) -> Run {
+    /// a request is admitted. A watch's seats go into its extensions, for the router to give
+    /// back when it delegates the watch.
+    fn run(&self, req: &mut Request, class: Class, seat: Seat, is_watch: bool) -> Run {
         let (info, _, query) = parts(req);
-        let watches = self.flow_control.estimator().watches();
-        Run {
-            class,
-            executing: Executing {
-                _seat: seat,
-                _executing: self.metrics.executing(info.is_mutating()).start(),
-            },
-            watch: is_watch.then(|| watches.register(info, query)).flatten(),
-        }
+        let executing = Executing {
+            _seat: seat,
+            _executing: self.metrics.executing(info.is_mutating()).start(),
+        };
+        let watch = is_watch
+            .then(|| {
+                self.flow_control
+                    .estimator()
+                    .watches()
+                    .register(info, query)
+            })
+            .flatten();
+        let held = if is_watch {
+            let started = WatchInitialization::holding(executing);
+            req.extensions_mut().insert(started.clone());
+            Held::Watch(started)
+        } else {
+            Held::Request(executing)
+        };
+        Run { class, held, watch }
     }
 }
 
@@ -260,6 +279,13 @@ fn parts(req: &Request) -> (&Arc<RequestInfo>, &Arc<UserInfo>, &str) {
         .expect("checked before the request was classified");
     let user = crate::auth::request_user(req.extensions()).unwrap_or(UserInfo::shared_anonymous());
     (info, user, req.uri().query().unwrap_or(""))
+}
+
+/// What an admitted request holds: an ordinary request its seats until its answer is done, a
+/// watch until it starts or is delegated.
+enum Held {
+    Request(Executing),
+    Watch(WatchInitialization),
 }
 
 /// A request's seats and its count among the executing requests, until it is done.
@@ -523,6 +549,36 @@ mod tests {
         drop(watch);
         assert_eq!(fc.estimator().watches().interested(&info), 0);
         drop((exec, get));
+    }
+
+    /// Issue 39, row 1: a watch the router hands to a remote APIService gives its seats back
+    /// there, as kube-aggregator's proxy does, even though its answer never comes (a backend that
+    /// does not answer, a caller that never sends the body it declared). An ordinary request
+    /// handed on the same way keeps its seats.
+    #[tokio::test]
+    async fn a_delegated_watch_gives_its_seats_back_before_its_answer() {
+        let fc = one_seat(reject());
+        let delegating = tower::service_fn(|req: Request| async move {
+            WatchInitialization::delegated(req.extensions());
+            std::future::pending::<()>().await;
+            Ok::<_, BoxError>(Response::new(body::empty()))
+        });
+        let svc = stack(&fc, delegating);
+        let flunders = "/apis/wardle.example.com/v1alpha1/namespaces/x/flunders";
+        let watching = format!("{flunders}?watch=1");
+        let mut watch = std::pin::pin!(send(&svc, Method::GET, &watching));
+        assert!(futures::poll!(&mut watch).is_pending());
+        let mut get = std::pin::pin!(send(&svc, Method::GET, flunders));
+        assert!(
+            futures::poll!(&mut get).is_pending(),
+            "the GET has the seat the watch gave back, and is handed on"
+        );
+        let refused = send(&svc, Method::GET, flunders).await;
+        assert_eq!(
+            refused.status(),
+            StatusCode::TOO_MANY_REQUESTS,
+            "the GET, delegated too, keeps its seat"
+        );
     }
 
     #[tokio::test]
