@@ -729,3 +729,82 @@ fn echoed_header(echo: &Value, name: &str) -> Vec<String> {
         .map(|h| h[1].as_str().unwrap().to_owned())
         .collect()
 }
+
+/// Issue 38: kube-apiserver takes 100 streams on an HTTP/2 connection. The gateway kept one
+/// connection to the core per set of credentials and queued every request past that limit on
+/// it, with no deadline: once a hundred watches were open (one controller's, or Kubernetes'
+/// conformance test of concurrent watches), every other request of every token user waited for
+/// a watch to end, and a watch from a resourceVersion timed out waiting for the writes behind
+/// it. Go's client opens another connection instead, and so does the gateway now. With a core
+/// taking 10 streams, 25 watches start, a write passes beside them, and every watch sees it.
+#[tokio::test]
+async fn watches_past_the_cores_stream_limit_take_another_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let (core, ca_file) =
+        tls_core_with(dir.path(), &["--http2-max-streams-per-connection", "10"]).await;
+    let token_file = dir.path().join("gateway.token");
+    std::fs::write(&token_file, harness::DEFAULT_TOKEN).unwrap();
+    let gateway = Gateway::start(GatewayOptions::new(format!("https://{}", core.addr)).args([
+        "--apiservice-source",
+        "none",
+        "--core-ca-file",
+        ca_file.to_str().unwrap(),
+        "--core-token-file",
+        token_file.to_str().unwrap(),
+    ]))
+    .await
+    .unwrap();
+    let client = harness::http2_client(&gateway.ca_pem().unwrap(), None).unwrap();
+    let mut watches = Vec::new();
+    for i in 0..25 {
+        let opened = tokio::time::timeout(
+            Duration::from_secs(5),
+            open_configmap_watch(&gateway, &client),
+        )
+        .await;
+        match opened {
+            Ok(body) => watches.push(body),
+            Err(_) => panic!(
+                "watch {i} did not start within 5 s beside {i} others\n{}",
+                gateway.process.logs()
+            ),
+        }
+    }
+    let create = Request::post(format!(
+        "{}/api/v1/namespaces/default/configmaps",
+        gateway.url()
+    ))
+    .header(
+        "authorization",
+        format!("Bearer {}", harness::DEFAULT_TOKEN),
+    )
+    .header("content-type", "application/json")
+    .body(Full::new(Bytes::from_static(
+        br#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"beside-the-watches"}}"#,
+    )))
+    .unwrap();
+    let created = tokio::time::timeout(Duration::from_secs(5), harness::send(&client, create))
+        .await
+        .expect("the write waited behind the watches")
+        .unwrap();
+    assert_eq!(created.0, StatusCode::CREATED, "{created:?}");
+    for (i, watch) in watches.iter_mut().enumerate() {
+        let mut seen = Vec::new();
+        let arrived = tokio::time::timeout(Duration::from_secs(5), async {
+            while let Some(frame) = watch.frame().await {
+                if let Ok(data) = frame.unwrap().into_data() {
+                    seen.extend_from_slice(&data);
+                }
+                if String::from_utf8_lossy(&seen).contains("beside-the-watches") {
+                    return;
+                }
+            }
+        })
+        .await;
+        assert!(
+            arrived.is_ok(),
+            "watch {i} never saw the write: {}",
+            String::from_utf8_lossy(&seen)
+        );
+    }
+}

@@ -24,9 +24,12 @@ use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
+use rustls::pki_types::ServerName;
 use tokio::sync::watch;
 
-use super::pool::Http1Connections;
+use super::failures::{FailureSignal, Watched};
+use super::pool::{self, Http1Connections, PoolError, PoolSettings, ServiceConnections};
+use super::probe::Probe;
 use super::retry;
 use super::unix::UnixConnector;
 use crate::auth::onward::{prepare_core_request, CoreCredentials};
@@ -52,10 +55,62 @@ pub enum CoreSetupError {
     },
 }
 
+/// How the connections to the core that carry requests are pinged: as hyper-util's client did
+/// before the pool carried them (10 s, 5 s), gentler than a remote backend's, since every
+/// client's watches ride on them and a core busy for a few seconds is no reason to cut them.
+const CORE_PING_INTERVAL: Duration = Duration::from_secs(10);
+const CORE_PING_TIMEOUT: Duration = Duration::from_secs(5);
+
 #[derive(Clone)]
 enum HttpClient {
+    /// An HTTPS core: HTTP/2 when it picks it by ALPN, on as many connections as its stream
+    /// limit asks for (see `pool`). kube-apiserver takes 100 streams per connection; hyper-util's
+    /// client kept one connection and queued every request past the hundredth on it with no
+    /// deadline, so a hundred open watches stalled every other request on those credentials.
+    /// Go's client opens another connection, and so does the pool.
+    Pool(Arc<ServiceConnections>),
+    /// A plain-HTTP core (HTTP/1.1, a connection per request in flight) or a Unix socket.
+    Legacy(Box<LegacyClient>),
+}
+
+/// hyper-util's client: plain HTTP, Unix sockets, and upgrades (whose answer must stay hyper's
+/// own, for the upgrade to be taken from it).
+#[derive(Clone)]
+enum LegacyClient {
     Tcp(Client<HttpsConnector<HttpConnector>, Body>),
     Unix(Client<UnixConnector, Body>),
+}
+
+impl LegacyClient {
+    async fn request(
+        &self,
+        req: Request,
+    ) -> Result<hyper::Response<Incoming>, hyper_util::client::legacy::Error> {
+        match self {
+            Self::Tcp(c) => c.request(req).await,
+            Self::Unix(c) => c.request(req).await,
+        }
+    }
+}
+
+/// Why a request could not be sent to the core.
+#[derive(Debug, thiserror::Error)]
+enum SendError {
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+    #[error(transparent)]
+    Client(#[from] hyper_util::client::legacy::Error),
+}
+
+impl SendError {
+    /// The core refused the request without acting on it (a GOAWAY, REFUSED_STREAM).
+    fn refused_unprocessed(&self) -> bool {
+        match self {
+            Self::Pool(PoolError::Request(e)) => pool::refused_unprocessed(e),
+            Self::Pool(_) => false,
+            Self::Client(e) => pool::refused_unprocessed(e),
+        }
+    }
 }
 
 // === impl HttpClient ===
@@ -65,22 +120,23 @@ impl HttpClient {
     /// `retry`). Only HTTPS can carry HTTP/2 (chosen by ALPN), whose GOAWAY refuses streams
     /// already sent; over plain HTTP/1.1 hyper-util itself retries a request its closing
     /// connection never sent, so no copy is kept there (the sidecar core's hot path).
-    async fn send(
-        &self,
-        req: Request,
-    ) -> Result<hyper::Response<Incoming>, hyper_util::client::legacy::Error> {
+    async fn send(&self, req: Request) -> Result<http::Response<Body>, SendError> {
         let multiplexed = req.uri().scheme() == Some(&http::uri::Scheme::HTTPS);
         let mut again = multiplexed.then(|| retry::resendable(&req)).flatten();
         let mut req = req;
         let mut attempt = 1;
         loop {
             let sent = match self {
-                Self::Tcp(c) => c.request(req).await,
-                Self::Unix(c) => c.request(req).await,
+                Self::Pool(pool) => pool.send(req).await.map_err(SendError::from),
+                Self::Legacy(c) => c
+                    .request(req)
+                    .await
+                    .map(|r| r.map(crate::body::boxed))
+                    .map_err(SendError::from),
             };
             match (sent, again.take()) {
                 (Err(e), Some(copy))
-                    if attempt < retry::MAX_ATTEMPTS && super::pool::refused_unprocessed(&e) =>
+                    if attempt < retry::MAX_ATTEMPTS && e.refused_unprocessed() =>
                 {
                     tracing::debug!(error = %e, attempt, "the core refused the request unprocessed; sending again");
                     again = retry::resendable(&copy);
@@ -109,7 +165,7 @@ enum Credentials {
 struct Clients {
     pooled: HttpClient,
     /// HTTP/1.1 only, for upgrades.
-    upgrades: HttpClient,
+    upgrades: LegacyClient,
     /// HTTP/1.1 only, for anonymous callers (see `pool::http1`).
     http1: Http1Connections,
 }
@@ -117,21 +173,72 @@ struct Clients {
 /// How the core is verified, and the clients to fall back to without a proxy certificate.
 struct ProxyRebuild {
     trust: Option<ServerTrust>,
+    authority: Authority,
+    https: bool,
     caller: Clients,
 }
 
+/// The clients for a core at `authority` over TCP: pooled HTTP/2 connections when `https`.
 fn tcp_clients(
     trust: Option<&ServerTrust>,
     identity: Option<&Identity>,
+    authority: &Authority,
+    https: bool,
 ) -> Result<Clients, CoreSetupError> {
     let http1 = tcp_connector(trust, identity, false)?;
-    Ok(Clients {
-        pooled: HttpClient::Tcp(
+    let pooled = if https {
+        HttpClient::Pool(Arc::new(core_pool(trust, identity, authority)?))
+    } else {
+        HttpClient::Legacy(Box::new(LegacyClient::Tcp(
             super::client_builder().build(tcp_connector(trust, identity, true)?),
-        ),
-        upgrades: HttpClient::Tcp(super::client_builder().build(http1.clone())),
+        )))
+    };
+    Ok(Clients {
+        pooled,
+        upgrades: LegacyClient::Tcp(super::client_builder().build(http1.clone())),
         http1: Http1Connections::new(http1),
     })
+}
+
+/// The connections to an HTTPS core, verified as `authority`'s host (the `--core-url` host,
+/// as before). The pool's availability probe and failure signal are a remote backend's
+/// business; the core's own readiness check watches the core.
+fn core_pool(
+    trust: Option<&ServerTrust>,
+    identity: Option<&Identity>,
+    authority: &Authority,
+) -> Result<ServiceConnections, CoreSetupError> {
+    let tls = tls::client_config(core_trust(trust), identity, &[])?;
+    let host = authority
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let server_name = ServerName::try_from(host.to_owned())
+        .map_err(|_| CoreSetupError::Url(authority.to_string()))?;
+    let connector = |http2: bool| {
+        let builder = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls.clone())
+            .https_only();
+        let http = Watched::new(core_http_connector(), None);
+        if http2 {
+            builder.enable_http1().enable_http2().wrap_connector(http)
+        } else {
+            builder.enable_http1().wrap_connector(http)
+        }
+    };
+    let settings = PoolSettings {
+        request_ping_interval: CORE_PING_INTERVAL,
+        request_ping_timeout: CORE_PING_TIMEOUT,
+        ..PoolSettings::default()
+    };
+    Ok(ServiceConnections::new(
+        connector(true),
+        connector(true),
+        connector(false),
+        Probe::new(tls.clone(), server_name),
+        FailureSignal::new(),
+        settings,
+    ))
 }
 
 pub struct CoreBackend {
@@ -241,7 +348,7 @@ impl CoreSetupError {
 /// start with is refused up front, and `--check-config` answers as a start would.
 pub async fn check_settings(cfg: &CoreConfig) -> Result<(), CoreSetupError> {
     let resolved = resolve(cfg).await?;
-    tcp_clients(resolved.trust.as_ref(), resolved.identity.as_ref()).map_err(|e| {
+    tcp_connector(resolved.trust.as_ref(), resolved.identity.as_ref(), true).map_err(|e| {
         match (&cfg.kubeconfig, &cfg.client_cert) {
             // The client certificate came from the kubeconfig: say so, not --core-ca-file.
             (Some(path), None) => CoreSetupError::Kubeconfig {
@@ -281,16 +388,17 @@ fn kubeconfig_identity(user: &kube::config::AuthInfo) -> Result<Option<Identity>
     Ok(Some(Identity { certs, key }))
 }
 
-fn tcp_connector(
-    trust: Option<&ServerTrust>,
-    identity: Option<&Identity>,
-    http2: bool,
-) -> Result<HttpsConnector<HttpConnector>, CoreSetupError> {
+fn core_http_connector() -> HttpConnector {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
     http.set_connect_timeout(Some(Duration::from_secs(5)));
-    let trust = match trust {
+    http
+}
+
+/// How the core is verified: as configured, or by the system's roots.
+fn core_trust(trust: Option<&ServerTrust>) -> ServerTrust {
+    match trust {
         Some(ServerTrust::Roots(r)) => ServerTrust::Roots(r.clone()),
         Some(ServerTrust::InsecureSkipVerify) => ServerTrust::InsecureSkipVerify,
         None => {
@@ -300,9 +408,17 @@ fn tcp_connector(
             }
             ServerTrust::Roots(roots)
         }
-    };
+    }
+}
+
+fn tcp_connector(
+    trust: Option<&ServerTrust>,
+    identity: Option<&Identity>,
+    http2: bool,
+) -> Result<HttpsConnector<HttpConnector>, CoreSetupError> {
+    let http = core_http_connector();
     // hyper-rustls sets ALPN itself from the enabled HTTP versions.
-    let tls = tls::client_config(trust, identity, &[])?;
+    let tls = tls::client_config(core_trust(trust), identity, &[])?;
     let builder = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
         .https_or_http();
@@ -339,14 +455,14 @@ impl CoreBackend {
         let (upstream, url, own, caller, proxy, rebuild) = match &resolved.endpoint {
             CoreEndpoint::Unix(path) => {
                 let connector = UnixConnector(Arc::new(path.clone()));
-                let client = HttpClient::Unix(super::client_builder().build(connector.clone()));
+                let client = LegacyClient::Unix(super::client_builder().build(connector.clone()));
                 let upstream = Upstream {
                     scheme: Scheme::HTTP,
                     authority: Authority::from_static("localhost"),
                 };
                 // No TLS on a socket: one client serves every identity.
                 let clients = Clients {
-                    pooled: client.clone(),
+                    pooled: HttpClient::Legacy(Box::new(client.clone())),
                     upgrades: client,
                     http1: Http1Connections::new(connector),
                 };
@@ -367,7 +483,9 @@ impl CoreBackend {
                     return Err(CoreSetupError::Url(url.clone()));
                 };
                 let trust = resolved.trust.as_ref();
-                let clients = |identity: Option<&Identity>| tcp_clients(trust, identity);
+                let https = scheme == Scheme::HTTPS;
+                let clients =
+                    |identity: Option<&Identity>| tcp_clients(trust, identity, &authority, https);
                 let own = clients(resolved.identity.as_ref())?;
                 // Without a certificate of our own, the caller clients would be the same.
                 let caller = match resolved.identity {
@@ -380,6 +498,8 @@ impl CoreBackend {
                 };
                 let rebuild = ProxyRebuild {
                     trust: resolved.trust.clone(),
+                    authority: authority.clone(),
+                    https,
                     caller: caller.clone(),
                 };
                 (
@@ -426,7 +546,12 @@ impl CoreBackend {
     pub fn set_proxy_identity(&self, identity: Option<&Identity>) {
         let Some(rebuild) = &self.rebuild else { return };
         let clients = match identity {
-            Some(id) => match tcp_clients(rebuild.trust.as_ref(), Some(id)) {
+            Some(id) => match tcp_clients(
+                rebuild.trust.as_ref(),
+                Some(id),
+                &rebuild.authority,
+                rebuild.https,
+            ) {
                 Ok(c) => c,
                 Err(e) => {
                     tracing::error!(error = %e, "keeping the previous proxy client certificate for the core");
@@ -477,9 +602,13 @@ impl CoreBackend {
         };
         let req = Request::from_parts(parts, body);
         if upgrade {
-            return proxy::forward_upgrade(req, |r| clients.upgrades.send(r), self.drain.clone())
-                .await
-                .map_err(|e| self.unavailable(e));
+            return proxy::forward_upgrade(
+                req,
+                |r| clients.upgrades.request(r),
+                self.drain.clone(),
+            )
+            .await
+            .map_err(|e| self.unavailable(e));
         }
         // Without TLS there is no ALPN to pick HTTP/2, so every request to a plain-HTTP (or
         // Unix socket) core is HTTP/1.1 anyway: the kept connections carry them all.
@@ -494,21 +623,17 @@ impl CoreBackend {
                 .map_err(|e| self.unavailable(e))?;
             resp.map(|b| crate::body::with_guard(b, connection))
         } else {
-            let resp = clients
+            clients
                 .pooled
                 .send(req)
                 .await
-                .map_err(|e| self.unavailable(e))?;
-            resp.map(crate::body::boxed)
+                .map_err(|e| self.unavailable(e))?
         };
         Ok(proxy::client_response(resp, long_running, &self.drain))
     }
 
     /// A request the gateway makes on its own behalf, with its own credentials.
-    pub async fn send_own(
-        &self,
-        mut req: Request,
-    ) -> Result<hyper::Response<Incoming>, GatewayError> {
+    pub async fn send_own(&self, mut req: Request) -> Result<Response, GatewayError> {
         let path_and_query = req.uri().path_and_query().cloned();
         let mut parts = http::uri::Parts::default();
         parts.scheme = Some(self.upstream.scheme.clone());

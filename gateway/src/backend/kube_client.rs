@@ -15,7 +15,7 @@ use crate::body::{self, BoxError};
 pub struct CoreTransport(pub Arc<CoreBackend>);
 
 impl Service<http::Request<kube::client::Body>> for CoreTransport {
-    type Response = http::Response<hyper::body::Incoming>;
+    type Response = http::Response<body::Body>;
     type Error = BoxError;
     type Future = BoxFuture<Result<Self::Response, BoxError>>;
 

@@ -64,6 +64,10 @@ struct Args {
     /// kube-apiserver does (UnauthenticatedHTTP2DOSMitigation, on by default).
     #[arg(long)]
     goaway_anonymous_http2: bool,
+    /// `SETTINGS_MAX_CONCURRENT_STREAMS` of its HTTP/2 connections (kube-apiserver's
+    /// `--http2-max-streams-per-connection`; kube-apiserver announces 100 unless told).
+    #[arg(long)]
+    http2_max_streams_per_connection: Option<u32>,
     /// Start as a kube-apiserver still starting: every request (/readyz too) 403 until
     /// `POST /fixture/ready`.
     #[arg(long)]
@@ -108,6 +112,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let mut config = core_server::config(&args.minor, !args.no_aggregated_discovery, policy);
     config.seed.extend(seed);
     config.goaway_anonymous_http2 = args.goaway_anonymous_http2;
+    config.http2_max_concurrent_streams = args.http2_max_streams_per_connection;
     config.forbid_list = args.forbid_list;
     config.forbid = args.forbid;
     config.starting = args.starting;

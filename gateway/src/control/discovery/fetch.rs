@@ -179,7 +179,7 @@ impl Source {
                             source: GatewayError::Internal(e.to_string()),
                         })?;
                     *req.headers_mut() = headers;
-                    core.send_own(req).await.map(|r| r.map(body::boxed))
+                    core.send_own(req).await
                 }
                 // The outer timeout bounds the whole exchange; this one only the headers.
                 Source::Remote(remote) => remote.get(path, headers, timeout).await,
