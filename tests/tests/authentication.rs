@@ -19,7 +19,9 @@ const IDENTITY: &str = "/apis/wardle.example.com/v1alpha1/identity";
 type Headers = &'static [(&'static str, &'static str)];
 
 /// The core's policy: three token users, ordinary verbs for every authenticated user, reads for
-/// anonymous, and alice may impersonate only `carol` and group `qa`.
+/// anonymous, and alice may impersonate only `carol`, group `qa`, the service accounts of
+/// namespace `team` and the plain user `system:serviceaccount:team:Admin` (no service account:
+/// its name is not a DNS subdomain).
 fn policy() -> Value {
     json!({
         "tokens": {
@@ -32,7 +34,9 @@ fn policy() -> Value {
              "apiGroups": ["*"], "resources": ["*"]},
             {"group": "system:unauthenticated", "verbs": ["get"], "apiGroups": ["*"], "resources": ["*"]},
             {"user": "alice", "verbs": ["impersonate"], "apiGroups": [""], "resources": ["users"], "resourceNames": ["carol"]},
-            {"user": "alice", "verbs": ["impersonate"], "apiGroups": [""], "resources": ["groups"], "resourceNames": ["qa"]}
+            {"user": "alice", "verbs": ["impersonate"], "apiGroups": [""], "resources": ["groups"], "resourceNames": ["qa"]},
+            {"user": "alice", "verbs": ["impersonate"], "apiGroups": [""], "resources": ["users"], "resourceNames": ["system:serviceaccount:team:Admin"]},
+            {"user": "alice", "verbs": ["impersonate"], "apiGroups": [""], "resources": ["serviceaccounts"], "namespaces": ["team"]}
         ]
     })
 }
@@ -299,6 +303,62 @@ async fn impersonation_with_an_attribute_not_allowed_or_no_user_is_refused() {
                 "{case}: {body}"
             );
         }
+    }
+}
+
+/// A name shaped like a service account's whose namespace or name kube would not accept
+/// (`serviceaccount.SplitUsername`: a DNS-1123 label and subdomain) is a plain user: the core is
+/// asked whether alice may impersonate *users* of that name (not service accounts of namespace
+/// `team`, which she may), and the backend gets no service-account groups. One row per name.
+#[tokio::test]
+async fn a_malformed_service_account_name_is_impersonated_as_a_plain_user() {
+    let (s, _) = start(&[]).await;
+    let as_user = |user: &'static str| {
+        [
+            ("authorization", "Bearer alice-token"),
+            ("impersonate-user", user),
+        ]
+    };
+    // The well-formed one is a service account, allowed by the serviceaccounts rule.
+    let (status, identity) = get(
+        &s,
+        None,
+        IDENTITY,
+        &as_user("system:serviceaccount:team:default"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{identity}");
+    assert_eq!(
+        groups(&identity),
+        [
+            "system:serviceaccounts",
+            "system:serviceaccounts:team",
+            "system:authenticated"
+        ]
+    );
+    // Allowed only as a user: a review of `serviceaccounts` would be allowed by the rule for
+    // namespace team and add their groups.
+    let (status, identity) = get(
+        &s,
+        None,
+        IDENTITY,
+        &as_user("system:serviceaccount:team:Admin"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{identity}");
+    assert_eq!(identity["user"], "system:serviceaccount:team:Admin");
+    assert_eq!(groups(&identity), ["system:authenticated"]);
+    for user in [
+        "system:serviceaccount:team:cluster admin",
+        "system:serviceaccount:team:..",
+    ] {
+        let (status, body) = get(&s, None, IDENTITY, &as_user(user)).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{user}: {body}");
+        let message = body["message"].as_str().unwrap_or_default();
+        let want = format!(
+            r#"users "{user}" is forbidden: User "alice" cannot impersonate resource "users" in API group "" at the cluster scope"#
+        );
+        assert!(message.starts_with(&want), "{user}: {body}");
     }
 }
 
