@@ -362,6 +362,95 @@ async fn a_malformed_service_account_name_is_impersonated_as_a_plain_user() {
     }
 }
 
+// ---- bearer tokens in a WebSocket subprotocol ---------------------------------------------------
+
+/// `base64url.bearer.authorization.k8s.io.<token>`: how browsers and kubectl's WebSocket
+/// transport send a token, which a WebSocket handshake cannot put in `Authorization`.
+fn token_protocol(token: &str) -> String {
+    use base64::Engine as _;
+    format!(
+        "base64url.bearer.authorization.k8s.io.{}",
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(token)
+    )
+}
+
+/// Opens a WebSocket handshake to `path` over HTTP/1.1 with `protocols` as
+/// `Sec-WebSocket-Protocol`, and returns the response head.
+async fn websocket_handshake(s: &Scenario, path: &str, protocols: &str) -> String {
+    use tokio::io::AsyncWriteExt;
+    let gateway = &s.gateway;
+    let config =
+        harness::tls_client_config(&gateway.ca_pem().unwrap(), None, &[b"http/1.1"]).unwrap();
+    let mut tls = harness::tls_connect_with(gateway.addr, config)
+        .await
+        .unwrap();
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+         Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+         Sec-WebSocket-Protocol: {protocols}\r\n\r\n",
+        gateway.addr
+    );
+    tls.write_all(request.as_bytes()).await.unwrap();
+    harness::read_head(&mut tls, Duration::from_secs(5))
+        .await
+        .unwrap()
+}
+
+/// kube's `websocket.ProtocolAuthenticator`: a WebSocket upgrade whose only credential is a
+/// token in the subprotocol list is that token's user, and the backend sees neither the token
+/// nor its entry, only the other subprotocols (one of which it answers with).
+#[tokio::test]
+async fn a_token_in_the_websocket_subprotocol_authenticates_and_is_not_forwarded() {
+    let (s, _) = start(&[]).await;
+    let backend = s.backend("wardle");
+    s.pki.clear_backend_requests(backend, "wardle").await;
+    let exec = "/apis/wardle.example.com/v1alpha1/namespaces/default/flunders/first/exec";
+    let protocols = format!("{}, v5.channel.k8s.io", token_protocol("alice-token"));
+    let head = websocket_handshake(&s, exec, &protocols).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}\n{}", s.logs());
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("sec-websocket-protocol: v5.channel.k8s.io"),
+        "{head}"
+    );
+    let requests = s.pki.backend_requests(backend, "wardle").await;
+    let upgrade = recorded(&requests, exec);
+    assert_eq!(header(upgrade, "x-remote-user"), ["alice"], "{upgrade}");
+    assert_eq!(
+        header(upgrade, "sec-websocket-protocol"),
+        ["v5.channel.k8s.io"],
+        "{upgrade}"
+    );
+    let raw = upgrade["headers"].to_string();
+    for leaked in [
+        "base64url.bearer",
+        &token_protocol("alice-token")["base64url.bearer.authorization.k8s.io.".len()..],
+        "alice-token",
+    ] {
+        assert!(!raw.contains(leaked), "{leaked} reached the backend: {raw}");
+    }
+
+    // To the core, the caller goes with the token as its credential, so the core
+    // authenticates the same user itself (passthrough), and the subprotocols it negotiates
+    // are the caller's others.
+    scenario::clear_core_requests(&s.core).await;
+    let pod_exec = "/api/v1/namespaces/default/pods/web-0/exec";
+    let head = websocket_handshake(&s, pod_exec, &protocols).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    let exec = recorded_by_core(&s, pod_exec).await;
+    assert_eq!(header(&exec, "authorization"), ["Bearer alice-token"]);
+    assert_eq!(
+        header(&exec, "sec-websocket-protocol"),
+        ["v5.channel.k8s.io"]
+    );
+
+    // A token the core rejects is kube's 401, whatever the request would have been allowed as
+    // anonymously.
+    let protocols = format!("{}, v5.channel.k8s.io", token_protocol("not-a-token"));
+    let head = websocket_handshake(&s, pod_exec, &protocols).await;
+    assert!(head.starts_with("HTTP/1.1 401"), "{head}");
+}
+
 // ---- client certificates ------------------------------------------------------------------------
 
 /// A user certificate: CN/O is the identity, its X-Remote-* headers are ignored.
