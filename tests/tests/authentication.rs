@@ -19,7 +19,9 @@ const IDENTITY: &str = "/apis/wardle.example.com/v1alpha1/identity";
 type Headers = &'static [(&'static str, &'static str)];
 
 /// The core's policy: three token users, ordinary verbs for every authenticated user, reads for
-/// anonymous, and alice may impersonate only `carol` and group `qa`.
+/// anonymous, and alice may impersonate only `carol`, group `qa`, the service accounts of
+/// namespace `team` and the plain user `system:serviceaccount:team:Admin` (no service account:
+/// its name is not a DNS subdomain).
 fn policy() -> Value {
     json!({
         "tokens": {
@@ -32,7 +34,9 @@ fn policy() -> Value {
              "apiGroups": ["*"], "resources": ["*"]},
             {"group": "system:unauthenticated", "verbs": ["get"], "apiGroups": ["*"], "resources": ["*"]},
             {"user": "alice", "verbs": ["impersonate"], "apiGroups": [""], "resources": ["users"], "resourceNames": ["carol"]},
-            {"user": "alice", "verbs": ["impersonate"], "apiGroups": [""], "resources": ["groups"], "resourceNames": ["qa"]}
+            {"user": "alice", "verbs": ["impersonate"], "apiGroups": [""], "resources": ["groups"], "resourceNames": ["qa"]},
+            {"user": "alice", "verbs": ["impersonate"], "apiGroups": [""], "resources": ["users"], "resourceNames": ["system:serviceaccount:team:Admin"]},
+            {"user": "alice", "verbs": ["impersonate"], "apiGroups": [""], "resources": ["serviceaccounts"], "namespaces": ["team"]}
         ]
     })
 }
@@ -300,6 +304,151 @@ async fn impersonation_with_an_attribute_not_allowed_or_no_user_is_refused() {
             );
         }
     }
+}
+
+/// A name shaped like a service account's whose namespace or name kube would not accept
+/// (`serviceaccount.SplitUsername`: a DNS-1123 label and subdomain) is a plain user: the core is
+/// asked whether alice may impersonate *users* of that name (not service accounts of namespace
+/// `team`, which she may), and the backend gets no service-account groups. One row per name.
+#[tokio::test]
+async fn a_malformed_service_account_name_is_impersonated_as_a_plain_user() {
+    let (s, _) = start(&[]).await;
+    let as_user = |user: &'static str| {
+        [
+            ("authorization", "Bearer alice-token"),
+            ("impersonate-user", user),
+        ]
+    };
+    // The well-formed one is a service account, allowed by the serviceaccounts rule.
+    let (status, identity) = get(
+        &s,
+        None,
+        IDENTITY,
+        &as_user("system:serviceaccount:team:default"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{identity}");
+    assert_eq!(
+        groups(&identity),
+        [
+            "system:serviceaccounts",
+            "system:serviceaccounts:team",
+            "system:authenticated"
+        ]
+    );
+    // Allowed only as a user: a review of `serviceaccounts` would be allowed by the rule for
+    // namespace team and add their groups.
+    let (status, identity) = get(
+        &s,
+        None,
+        IDENTITY,
+        &as_user("system:serviceaccount:team:Admin"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{identity}");
+    assert_eq!(identity["user"], "system:serviceaccount:team:Admin");
+    assert_eq!(groups(&identity), ["system:authenticated"]);
+    for user in [
+        "system:serviceaccount:team:cluster admin",
+        "system:serviceaccount:team:..",
+    ] {
+        let (status, body) = get(&s, None, IDENTITY, &as_user(user)).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{user}: {body}");
+        let message = body["message"].as_str().unwrap_or_default();
+        let want = format!(
+            r#"users "{user}" is forbidden: User "alice" cannot impersonate resource "users" in API group "" at the cluster scope"#
+        );
+        assert!(message.starts_with(&want), "{user}: {body}");
+    }
+}
+
+// ---- bearer tokens in a WebSocket subprotocol ---------------------------------------------------
+
+/// `base64url.bearer.authorization.k8s.io.<token>`: how browsers and kubectl's WebSocket
+/// transport send a token, which a WebSocket handshake cannot put in `Authorization`.
+fn token_protocol(token: &str) -> String {
+    use base64::Engine as _;
+    format!(
+        "base64url.bearer.authorization.k8s.io.{}",
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(token)
+    )
+}
+
+/// Opens a WebSocket handshake to `path` over HTTP/1.1 with `protocols` as
+/// `Sec-WebSocket-Protocol`, and returns the response head.
+async fn websocket_handshake(s: &Scenario, path: &str, protocols: &str) -> String {
+    use tokio::io::AsyncWriteExt;
+    let gateway = &s.gateway;
+    let config =
+        harness::tls_client_config(&gateway.ca_pem().unwrap(), None, &[b"http/1.1"]).unwrap();
+    let mut tls = harness::tls_connect_with(gateway.addr, config)
+        .await
+        .unwrap();
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+         Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+         Sec-WebSocket-Protocol: {protocols}\r\n\r\n",
+        gateway.addr
+    );
+    tls.write_all(request.as_bytes()).await.unwrap();
+    harness::read_head(&mut tls, Duration::from_secs(5))
+        .await
+        .unwrap()
+}
+
+/// kube's `websocket.ProtocolAuthenticator`: a WebSocket upgrade whose only credential is a
+/// token in the subprotocol list is that token's user, and the backend sees neither the token
+/// nor its entry, only the other subprotocols (one of which it answers with).
+#[tokio::test]
+async fn a_token_in_the_websocket_subprotocol_authenticates_and_is_not_forwarded() {
+    let (s, _) = start(&[]).await;
+    let backend = s.backend("wardle");
+    s.pki.clear_backend_requests(backend, "wardle").await;
+    let exec = "/apis/wardle.example.com/v1alpha1/namespaces/default/flunders/first/exec";
+    let protocols = format!("{}, v5.channel.k8s.io", token_protocol("alice-token"));
+    let head = websocket_handshake(&s, exec, &protocols).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}\n{}", s.logs());
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("sec-websocket-protocol: v5.channel.k8s.io"),
+        "{head}"
+    );
+    let requests = s.pki.backend_requests(backend, "wardle").await;
+    let upgrade = recorded(&requests, exec);
+    assert_eq!(header(upgrade, "x-remote-user"), ["alice"], "{upgrade}");
+    assert_eq!(
+        header(upgrade, "sec-websocket-protocol"),
+        ["v5.channel.k8s.io"],
+        "{upgrade}"
+    );
+    let raw = upgrade["headers"].to_string();
+    for leaked in [
+        "base64url.bearer",
+        &token_protocol("alice-token")["base64url.bearer.authorization.k8s.io.".len()..],
+        "alice-token",
+    ] {
+        assert!(!raw.contains(leaked), "{leaked} reached the backend: {raw}");
+    }
+
+    // To the core, the caller goes with the token as its credential, so the core
+    // authenticates the same user itself (passthrough), and the subprotocols it negotiates
+    // are the caller's others.
+    scenario::clear_core_requests(&s.core).await;
+    let pod_exec = "/api/v1/namespaces/default/pods/web-0/exec";
+    let head = websocket_handshake(&s, pod_exec, &protocols).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    let exec = recorded_by_core(&s, pod_exec).await;
+    assert_eq!(header(&exec, "authorization"), ["Bearer alice-token"]);
+    assert_eq!(
+        header(&exec, "sec-websocket-protocol"),
+        ["v5.channel.k8s.io"]
+    );
+
+    // A token the core rejects is kube's 401, whatever the request would have been allowed as
+    // anonymously.
+    let protocols = format!("{}, v5.channel.k8s.io", token_protocol("not-a-token"));
+    let head = websocket_handshake(&s, pod_exec, &protocols).await;
+    assert!(head.starts_with("HTTP/1.1 401"), "{head}");
 }
 
 // ---- client certificates ------------------------------------------------------------------------

@@ -10,6 +10,7 @@
 
 use std::collections::BTreeMap;
 
+use apiservice::validation::dns1123_subdomain_errors;
 use http::HeaderMap;
 
 use super::requestheader::values;
@@ -123,11 +124,23 @@ pub fn parse(headers: &HeaderMap) -> Result<Option<Request>, ImpersonationError>
     }))
 }
 
-/// `system:serviceaccount:<namespace>:<name>` split, as kube's `serviceaccount.SplitUsername`.
+/// `system:serviceaccount:<namespace>:<name>` split as kube's `serviceaccount.SplitUsername`
+/// splits it: exactly two parts after the prefix, the namespace a DNS-1123 label
+/// (`ValidateNamespaceName`) and the name a DNS-1123 subdomain (`ValidateServiceAccountName`).
+/// Anything else names no service account (`system:serviceaccount:team:Admin`, `..`): kube
+/// checks it as a plain user (`impersonate users`) and gives it no service-account groups, so
+/// the same goes here; a looser split would ask the core about `serviceaccounts` the caller may
+/// impersonate and forward groups the name never earns.
 fn service_account(user: &str) -> Option<(&str, &str)> {
     let rest = user.strip_prefix("system:serviceaccount:")?;
     let (ns, name) = rest.split_once(':')?;
-    (!ns.is_empty() && !name.is_empty() && !name.contains(':')).then_some((ns, name))
+    // A ':' in the name fails the subdomain check: kube's split into more than two parts.
+    (is_dns1123_label(ns) && dns1123_subdomain_errors(name).is_empty()).then_some((ns, name))
+}
+
+/// apimachinery's `IsDNS1123Label`: at most 63 characters of `[a-z0-9]([-a-z0-9]*[a-z0-9])?`.
+fn is_dns1123_label(s: &str) -> bool {
+    s.len() <= 63 && !s.contains('.') && dns1123_subdomain_errors(s).is_empty()
 }
 
 /// Every attribute the requestor must be allowed to impersonate, in kube's order.
@@ -340,6 +353,74 @@ mod tests {
                 AUTHENTICATED
             ]
         );
+    }
+
+    /// kube's `serviceaccount.SplitUsername` takes a name for a service account only when its
+    /// namespace is a DNS-1123 label and its name a DNS-1123 subdomain; anything else is a plain
+    /// user: checked as `impersonate users` and impersonated without the service-account groups.
+    #[test]
+    fn malformed_service_account_names_are_plain_users() {
+        for user in [
+            "system:serviceaccount:team:Admin",
+            "system:serviceaccount:team:cluster admin",
+            "system:serviceaccount:team:..",
+            "system:serviceaccount:team:.default",
+            "system:serviceaccount:team:default.",
+            "system:serviceaccount:team:a..b",
+            "system:serviceaccount:team:-default",
+            "system:serviceaccount:team:default_1",
+            "system:serviceaccount:Team:default",
+            "system:serviceaccount:te.am:default",
+            "system:serviceaccount:team-:default",
+            "system:serviceaccount::default",
+            "system:serviceaccount:team:",
+            "system:serviceaccount:team:a:b",
+            &format!("system:serviceaccount:{}:default", "n".repeat(64)),
+            &format!("system:serviceaccount:team:{}", "n".repeat(254)),
+        ] {
+            let req = Request {
+                user: user.to_owned(),
+                ..Default::default()
+            };
+            assert_eq!(checks(&req), [Check::User(user.to_owned())], "{user}");
+            assert_eq!(impersonated_user(&req).groups, [AUTHENTICATED], "{user}");
+        }
+        for (user, namespace, name) in [
+            ("system:serviceaccount:team:default", "team", "default"),
+            ("system:serviceaccount:team-1:a.b-c.d", "team-1", "a.b-c.d"),
+            ("system:serviceaccount:0:9", "0", "9"),
+            (
+                &format!(
+                    "system:serviceaccount:{}:{}",
+                    "n".repeat(63),
+                    "m".repeat(253)
+                ),
+                &"n".repeat(63),
+                &"m".repeat(253),
+            ),
+        ] {
+            let req = Request {
+                user: user.to_owned(),
+                ..Default::default()
+            };
+            assert_eq!(
+                checks(&req),
+                [Check::ServiceAccount {
+                    namespace: namespace.to_owned(),
+                    name: name.to_owned()
+                }],
+                "{user}"
+            );
+            assert_eq!(
+                impersonated_user(&req).groups,
+                [
+                    "system:serviceaccounts".to_owned(),
+                    format!("system:serviceaccounts:{namespace}"),
+                    AUTHENTICATED.to_owned()
+                ],
+                "{user}"
+            );
+        }
     }
 
     #[test]

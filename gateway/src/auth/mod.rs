@@ -7,7 +7,9 @@
 //!    `--requestheader-client-ca-file` with a CN in `--requestheader-allowed-names` (any CN when
 //!    the list is empty), and only when `X-Remote-User` is set.
 //! 2. **x509**: a certificate chaining to `--client-ca-file`; CN is the user, each O a group.
-//! 3. **Bearer token**: a `TokenReview` on the core, cached (see `token`).
+//! 3. **Bearer token**: a `TokenReview` on the core, cached (see `token`); from `Authorization`,
+//!    then, on a WebSocket upgrade, from a `base64url.bearer.authorization.k8s.io.<token>`
+//!    subprotocol (see `websocket`).
 //! 4. **Anonymous** (`system:anonymous` / `system:unauthenticated`) when nothing above produced
 //!    a user *and nothing failed*: a certificate that authenticates nobody, or a rejected token,
 //!    is a 401 (kube's `FailOnError` around the anonymous authenticator), not anonymity.
@@ -28,9 +30,9 @@
 //! Every authenticated user gets `system:authenticated` (unless it already has it or
 //! `system:unauthenticated`). After authentication the request carries an [`Authenticated`] and
 //! the effective user as an `Arc<UserInfo>` in its extensions (shared, not copied per layer);
-//! `Authorization`, `X-Remote-*` and `Impersonate-*` (in any case, and spelled with `_` as well:
-//! see `identity::is_identity_header_name`) are gone from its headers, so no later layer, log or
-//! backend sees a credential or a claimed identity. The core path puts back what it needs (see
+//! `Authorization`, a token subprotocol, `X-Remote-*` and `Impersonate-*` (in any case, and
+//! spelled with `_` as well: see `identity::is_identity_header_name`) are gone from its headers,
+//! so no later layer, log or backend sees a credential or a claimed identity. The core path puts back what it needs (see
 //! `onward`).
 
 pub mod cache;
@@ -40,6 +42,7 @@ pub mod onward;
 pub mod requestheader;
 pub mod sar;
 pub mod token;
+pub mod websocket;
 pub mod x509;
 
 use std::sync::Arc;
@@ -80,12 +83,34 @@ pub struct Authenticated {
     pub requestor: Arc<UserInfo>,
     /// Whom the request impersonates, once every attribute was allowed.
     pub impersonated: Option<Arc<UserInfo>>,
-    /// The caller's `Authorization` header (marked sensitive), taken off the request. Only the
-    /// core path in passthrough mode puts it back, for callers the core authenticates itself.
+    /// The caller's `Authorization` header (marked sensitive), taken off the request; for a
+    /// caller a WebSocket subprotocol token authenticated, that token as `Bearer <token>`. Only
+    /// the core path in passthrough mode puts it back, for callers the core authenticates
+    /// itself: kube-apiserver reads `Authorization` on an upgrade too, so the core sees the
+    /// same caller without the token in a header it would echo.
     pub authorization: Option<HeaderValue>,
     /// The `Impersonate-*` headers as the caller sent them, after the gateway allowed them; for
     /// the same passthrough case (the core then checks them again with the caller's token).
     pub impersonation_headers: Vec<(HeaderName, HeaderValue)>,
+}
+
+/// Whom a credential named, before impersonation.
+struct Identified {
+    method: Method,
+    user: Arc<UserInfo>,
+    /// The WebSocket subprotocol token that authenticated the caller, as `Authorization` (see
+    /// [`Authenticated::authorization`]).
+    protocol_token: Option<HeaderValue>,
+}
+
+impl Identified {
+    fn new(method: Method, user: UserInfo) -> Self {
+        Self {
+            method,
+            user: Arc::new(with_authenticated_group(user)),
+            protocol_token: None,
+        }
+    }
 }
 
 /// The user a request acts as: authentication's outcome (see [`Authenticated::user`]), or a
@@ -175,7 +200,8 @@ impl Authenticator {
     /// token to review, or impersonation to check. When it may not, [`Self::authenticate`]
     /// is done at its first poll.
     pub fn may_wait(&self, headers: &HeaderMap) -> bool {
-        (self.tokens.is_some() && token::bearer_token(headers).is_some())
+        (self.tokens.is_some()
+            && (token::bearer_token(headers).is_some() || websocket::offers_token(headers)))
             || impersonation::requested(headers)
     }
 
@@ -187,21 +213,32 @@ impl Authenticator {
         // Only Sync parts are held across the reviews (the body is not Sync).
         let chain = RequestContext::conn_of(req.extensions()).and_then(|c| c.peer_certs.clone());
         let found = self.identify(req.headers(), chain.as_deref()).await;
-        let (method, requestor) = match found {
+        let anonymous = || Identified {
+            method: Method::Anonymous,
+            user: UserInfo::shared_anonymous().clone(),
+            protocol_token: None,
+        };
+        let Identified {
+            method,
+            user: requestor,
+            protocol_token,
+        } = match found {
             Ok(Some(found)) => found,
-            Ok(None) if self.anonymous || health => {
-                (Method::Anonymous, UserInfo::shared_anonymous().clone())
-            }
+            Ok(None) if self.anonymous || health => anonymous(),
             Ok(None) => return Err(unauthorized("anonymous requests are not allowed")),
-            Err(_) if health => (Method::Anonymous, UserInfo::shared_anonymous().clone()),
+            Err(_) if health => anonymous(),
             Err(resp) => return Err(resp),
         };
 
         let headers = req.headers_mut();
-        let authorization = headers.remove(AUTHORIZATION).map(|mut v| {
+        let sent = headers.remove(AUTHORIZATION);
+        // The token that authenticated the caller is the one the core gets (passthrough).
+        let authorization = protocol_token.or(sent).map(|mut v| {
             v.set_sensitive(true);
             v
         });
+        // From every request, whatever authenticated it: a credential, like `Authorization`.
+        websocket::strip(headers);
         let mut impersonation_headers = Vec::new();
         let mut impersonated = None;
         if impersonation::requested(headers) {
@@ -244,17 +281,14 @@ impl Authenticator {
         &self,
         headers: &HeaderMap,
         peer: Option<&x509::PeerCertificates>,
-    ) -> Result<Option<(Method, Arc<UserInfo>)>, Response> {
+    ) -> Result<Option<Identified>, Response> {
         let mut failures: Vec<String> = Vec::new();
         if let (Some(peer), Some(certs)) = (peer, &self.certs) {
             let check = certs.check_peer(peer);
             match check.front_proxy {
                 Some(Ok(())) => {
                     if let Some(user) = requestheader::user_from_headers(headers) {
-                        return Ok(Some((
-                            Method::RequestHeader,
-                            Arc::new(with_authenticated_group(user)),
-                        )));
+                        return Ok(Some(Identified::new(Method::RequestHeader, user)));
                     }
                 }
                 Some(Err(e)) => failures.push(e),
@@ -262,39 +296,76 @@ impl Authenticator {
             }
             match check.user {
                 Some(Ok(Some(user))) => {
-                    return Ok(Some((
-                        Method::Certificate,
-                        Arc::new(with_authenticated_group(user)),
-                    )))
+                    return Ok(Some(Identified::new(Method::Certificate, user)))
                 }
                 Some(Ok(None)) => {}
                 Some(Err(e)) => failures.push(e),
                 None => {}
             }
         }
-        if let (Some(token), Some(reviewer)) = (token::bearer_token(headers), &self.tokens) {
-            match reviewer.review(token).await {
-                Ok(Verdict::Authenticated(user)) => {
-                    return Ok(Some((
-                        Method::Token,
-                        Arc::new(with_authenticated_group(user)),
-                    )))
-                }
-                Ok(Verdict::Rejected(why)) if why.is_empty() => {
-                    failures.push("invalid bearer token".to_owned())
-                }
-                Ok(Verdict::Rejected(why)) => failures.push(format!("bearer token: {why}")),
-                Err(e) => {
-                    // The reviewer logs the outage once; this request's 503 says why.
-                    tracing::debug!(error = %e, "bearer token could not be reviewed");
-                    return Err(unavailable(&e.to_string()));
-                }
+        if let Some(reviewer) = &self.tokens {
+            if let Some(found) = Self::token_user(reviewer, headers, &mut failures).await? {
+                return Ok(Some(found));
             }
         }
         if failures.is_empty() {
             Ok(None)
         } else {
             Err(unauthorized(&failures.join("; ")))
+        }
+    }
+
+    /// The caller a bearer token names: from `Authorization`, else from a WebSocket
+    /// subprotocol. kube's union tries the subprotocol whether or not `Authorization` failed:
+    /// the first credential that names someone wins.
+    async fn token_user(
+        reviewer: &TokenReviewer,
+        headers: &HeaderMap,
+        failures: &mut Vec<String>,
+    ) -> Result<Option<Identified>, Response> {
+        if let Some(token) = token::bearer_token(headers) {
+            if let Some(user) = Self::review(reviewer, token, "bearer token", failures).await? {
+                return Ok(Some(Identified::new(Method::Token, user)));
+            }
+        }
+        match websocket::token(headers) {
+            Ok(Some(offered)) => {
+                let what = "bearer token in the WebSocket subprotocol";
+                if let Some(user) = Self::review(reviewer, &offered.token, what, failures).await? {
+                    let mut found = Identified::new(Method::Token, user);
+                    found.protocol_token = Some(offered.authorization);
+                    return Ok(Some(found));
+                }
+            }
+            Ok(None) => {}
+            Err(e) => failures.push(e.to_string()),
+        }
+        Ok(None)
+    }
+
+    /// Reviews `token`: the user it authenticates, `None` with the reason in `failures` when it
+    /// is rejected, or the 503 when the review cannot be made.
+    async fn review(
+        reviewer: &TokenReviewer,
+        token: &str,
+        what: &str,
+        failures: &mut Vec<String>,
+    ) -> Result<Option<UserInfo>, Response> {
+        match reviewer.review(token).await {
+            Ok(Verdict::Authenticated(user)) => Ok(Some(user)),
+            Ok(Verdict::Rejected(why)) => {
+                failures.push(if why.is_empty() {
+                    format!("invalid {what}")
+                } else {
+                    format!("{what}: {why}")
+                });
+                Ok(None)
+            }
+            Err(e) => {
+                // The reviewer logs the outage once; this request's 503 says why.
+                tracing::debug!(error = %e, "bearer token could not be reviewed");
+                Err(unavailable(&e.to_string()))
+            }
         }
     }
 

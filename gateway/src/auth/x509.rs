@@ -23,45 +23,149 @@ use rustls::pki_types::{CertificateDer, UnixTime};
 use rustls::server::danger::ClientCertVerifier;
 use rustls::server::WebPkiClientVerifier;
 use tokio::time::Instant;
+use x509_parser::asn1_rs::{Any, Class, Tag};
+use x509_parser::oid_registry::{OID_X509_COMMON_NAME, OID_X509_ORGANIZATION_NAME};
+use x509_parser::x509::X509Name;
 
 use crate::identity::UserInfo;
 
 /// User (CN) and groups (every O) from a DER certificate's subject, as kube-apiserver's x509
-/// authenticator reads them. `None` when the certificate cannot be parsed or has no CN: kube then
-/// treats the certificate as naming nobody and moves on to other credentials.
+/// authenticator reads them. `None` when the certificate cannot be parsed (by x509-parser, or
+/// by Go: see [`read_name`]) or has no CN: kube then treats the certificate as naming nobody and
+/// moves on to other credentials.
 pub fn user_from_certificate(der: &[u8]) -> Option<UserInfo> {
     let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
-    let subject = cert.subject();
-    let name = common_name(subject)?;
-    let groups = subject
-        .iter_organization()
-        .filter_map(|o| o.as_str().ok().map(str::to_owned))
-        .collect();
+    let subject = read_name(cert.subject()).ok()?;
+    if subject.common_name.is_empty() {
+        return None;
+    }
     Some(UserInfo {
-        name,
-        groups,
+        name: subject.common_name,
+        groups: subject.organization,
         ..UserInfo::default()
     })
 }
 
-/// The subject's common name as Go's `crypto/x509` reads it, which is what kube-apiserver and
-/// every Go backend use: `pkix.Name.FillFromRDNSequence` walks every attribute of every RDN and
-/// assigns each string-valued CN in turn, so with several CNs **the last one** names the user.
-/// Reading the first instead would let one certificate be `alice` here and `admin` at the core.
-/// `None` when there is none (or it is empty).
-fn common_name(subject: &x509_parser::x509::X509Name<'_>) -> Option<String> {
-    subject
-        .iter_common_name()
-        .filter_map(|cn| cn.as_str().ok())
-        .last()
-        .filter(|cn| !cn.is_empty())
-        .map(str::to_owned)
-}
-
-/// The common name of the certificate `der`, as [`common_name`] reads it (the last of several).
+/// The common name of the certificate `der`, as [`read_name`] reads it (the last of several).
 pub(crate) fn leaf_common_name(der: &[u8]) -> Option<String> {
     let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
-    common_name(cert.subject())
+    let cn = read_name(cert.subject()).ok()?.common_name;
+    (!cn.is_empty()).then_some(cn)
+}
+
+/// What kube reads of a subject: `pkix.Name.CommonName` and `Organization`.
+#[derive(Debug, Default)]
+struct Subject {
+    common_name: String,
+    organization: Vec<String>,
+}
+
+/// A name as Go's `crypto/x509` reads it, which is what kube-apiserver and every Go backend
+/// use. `pkix.Name.FillFromRDNSequence` walks every attribute of every RDN and assigns each
+/// string-valued CN in turn, so with several CNs **the last one** names the user, and appends
+/// every O. Reading another CN (the first, or the last of the types x509-parser's `as_str`
+/// decodes, which skips BMPString and T61String) would let one certificate be `alice` here and
+/// `admin` at the core.
+///
+/// `Err` names the attribute whose string Go's `parseASN1String` refuses: Go's parser then
+/// refuses the whole certificate. Only string values are checked this strictly; Go also refuses
+/// a malformed INTEGER, BOOLEAN, OID or time as an attribute value, which no issuer puts in a
+/// client certificate's name.
+fn read_name(name: &X509Name<'_>) -> Result<Subject, String> {
+    let mut subject = Subject::default();
+    for attr in name.iter_attributes() {
+        let value = go_string(attr.attr_value())
+            .map_err(|why| format!("attribute {}: {why}", attr.attr_type()))?;
+        // Not a string to Go (a UniversalString, say): kept as a raw value, never a CN or O.
+        let Some(value) = value else { continue };
+        if *attr.attr_type() == OID_X509_COMMON_NAME {
+            subject.common_name = value;
+        } else if *attr.attr_type() == OID_X509_ORGANIZATION_NAME {
+            subject.organization.push(value);
+        }
+    }
+    Ok(subject)
+}
+
+/// An attribute value as Go's `crypto/x509` `parseASN1String` decodes it. `Ok(None)` for what Go
+/// does not read as a string: any tag but these six universal primitive ones (Go matches the
+/// whole identifier octet, so a constructed or context-specific UTF8String is no string either).
+fn go_string(value: &Any<'_>) -> Result<Option<String>, &'static str> {
+    if value.class() != Class::Universal || value.header.is_constructed() {
+        return Ok(None);
+    }
+    let bytes = value.data;
+    let text = match value.tag() {
+        // T.61 read as Latin-1, as Go and BoringSSL do: each byte is the code point.
+        Tag::T61String => bytes.iter().copied().map(char::from).collect(),
+        Tag::PrintableString => ascii(bytes, is_printable).ok_or("invalid PrintableString")?,
+        Tag::Utf8String => std::str::from_utf8(bytes)
+            .map_err(|_| "invalid UTF-8 string")?
+            .to_owned(),
+        Tag::BmpString => bmp_string(bytes).ok_or("invalid BMPString")?,
+        // Go ranges over the text's runes: any byte above 0x7F is part of one above ASCII, or
+        // of invalid UTF-8 (U+FFFD).
+        Tag::Ia5String => ascii(bytes, |b| b.is_ascii()).ok_or("invalid IA5String")?,
+        Tag::NumericString => {
+            ascii(bytes, |b| b.is_ascii_digit() || b == b' ').ok_or("invalid NumericString")?
+        }
+        _ => return Ok(None),
+    };
+    Ok(Some(text))
+}
+
+/// `bytes` as text when every byte passes `allowed` (which admits ASCII only).
+fn ascii(bytes: &[u8], allowed: impl Fn(u8) -> bool) -> Option<String> {
+    if bytes.iter().all(|&b| allowed(b)) {
+        String::from_utf8(bytes.to_vec()).ok()
+    } else {
+        None
+    }
+}
+
+/// Go's `isPrintable`: the PrintableString set, plus `*` and `&`, which real certificates use.
+fn is_printable(b: u8) -> bool {
+    b.is_ascii_alphanumeric()
+        || matches!(b, b'\''..=b')' | b'+'..=b'/' | b' ' | b':' | b'=' | b'?' | b'*' | b'&')
+}
+
+/// UCS-2 (big-endian) as Go decodes it: an even length, one trailing U+0000 dropped, and no
+/// surrogate or permanent noncharacter (U+FFFE, U+FFFF, U+FDD0 to U+FDEF).
+fn bmp_string(bytes: &[u8]) -> Option<String> {
+    if !bytes.len().is_multiple_of(2) {
+        return None;
+    }
+    let bytes = bytes.strip_suffix(&[0, 0]).unwrap_or(bytes);
+    bytes
+        .chunks_exact(2)
+        .map(|pair| match u16::from_be_bytes([pair[0], pair[1]]) {
+            0xfffe | 0xffff | 0xfdd0..=0xfdef | 0xd800..=0xdfff => None,
+            unit => char::from_u32(u32::from(unit)),
+        })
+        .collect()
+}
+
+/// Whether Go would parse the names (subject and issuer) of every certificate of `chain`. A Go
+/// server (kube-apiserver, an aggregated server) parses every certificate a client sends during
+/// the TLS handshake and ends the handshake when one does not parse, so such a chain is nobody's
+/// and vouches for nothing here either. A certificate x509-parser cannot parse at all is left to
+/// the checks after (it names nobody).
+fn go_parses_names(chain: &[CertificateDer<'_>]) -> Result<(), String> {
+    for (i, der) in chain.iter().enumerate() {
+        let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else {
+            continue;
+        };
+        for (field, name) in [("subject", cert.subject()), ("issuer", cert.issuer())] {
+            read_name(name).map_err(|why| {
+                format!(
+                    "certificate {i} of the chain has a {field} Go's crypto/x509 refuses to \
+                     parse ({why}), so kube-apiserver would refuse the connection; reissue it \
+                     with UTF8String names"
+                )
+            })?;
+        }
+    }
+    Ok(())
 }
 
 /// A verifier for one CA bundle.
@@ -225,6 +329,16 @@ impl CertAuthenticator {
     }
 
     fn check_with(&self, verifiers: &Verifiers, chain: &[CertificateDer<'static>]) -> CertCheck {
+        // As a Go server would, before anything else (it would not have let the handshake end).
+        if let Err(why) = go_parses_names(chain) {
+            return CertCheck {
+                front_proxy: verifiers
+                    .requestheader_ca
+                    .as_ref()
+                    .map(|_| Err(why.clone())),
+                user: verifiers.client_ca.as_ref().map(|_| Err(why)),
+            };
+        }
         let front_proxy = verifiers.requestheader_ca.as_deref().map(|v| {
             verify(v, chain)
                 .map_err(|e| format!("not a front-proxy certificate: {e}"))
@@ -258,8 +372,8 @@ impl CertAuthenticator {
 pub(crate) mod tests {
     use super::*;
     use rcgen::{
-        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
-        KeyPair, KeyUsagePurpose,
+        BasicConstraints, CertificateParams, DnType, DnValue, ExtendedKeyUsagePurpose, IsCa,
+        Issuer, KeyPair, KeyUsagePurpose,
     };
 
     pub struct Ca {
@@ -312,6 +426,23 @@ pub(crate) mod tests {
                     DnType::CustomDnType(vec![2, 5, 4, 3])
                 };
                 params.distinguished_name.push(ty, *cn);
+            }
+            params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+            let cert = params.signed_by(&key, &self.issuer).unwrap();
+            vec![cert.der().clone()]
+        }
+
+        /// A client certificate whose subject is `entries`, one RDN each, in order, with the
+        /// string types given. rcgen keeps one value per attribute type, so a second CN or O
+        /// goes in under its OID spelled as a custom type, which encodes the same.
+        pub fn client_with_subject(
+            &self,
+            entries: Vec<(DnType, DnValue)>,
+        ) -> Vec<CertificateDer<'static>> {
+            let key = KeyPair::generate().unwrap();
+            let mut params = CertificateParams::default();
+            for (ty, value) in entries {
+                params.distinguished_name.push(ty, value);
             }
             params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
             let cert = params.signed_by(&key, &self.issuer).unwrap();
@@ -442,6 +573,252 @@ pub(crate) mod tests {
         let why = allowed_first.front_proxy.unwrap().unwrap_err();
         assert!(why.contains("\"other\""), "{why}");
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// A second CN or O, spelled as a custom type (see [`Ca::client_with_subject`]).
+    fn second(oid_last: u64) -> DnType {
+        DnType::CustomDnType(vec![2, 5, 4, oid_last])
+    }
+
+    fn bmp(s: &str) -> DnValue {
+        DnValue::BmpString(s.try_into().unwrap())
+    }
+
+    /// Every string type Go's `parseASN1String` decodes names the user as it does at the core and
+    /// at every Go backend: the last CN, whatever its type (a BMPString or T61String after a
+    /// UTF8String included), and every O in order. A UniversalString is no string to Go (it
+    /// stays a raw value), so it names nobody and the CN before it stands.
+    #[test]
+    fn common_names_and_organizations_of_every_string_type_read_as_in_go() {
+        provider();
+        let dir = tempfile_dir();
+        let users = Ca::new("users");
+        let auth = CertAuthenticator::new(Some(users.write(&dir, "u.pem")), None, vec![]).unwrap();
+        let cn = DnType::CommonName;
+        let o = DnType::OrganizationName;
+        let utf8 = |s: &str| DnValue::Utf8String(s.into());
+        // What the subject holds, the user and groups Go reads from it.
+        type Row = (
+            &'static str,
+            Vec<(DnType, DnValue)>,
+            &'static str,
+            Vec<&'static str>,
+        );
+        let rows: Vec<Row> = vec![
+            (
+                "UTF8String then BMPString",
+                vec![(cn.clone(), utf8("admin")), (second(3), bmp("alice"))],
+                "alice",
+                vec![],
+            ),
+            (
+                "UTF8String then T61String",
+                vec![
+                    (cn.clone(), utf8("admin")),
+                    (
+                        second(3),
+                        DnValue::TeletexString("alice".try_into().unwrap()),
+                    ),
+                ],
+                "alice",
+                vec![],
+            ),
+            (
+                "PrintableString then IA5String",
+                vec![
+                    (
+                        cn.clone(),
+                        DnValue::PrintableString("admin".try_into().unwrap()),
+                    ),
+                    (second(3), DnValue::Ia5String("alice".try_into().unwrap())),
+                ],
+                "alice",
+                vec![],
+            ),
+            (
+                "a BMPString with its terminator",
+                vec![(cn.clone(), bmp("alice\u{0}"))],
+                "alice",
+                vec![],
+            ),
+            (
+                "UTF8String then UniversalString",
+                vec![
+                    (cn.clone(), utf8("admin")),
+                    (
+                        second(3),
+                        DnValue::UniversalString("alice".try_into().unwrap()),
+                    ),
+                ],
+                "admin",
+                vec![],
+            ),
+            (
+                "an O of each of two types",
+                vec![
+                    (o.clone(), utf8("dev")),
+                    (cn.clone(), utf8("alice")),
+                    (second(10), bmp("ops")),
+                ],
+                "alice",
+                vec!["dev", "ops"],
+            ),
+        ];
+        for (case, subject, name, groups) in rows {
+            let check = auth.check(&users.client_with_subject(subject));
+            let user = check.user.unwrap().unwrap();
+            let user = user.unwrap_or_else(|| panic!("{case}: names nobody"));
+            assert_eq!(user.name, name, "{case}");
+            assert_eq!(user.groups, groups, "{case}");
+        }
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// Go's `x509.ParseCertificate` refuses a name attribute whose string does not decode (here a
+    /// BMPString holding a noncharacter), and a Go server then ends the handshake: such a
+    /// certificate is nobody's and vouches for nothing, not the user its other CN names.
+    #[test]
+    fn a_certificate_go_cannot_parse_is_neither_a_user_nor_a_front_proxy() {
+        provider();
+        let dir = tempfile_dir();
+        let users = Ca::new("users");
+        let proxies = Ca::new("front-proxy");
+        let auth = CertAuthenticator::new(
+            Some(users.write(&dir, "users.pem")),
+            Some(proxies.write(&dir, "proxies.pem")),
+            vec!["front-proxy".into()],
+        )
+        .unwrap();
+        let subject = || {
+            vec![
+                (
+                    DnType::CommonName,
+                    DnValue::Utf8String("front-proxy".into()),
+                ),
+                (DnType::OrganizationName, bmp("dev\u{fdd0}")),
+            ]
+        };
+        let user = auth.check(&users.client_with_subject(subject()));
+        let why = user.user.unwrap().unwrap_err();
+        assert!(why.contains("BMPString"), "{why}");
+        let proxy = auth.check(&proxies.client_with_subject(subject()));
+        let why = proxy.front_proxy.unwrap().unwrap_err();
+        assert!(why.contains("BMPString"), "{why}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// `--requestheader-allowed-names` is checked against the CN Go reads: a front-proxy
+    /// certificate with an allowed UTF8String CN and then a BMPString one is the later name, not
+    /// an allowed proxy, and the other way round it is one.
+    #[test]
+    fn allowed_names_are_checked_against_the_last_common_name_of_any_string_type() {
+        provider();
+        let dir = tempfile_dir();
+        let proxies = Ca::new("front-proxy");
+        let auth = CertAuthenticator::new(
+            None,
+            Some(proxies.write(&dir, "proxies.pem")),
+            vec!["front-proxy".into()],
+        )
+        .unwrap();
+        let utf8 = |s: &str| DnValue::Utf8String(s.into());
+        let allowed_first = auth.check(&proxies.client_with_subject(vec![
+            (DnType::CommonName, utf8("front-proxy")),
+            (second(3), bmp("zzz")),
+        ]));
+        let why = allowed_first.front_proxy.unwrap().unwrap_err();
+        assert!(why.contains("\"zzz\""), "{why}");
+        let allowed_last = auth.check(&proxies.client_with_subject(vec![
+            (DnType::CommonName, utf8("zzz")),
+            (second(3), bmp("front-proxy")),
+        ]));
+        assert!(allowed_last.front_proxy.unwrap().is_ok());
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// Go's `parseASN1String`, type by type, on the edges where it differs from "any UTF-8".
+    #[test]
+    fn attribute_strings_decode_as_gos_parse_asn1_string() {
+        use x509_parser::asn1_rs::{Header, Length};
+        let value = |class, constructed, tag, data: &'static [u8]| {
+            let header = Header::new(class, constructed, tag, Length::Definite(data.len()));
+            go_string(&Any::new(header, data))
+        };
+        let universal = |tag, data| value(Class::Universal, false, tag, data);
+        let ok = |s: &str| Ok(Some(s.to_owned()));
+        // T61String is Latin-1, byte for byte.
+        assert_eq!(universal(Tag::T61String, b"caf\xe9"), ok("café"));
+        // PrintableString: its set plus '*' and '&'.
+        assert_eq!(
+            universal(Tag::PrintableString, b"a-Z 0'()+,./:=?*&"),
+            ok("a-Z 0'()+,./:=?*&")
+        );
+        for bad in [&b"a@b"[..], b"a_b", b"\xc3\xa9"] {
+            let header = Header::new(
+                Class::Universal,
+                false,
+                Tag::PrintableString,
+                Length::Definite(bad.len()),
+            );
+            assert_eq!(
+                go_string(&Any::new(header, bad)),
+                Err("invalid PrintableString"),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(universal(Tag::Utf8String, "é".as_bytes()), ok("é"));
+        assert_eq!(
+            universal(Tag::Utf8String, b"\xff"),
+            Err("invalid UTF-8 string")
+        );
+        assert_eq!(universal(Tag::Ia5String, b"a@b~"), ok("a@b~"));
+        assert_eq!(
+            universal(Tag::Ia5String, b"\xc3\xa9"),
+            Err("invalid IA5String")
+        );
+        assert_eq!(universal(Tag::NumericString, b"12 3"), ok("12 3"));
+        assert_eq!(
+            universal(Tag::NumericString, b"12a"),
+            Err("invalid NumericString")
+        );
+        // BMPString: UCS-2, one terminator dropped, no surrogates or noncharacters.
+        assert_eq!(
+            universal(Tag::BmpString, b"\x00a\x00\xe9\x00\x00"),
+            ok("aé")
+        );
+        assert_eq!(
+            universal(Tag::BmpString, b"\x00a\x00\x00\x00\x00"),
+            ok("a\u{0}")
+        );
+        for bad in [
+            &b"\x00a\x00"[..],
+            b"\xd8\x3d\xde\x00",
+            b"\xff\xfe",
+            b"\xfd\xd0",
+        ] {
+            let header = Header::new(
+                Class::Universal,
+                false,
+                Tag::BmpString,
+                Length::Definite(bad.len()),
+            );
+            assert_eq!(
+                go_string(&Any::new(header, bad)),
+                Err("invalid BMPString"),
+                "{bad:?}"
+            );
+        }
+        // What Go keeps as a raw value: other string types, constructed or non-universal tags.
+        assert_eq!(universal(Tag::UniversalString, b"\0\0\0a"), Ok(None));
+        assert_eq!(universal(Tag::VisibleString, b"a"), Ok(None));
+        assert_eq!(
+            value(Class::Universal, true, Tag::Utf8String, b""),
+            Ok(None)
+        );
+        assert_eq!(
+            value(Class::ContextSpecific, false, Tag::Utf8String, b"a"),
+            Ok(None)
+        );
     }
 
     pub fn tempfile_dir() -> PathBuf {

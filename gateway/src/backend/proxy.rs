@@ -140,6 +140,11 @@ pub fn prepare_request(req: &mut Request, upstream: &Upstream, client: Option<So
     });
     let headers = req.headers_mut();
     strip_hop_by_hop(headers, upgrade);
+    if upgrade {
+        // A backstop: authentication already took any bearer-token subprotocol off (see
+        // `auth::websocket`), and no upgrade may carry one to a backend whatever path it took.
+        crate::auth::websocket::strip(headers);
+    }
     if let Some(addr) = client {
         // One lookup for reading what the client sent and replacing it.
         match headers.entry(X_FORWARDED_FOR) {
@@ -421,6 +426,23 @@ mod tests {
         assert_eq!(h["upgrade"], "SPDY/3.1");
         assert_eq!(h["connection"], "Upgrade");
         assert_eq!(h["x-stream-protocol-version"], "v4.channel.k8s.io");
+    }
+
+    #[test]
+    fn an_upgrade_goes_on_without_a_token_subprotocol() {
+        let mut req = http::Request::builder()
+            .uri("/api/v1/namespaces/default/pods/web-0/exec")
+            .header("connection", "Upgrade")
+            .header("upgrade", "websocket")
+            .header(
+                "sec-websocket-protocol",
+                "base64url.bearer.authorization.k8s.io.c2VjcmV0, v5.channel.k8s.io",
+            )
+            .body(body::empty())
+            .unwrap();
+        prepare_for_core(&mut req, None);
+        assert_eq!(req.headers()["sec-websocket-protocol"], "v5.channel.k8s.io");
+        assert_eq!(req.headers()["upgrade"], "websocket");
     }
 
     /// `req` prepared for a plain core at 127.0.0.1:9, from `client` (`None`: unknown).
