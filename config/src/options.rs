@@ -94,6 +94,7 @@ options! {
 
         // ---- authorization ----
         /// Authorize requests to remote APIServices with a SubjectAccessReview on the core
+        /// (the API Priority and Fairness debug dumps are reviewed whatever this says)
         /// [default: true].
         #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
         pub authorization_webhook: Option<bool>,

@@ -228,6 +228,17 @@ pub(crate) fn field_selector_name(query: &str) -> Option<String> {
     valid.then(|| value.to_owned())
 }
 
+/// The path every decision about `req` is made on and every handler of the gateway's own
+/// answers by: the decoded path of its attributes (Go's `URL.Path`, the one path kube-apiserver's
+/// FlowSchema matching, authorization and mux all read), or the raw path of a request no layer
+/// parsed (a layer's unit tests). Deciding on one form and answering on the other is how
+/// `/%68ealthz/../api/...` was classified as a probe (exempt) yet sent on to the core.
+pub fn decided_path<B>(req: &http::Request<B>) -> &str {
+    req.extensions()
+        .get::<Arc<RequestInfo>>()
+        .map_or(req.uri().path(), |info| info.path())
+}
+
 /// Why [`parse`] refused a request, kept in its extensions by the first layer that parsed it
 /// (the access log, for the metric labels) for the request-info layer below to answer.
 #[derive(Clone)]
@@ -548,6 +559,32 @@ mod tests {
         assert!(!i.is_resource_request);
         assert_eq!(i.path(), "/healthz");
         assert_eq!(p(Method::GET, "/api/v1/pods").path(), "/api/v1/pods");
+    }
+
+    #[test]
+    fn decisions_read_the_decoded_path_once_it_is_parsed() {
+        let mut req = http::Request::get("/%68ealthz/../api/v1/namespaces/default/configmaps")
+            .body(())
+            .unwrap();
+        assert_eq!(
+            decided_path(&req),
+            "/%68ealthz/../api/v1/namespaces/default/configmaps",
+            "unparsed: the raw path"
+        );
+        assert!(ensure_parsed(&mut req));
+        // Go's `URL.Path`: decoded once, dot segments kept (kube's handlers never clean them).
+        assert_eq!(
+            decided_path(&req),
+            "/healthz/../api/v1/namespaces/default/configmaps"
+        );
+        let info = p(
+            Method::GET,
+            "/%68ealthz/../api/v1/namespaces/default/configmaps",
+        );
+        assert!(
+            !info.is_resource_request,
+            "kube's RequestInfo: a non-resource path"
+        );
     }
 
     #[test]

@@ -298,3 +298,91 @@ async fn the_debug_dumps_answer_those_allowed_to_read_them() {
         "{text}"
     );
 }
+
+/// kube-apiserver classifies, authorizes and serves a request on one path, Go's decoded
+/// `URL.Path`: `/%68ealthz` is its `/healthz`, and `/%68ealthz/../api/v1/...` is a path under
+/// `/healthz` (exempt by the `probes` FlowSchema, whose `/healthz` covers what is under it) that
+/// no handler there serves: a 404, never a list of ConfigMaps. Through the gateway the same: its
+/// own health endpoints answer every such path, so nothing classified as a probe reaches the
+/// core, where it would run exempt from every limit.
+#[tokio::test]
+async fn an_encoded_health_path_is_answered_as_health_and_never_sent_on_exempt() {
+    let s = Scenario::builder().start().await;
+    let anonymous = harness::http1_client(&s.gateway.ca_pem().unwrap(), None).unwrap();
+    e2e::scenario::clear_core_requests(&s.core).await;
+    for (path, want) in [
+        ("/%68ealthz", StatusCode::OK),
+        ("/heal%74hz/ping", StatusCode::OK),
+        (
+            "/%68ealthz/../api/v1/namespaces/default/configmaps",
+            StatusCode::NOT_FOUND,
+        ),
+        (
+            "/heal%74hz/%2e%2e/api/v1/namespaces/default/configmaps",
+            StatusCode::NOT_FOUND,
+        ),
+        (
+            "/healthz/../api/v1/namespaces/default/configmaps",
+            StatusCode::NOT_FOUND,
+        ),
+    ] {
+        let (status, _, body) = harness::get(&anonymous, &format!("{}{path}", s.gateway.url()))
+            .await
+            .unwrap();
+        let body = String::from_utf8_lossy(&body);
+        assert_eq!(status, want, "{path}: {body}");
+        assert!(!body.contains("ConfigMapList"), "{path}: {body}");
+    }
+    let forwarded: Vec<Value> = e2e::scenario::core_requests(&s.core)
+        .await
+        .into_iter()
+        .filter(|r| {
+            let path = r["path"].as_str().unwrap_or_default();
+            // The gateway's own requests (its trust ConfigMap in kube-system) are not these.
+            path.contains("ealthz") || path.contains("heal%74hz") || path.contains("/default/")
+        })
+        .collect();
+    assert!(
+        forwarded.is_empty(),
+        "probe paths reached the core: {forwarded:#?}"
+    );
+}
+
+/// With `--authorization-webhook=false --authorize-metrics=false` the gateway authorizes neither
+/// remote APIServices nor `/metrics`, but the debug dumps name users, verbs and paths in flight:
+/// kube-apiserver always authorizes them (non-resource URLs, `get`), and so does the gateway.
+#[tokio::test]
+async fn the_debug_dumps_stay_authorized_when_the_gateway_authorizes_nothing_else() {
+    let policy = json!({"rules": [
+        {"group": "system:masters", "verbs": ["*"], "apiGroups": ["*"], "resources": ["*"],
+            "nonResourceURLs": ["*"]},
+        {"verbs": ["get", "list"], "apiGroups": ["*"], "resources": ["*"]},
+    ]});
+    let s = Scenario::builder()
+        .core_policy(policy)
+        .gateway_args(&["--authorization-webhook=false", "--authorize-metrics=false"])
+        .start()
+        .await;
+    let anonymous = harness::http1_client(&s.gateway.ca_pem().unwrap(), None).unwrap();
+    let alice = client(&s, &s.user("alice", &[]));
+    let admin = client(&s, &s.user("admin", &["system:masters"]));
+    let path = "/debug/api_priority_and_fairness/dump_requests";
+    let url = format!("{}{path}?includeRequestDetails=1", s.gateway.url());
+    for (who, client) in [("system:anonymous", &anonymous), ("alice", &alice)] {
+        let (status, _, body) = harness::get(client, &url).await.unwrap();
+        let body = String::from_utf8_lossy(&body);
+        assert_eq!(status, StatusCode::FORBIDDEN, "{who}: {body}");
+        let status: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(status["kind"], "Status", "{body}");
+        assert!(
+            status["message"].as_str().unwrap().starts_with(&format!(
+                "forbidden: User \"{who}\" cannot get path \"{path}\""
+            )),
+            "{body}"
+        );
+    }
+    let (status, _, body) = harness::get(&admin, &url).await.unwrap();
+    let text = String::from_utf8_lossy(&body);
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert!(text.contains("UserName"), "{text}");
+}

@@ -145,12 +145,15 @@ availability controller does. */}}
 {{- if .Values.authentication.tokenWebhook.enabled }}
 {{- $rules = append $rules (dict "apiGroups" (list "authentication.k8s.io") "resources" (list "tokenreviews") "verbs" (list "create")) }}
 {{- end }}
-{{- if .Values.authorization.webhook.enabled }}
+{{- /* extraConfig wins over limits in the config file, so it does here too. */}}
+{{- $apf := ne (toString (dig "enablePriorityAndFairness" .Values.limits.enablePriorityAndFairness .Values.extraConfig)) "false" }}
+{{- /* SubjectAccessReviews: for remote APIServices (the webhook), for /metrics (authorizeMetrics),
+and for the API Priority and Fairness debug dumps, which the gateway authorizes whenever it serves
+them (kube-apiserver always does: they name the users and paths in flight). */}}
+{{- if or .Values.authorization.webhook.enabled .Values.authorization.authorizeMetrics $apf }}
 {{- $rules = append $rules (dict "apiGroups" (list "authorization.k8s.io") "resources" (list "subjectaccessreviews") "verbs" (list "create")) }}
 {{- end }}
-{{- /* API Priority and Fairness reads the core's configuration (kube source only; read only).
-extraConfig wins over limits in the config file, so it does here too. */}}
-{{- $apf := ne (toString (dig "enablePriorityAndFairness" .Values.limits.enablePriorityAndFairness .Values.extraConfig)) "false" }}
+{{- /* API Priority and Fairness reads the core's configuration (kube source only; read only). */}}
 {{- if and (eq .Values.apiServices.source "kube") $apf }}
 {{- $rules = append $rules (dict "apiGroups" (list "flowcontrol.apiserver.k8s.io") "resources" (list "flowschemas" "prioritylevelconfigurations") "verbs" (list "get" "list" "watch")) }}
 {{- end }}

@@ -43,12 +43,19 @@ pub fn build(
 > {
     let metrics = gateway.metrics.clone();
     let audit = audit_sink(&config.audit, &metrics)?;
-    let authorizer = (config.authz.webhook || config.authz.authorize_metrics).then(|| {
+    // The debug dumps of API Priority and Fairness are authorized whatever the two flags say:
+    // they name the users, verbs and paths in flight, and kube-apiserver authorizes them like
+    // every path (there is no flag there that makes them public). The flags turn off what the
+    // gateway would review *on top of* the core (remote APIServices, `/metrics`); a kube user
+    // turning them off does not expect who-asks-for-what to be served to `system:anonymous`.
+    // So the dumps always cost a SubjectAccessReview on the core, as they would in kube.
+    let dumps = gateway.flow_control.is_some();
+    let authorizer = (config.authz.webhook || config.authz.authorize_metrics || dumps).then(|| {
         Arc::new(Authorizer::new(
             kube_client::client(gateway.core.clone()),
             gateway.routing.clone(),
             &config.authz,
-            gateway.flow_control.is_some(),
+            dumps,
         ))
     });
     Ok(ServiceBuilder::new()

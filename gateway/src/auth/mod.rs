@@ -209,7 +209,8 @@ impl Authenticator {
     /// cleaned and [`Authenticated`] plus the effective `Arc<UserInfo>` are in its extensions; on
     /// failure the answer to send (401, 400, 403 or 503 Status).
     pub async fn authenticate(&self, req: &mut Request) -> Result<(), Response> {
-        let health = is_health_probe(req.method(), req.uri().path());
+        // The decoded path: the router answers health on it (see `request_info::decided_path`).
+        let health = is_health_probe(req.method(), crate::request_info::decided_path(req));
         // Only Sync parts are held across the reviews (the body is not Sync).
         let chain = RequestContext::conn_of(req.extensions()).and_then(|c| c.peer_certs.clone());
         let found = self.identify(req.headers(), chain.as_deref()).await;

@@ -25,6 +25,7 @@ use crate::body::{self, Request, Response};
 use crate::conditional::prepared;
 use crate::control::discovery::openapi::pass_through;
 use crate::control::discovery::{DiscoveryCache, OpenApiOwner};
+use crate::request_info::{decided_path, RequestInfo};
 use crate::status::status_response;
 
 /// A path the discovery handlers may answer.
@@ -188,15 +189,19 @@ impl DiscoveryCache {
     /// Answers the request if it is a discovery or OpenAPI v3 request the gateway owns; `None`
     /// sends it on to the router's normal lookup.
     pub fn handle(self: &Arc<Self>, req: &Request) -> Handling {
+        // The decoded path, as authorization decided on it (kube's mux reads `URL.Path`).
         let lists_groups = req.method() == Method::GET
             && matches!(
-                classify(req.uri().path()),
+                classify(decided_path(req)),
                 Some(DiscoveryPath::Apis | DiscoveryPath::Group(_))
             );
         if lists_groups && *self.listing_pending.borrow() {
             let mut head = http::Request::new(crate::body::empty());
             *head.uri_mut() = req.uri().clone();
             *head.headers_mut() = req.headers().clone();
+            if let Some(info) = req.extensions().get::<Arc<RequestInfo>>() {
+                head.extensions_mut().insert(info.clone());
+            }
             let this = self.clone();
             return futures::future::Either::Right(Box::pin(async move {
                 let mut pending = this.listing_pending.subscribe();
@@ -212,7 +217,7 @@ impl DiscoveryCache {
         if req.method() != Method::GET {
             return Action::FallThrough;
         }
-        let Some(path) = classify(req.uri().path()) else {
+        let Some(path) = classify(decided_path(req)) else {
             return Action::FallThrough;
         };
         let headers = req.headers();

@@ -242,6 +242,14 @@ mod tests {
             500
         );
         assert_eq!(body(h.respond("/readyz/nope", "").unwrap()).await.0, 404);
+        // A decoded path under an endpoint that names no check (kube's mux: no handler, 404)
+        // is answered here, never sent on: the `probes` FlowSchema exempts all of `/healthz/`.
+        let (code, text) = body(
+            h.respond("/healthz/../api/v1/namespaces/default/configmaps", "")
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(code, 404, "{text}");
         assert_eq!(
             body(h.respond("/readyz", "exclude=shutdown").unwrap())
                 .await

@@ -23,7 +23,7 @@ use crate::handlers::health::Health;
 use crate::handlers::priority_and_fairness;
 use crate::identity::UserInfo;
 use crate::metrics::Metrics;
-use crate::request_info::RequestInfo;
+use crate::request_info::{decided_path, RequestInfo};
 
 /// What the router reads on every request; built once at start.
 pub struct Gateway {
@@ -91,7 +91,12 @@ impl Service<Request> for Router {
                 }
                 resp
             };
-            let path = req.uri().path();
+            // The gateway's own endpoints answer on the decoded path, the one flow control
+            // classified the request by and authorization decided on (kube-apiserver's mux
+            // reads Go's `URL.Path` too): `/%68ealthz` is `/healthz`, and a path under it that
+            // names no check (`/healthz/../api/...`) is this handler's 404, never the core's
+            // business, so nothing the `probes` FlowSchema exempts leaves the gateway.
+            let path = decided_path(&req);
             if req.method() == Method::GET || req.method() == Method::HEAD {
                 if let Some(resp) = gw.health.respond(path, req.uri().query().unwrap_or("")) {
                     return Ok(tagged(resp, RoutedTo::Gateway));
@@ -137,9 +142,9 @@ impl Service<Request> for Router {
             };
             // Routes are matched on the decoded path, as kube-aggregator's mux matches
             // `URL.Path`; the request itself goes on with the path the client wrote.
-            let route_path = info.map_or(path, |i| i.path());
+            let path = decided_path(&req);
             let table = routes_for(&req, &gw.routing);
-            let route = match table.lookup(route_path) {
+            let route = match table.lookup(path) {
                 Lookup::GroupVersion(route) | Lookup::LegacyCore(route) => Some(route),
                 Lookup::Group(_) | Lookup::None => None,
             };

@@ -26,6 +26,7 @@ mod alerts_and_dashboard;
 mod apiservices;
 mod certificates;
 mod config;
+mod flowcontrol;
 mod manifests;
 mod monitoring_and_ingress;
 mod notes;

@@ -66,6 +66,8 @@ fn every_rendered_manifest_round_trips_through_its_typed_object() {
                             | "ClusterRoleBinding"
                             | "CustomResourceDefinition"
                             | "APIService"
+                            | "FlowSchema"
+                            | "PriorityLevelConfiguration"
                     )
                 );
                 let ns = &doc["metadata"]["namespace"];

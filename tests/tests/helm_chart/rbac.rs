@@ -148,11 +148,15 @@ fn rbac_grants_exactly_the_verbs_the_gateway_uses_where_its_identity_is_authoriz
             ],
         },
         Case {
-            name: "file source, static services, both webhooks off: only the core's discovery watches",
+            name: "file source, static services, both webhooks off: the core's discovery watches, and reviews for /metrics and the APF dumps",
             example: Some("file-apiservices"),
             sets: &[],
             host: none(),
-            core: vec![watch_crds(), watch_apiservices()],
+            core: vec![
+                watch_crds(),
+                watch_apiservices(),
+                create_subjectaccessreviews(),
+            ],
         },
         Case {
             name: "file source resolving Services on the core",
@@ -164,6 +168,7 @@ fn rbac_grants_exactly_the_verbs_the_gateway_uses_where_its_identity_is_authoriz
                 watch_apiservices(),
                 watch_services(),
                 watch_endpointslices(),
+                create_subjectaccessreviews(),
             ],
         },
         Case {
@@ -178,6 +183,7 @@ fn rbac_grants_exactly_the_verbs_the_gateway_uses_where_its_identity_is_authoriz
                 watch_apiservices(),
                 watch_services(),
                 watch_endpointslices(),
+                create_subjectaccessreviews(),
             ],
             core: none(),
         },
@@ -200,11 +206,13 @@ fn rbac_grants_exactly_the_verbs_the_gateway_uses_where_its_identity_is_authoriz
                 "serviceResolution.enabled=false",
                 "authorization.webhook.enabled=false",
             ],
+            // /metrics and the APF dumps are still reviewed.
             host: vec![
                 watch_crds(),
                 watch_apiservices(),
                 write_apiservice_status(),
                 create_tokenreviews(),
+                create_subjectaccessreviews(),
                 watch_flowcontrol(),
             ],
             core: none(),
@@ -255,6 +263,20 @@ fn rbac_grants_exactly_the_verbs_the_gateway_uses_where_its_identity_is_authoriz
             example: Some("sidecar-core"),
             sets: &["core.serviceAccountAuth=true", "core.tokenSecret="],
             host: every_rule(),
+            core: none(),
+        },
+        Case {
+            name: "nothing reviewed: no remote authorization, no /metrics review, no APF dumps",
+            example: None,
+            sets: &[
+                "authorization.webhook.enabled=false",
+                "authorization.authorizeMetrics=false",
+                "limits.enablePriorityAndFairness=false",
+            ],
+            host: every_rule()
+                .into_iter()
+                .filter(|r| *r != create_subjectaccessreviews() && *r != watch_flowcontrol())
+                .collect(),
             core: none(),
         },
         Case {

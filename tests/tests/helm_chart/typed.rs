@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service, ServiceAccount};
+use k8s_openapi::api::flowcontrol::v1::{FlowSchema, PriorityLevelConfiguration};
 use k8s_openapi::api::networking::v1::Ingress;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
@@ -252,6 +253,8 @@ pub fn round_trip_by_kind(doc: &Value) -> Result<(), String> {
         "Role" => round_trip::<Role>(doc),
         "RoleBinding" => round_trip::<RoleBinding>(doc),
         "PodDisruptionBudget" => round_trip::<PodDisruptionBudget>(doc),
+        "FlowSchema" => round_trip::<FlowSchema>(doc),
+        "PriorityLevelConfiguration" => round_trip::<PriorityLevelConfiguration>(doc),
         "Ingress" => round_trip::<Ingress>(doc),
         "CustomResourceDefinition" => round_trip::<CustomResourceDefinition>(doc),
         "APIService" => round_trip::<APIService>(doc),

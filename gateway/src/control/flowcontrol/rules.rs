@@ -133,6 +133,17 @@ mod tests {
                 "{path}"
             );
         }
+        // As in kube: `/healthz` covers any path under it, dot segments included (Go's
+        // `URL.Path` keeps them). That is why the router answers every such path itself.
+        for path in [
+            "/%68ealthz",
+            "/%68ealthz/../api/v1/namespaces/default/configmaps",
+        ] {
+            assert!(
+                matches_schema(d(&info(Method::GET, path), &anon), &probes),
+                "{path}"
+            );
+        }
         assert!(!matches_schema(
             d(&info(Method::POST, "/healthz"), &anon),
             &probes

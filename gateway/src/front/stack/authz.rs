@@ -15,8 +15,9 @@
 //!   twice, which the decision cache makes cheap;
 //! - `/metrics` (non-resource URL, verb `get`) with `--authorize-metrics`;
 //! - the debug dumps of API Priority and Fairness (`/debug/api_priority_and_fairness/dump_*`,
-//!   non-resource URLs, verb `get`) whenever the gateway authorizes anything and serves them:
-//!   kube-apiserver authorizes them as any other path, and they name users and what they ask.
+//!   non-resource URLs, verb `get`) whenever the gateway serves them, even with
+//!   `--authorization-webhook=false --authorize-metrics=false`: kube-apiserver authorizes them as
+//!   any other path, and they name users and what they ask (see `app::stack`).
 //!
 //! Health endpoints and everything else routed to the core pass through untouched. The layer
 //! sits last before the router (after the timeout, so a hung SubjectAccessReview is bounded by
@@ -100,11 +101,8 @@ impl Authorizer {
     /// Whether the gateway must authorize this request itself. With the webhook on, also pins
     /// the routing snapshot the decision was made on, for the router.
     fn applies(&self, req: &mut Request) -> bool {
-        // The decoded path, as the router matches routes on it (see `router`).
-        let path = match req.extensions().get::<Arc<RequestInfo>>() {
-            Some(info) => info.path(),
-            None => req.uri().path(),
-        };
+        // The decoded path, as the router matches routes and answers on it (see `router`).
+        let path = crate::request_info::decided_path(req);
         if path == "/metrics" {
             return self.metrics && matches!(*req.method(), Method::GET | Method::HEAD);
         }
@@ -156,7 +154,8 @@ fn action<'a>(info: &'a RequestInfo, path: &'a str) -> Action<'a> {
 #[derive(Clone)]
 pub struct Authz<S> {
     inner: S,
-    /// `None`: authorization is off (`--authorization-webhook=false` and no `--authorize-metrics`).
+    /// `None`: authorization is off (`--authorization-webhook=false`, `--authorize-metrics=false`
+    /// and `--enable-priority-and-fairness=false`: nothing the gateway serves needs a review).
     authorizer: Option<Arc<Authorizer>>,
 }
 

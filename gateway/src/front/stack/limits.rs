@@ -33,7 +33,7 @@ use crate::error::GatewayError;
 use crate::handlers::health::Endpoint;
 use crate::metrics::inflight::Executing;
 use crate::metrics::Metrics;
-use crate::request_info::RequestInfo;
+use crate::request_info::{decided_path, RequestInfo};
 
 struct Slots {
     limit: u32,
@@ -112,10 +112,11 @@ impl Shared {
     }
 }
 
-/// A probe kube-apiserver would serve at its `exempt` priority level.
+/// A probe kube-apiserver would serve at its `exempt` priority level: one the router answers
+/// itself, so on the path it answers by (the decoded one).
 fn is_probe(req: &Request) -> bool {
     matches!(*req.method(), Method::GET | Method::HEAD)
-        && Endpoint::from_path(req.uri().path()).is_some()
+        && Endpoint::from_path(decided_path(req)).is_some()
 }
 
 #[derive(Clone)]
@@ -318,6 +319,35 @@ mod tests {
 
     use super::*;
     use crate::front::stack::request_info::RequestInfoService;
+
+    /// A GET of `target` as the request-info layer leaves it: parsed.
+    fn parsed_get(target: &str) -> Request {
+        let mut req = http::Request::get(target).body(body::empty()).unwrap();
+        assert!(crate::request_info::ensure_parsed(&mut req), "{target}");
+        req
+    }
+
+    #[test]
+    fn probes_are_told_by_the_path_the_router_answers_on() {
+        // The router answers health on the decoded path, so an encoded probe is one too, and a
+        // path under `/healthz` naming no check is the health handler's 404: neither ever
+        // reaches a backend, so neither takes a seat from those that do.
+        for target in [
+            "/healthz",
+            "/%68ealthz",
+            "/readyz/p%69ng",
+            "/%68ealthz/../api/v1/namespaces/default/configmaps",
+        ] {
+            assert!(is_probe(&parsed_get(target)), "{target}");
+        }
+        for target in [
+            "/api/v1/namespaces/healthz/pods",
+            "/metrics",
+            "/apis/x/v1/healthz",
+        ] {
+            assert!(!is_probe(&parsed_get(target)), "{target}");
+        }
+    }
 
     fn limits(readonly: u32, max_body: u64) -> gateway_config::Limits {
         gateway_config::Limits {
