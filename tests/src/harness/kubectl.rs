@@ -126,7 +126,22 @@ impl Kubectl {
         Kubectl::with_binary(kubectl_binary(version)?, server_url, ca_file)
     }
 
-    fn with_binary(
+    /// [`Kubectl::new`] with the real control plane's own kubectl when its assets have one
+    /// (see `real::release_kubectl`), else the dispatcher's `version`.
+    pub fn for_release(
+        server_url: &str,
+        ca_file: Option<&Path>,
+        version: KubectlVersion,
+    ) -> Result<Kubectl, HarnessError> {
+        match crate::real::release_kubectl() {
+            Some(binary) => Kubectl::with_binary(binary, server_url, ca_file),
+            None => Kubectl::new(server_url, ca_file, version),
+        }
+    }
+
+    /// A session with `binary` (e.g. the kubectl of the release under test), otherwise as
+    /// [`Kubectl::new`].
+    pub fn with_binary(
         binary: PathBuf,
         server_url: &str,
         ca_file: Option<&Path>,

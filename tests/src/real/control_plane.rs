@@ -146,7 +146,7 @@ impl ControlPlane {
 
     /// kubectl straight to kube-apiserver with a bearer token from the token file.
     pub fn kubectl(&self, token: &str) -> Kubectl {
-        Kubectl::new(
+        Kubectl::for_release(
             &self.url,
             Some(&self.pki.cluster_ca_file),
             KubectlVersion::default(),

@@ -42,6 +42,15 @@ pub struct RealBinaries {
     pub sample_apiserver: PathBuf,
 }
 
+/// The kubectl of the release under test: `kubectl` beside `kube-apiserver` in
+/// `KUBEBUILDER_ASSETS`, as envtest's assets carry it (`build-real-control-plane` builds the
+/// release's own), else `None` for the dispatcher's (which knows releases up to 1.33 only, and
+/// would drive a 1.34+ server with an older client and a skew warning).
+pub fn release_kubectl() -> Option<PathBuf> {
+    let assets = std::env::var_os(ASSETS_ENV).filter(|v| !v.is_empty())?;
+    executable(&Path::new(&assets).join("kubectl"), ASSETS_ENV).ok()
+}
+
 impl RealBinaries {
     /// The binaries named by the environment, or why the suite cannot run.
     pub fn from_env() -> Result<RealBinaries, String> {

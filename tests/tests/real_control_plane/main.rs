@@ -33,6 +33,7 @@ mod quiet_backend;
 mod session;
 mod status;
 mod trust;
+mod watches;
 
 use std::time::Instant;
 
@@ -105,6 +106,8 @@ async fn session_against_the_real_control_plane() {
                     trust::sample_apiserver_trusts_a_gateway_kube_never_heard_of,
                 "a CRD and its resource in one kubectl apply, repeatedly" => crds::crd_and_resource_in_one_apply,
                 "protobuf requests and watches pass unchanged" => protobuf::passes_unchanged,
+                "120 watches of one client and a write beside them, as directly" =>
+                    watches::a_hundred_watches_beside_a_write,
                 "helm install, upgrade and uninstall of the chart" => chart::install_upgrade_uninstall,
                 "the chart's APIService CRD validates like kube-aggregator" => chart::apiservice_crd,
                 // Last: it kills sample-apiserver.

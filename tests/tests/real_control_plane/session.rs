@@ -200,7 +200,7 @@ impl Real {
 
 /// A kubectl session through `gateway` with a bearer token.
 pub fn kubectl_for(gateway: &Gateway, token: &str) -> Kubectl {
-    Kubectl::new(
+    Kubectl::for_release(
         &gateway.url(),
         Some(&gateway.ca_file),
         KubectlVersion::default(),

@@ -1,0 +1,104 @@
+//! Many watches of one client beside its writes, as every controller makes them and as Kubernetes'
+//! conformance test "Watchers should receive events on concurrent watches in same order" opens a
+//! hundred: kube-apiserver takes 100 streams per HTTP/2 connection, and the gateway must open
+//! another connection to it rather than queue every later request of the same credentials
+//! behind the watches (issue 38). The same, directly and through the gateway.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use e2e::harness::{http2_client, send, send_streaming, HttpClient};
+use e2e::real::pki::ADMIN_TOKEN;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+
+use crate::session::Real;
+
+/// More than kube-apiserver's 100 streams per connection.
+const WATCHES: usize = 120;
+/// Watches per client connection: below the 100 streams the server side (kube-apiserver or the
+/// gateway) takes, so the test's own client never queues.
+const PER_CONNECTION: usize = 40;
+
+/// Opens [`WATCHES`] watches at `base`, writes a ConfigMap beside them, and returns how long
+/// the write took and how long until the last watch saw it.
+async fn watches_and_a_write(
+    real: &Real,
+    base: &str,
+    ca: &str,
+    name: &str,
+) -> (Duration, Duration) {
+    let clients: Vec<HttpClient> = (0..WATCHES.div_ceil(PER_CONNECTION))
+        .map(|_| http2_client(ca, None).unwrap())
+        .collect();
+    let url = format!("{base}/api/v1/namespaces/default/configmaps?watch=1");
+    // Opened together, as a controller's informers start: each within 10 s.
+    let opens = (0..WATCHES).map(|i| {
+        let client = &clients[i / PER_CONNECTION];
+        let url = &url;
+        async move {
+            let opened = tokio::time::timeout(
+                Duration::from_secs(10),
+                send_streaming(client, real.admin_request(url, "application/json")),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("{base}: watch {i} did not start within 10 s"))
+            .unwrap();
+            assert_eq!(opened.status(), StatusCode::OK, "{base}: watch {i}");
+            opened.into_body()
+        }
+    });
+    let mut watches = futures::future::join_all(opens).await;
+    let started = Instant::now();
+    let create = Request::post(format!("{base}/api/v1/namespaces/default/configmaps"))
+        .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(format!(
+            r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"{name}"}}}}"#
+        ))))
+        .unwrap();
+    let created = tokio::time::timeout(Duration::from_secs(10), send(&clients[0], create))
+        .await
+        .unwrap_or_else(|_| panic!("{base}: the write waited more than 10 s behind the watches"))
+        .unwrap();
+    assert_eq!(created.0, StatusCode::CREATED, "{base}: {created:?}");
+    let wrote = started.elapsed();
+    for (i, watch) in watches.iter_mut().enumerate() {
+        let mut seen = Vec::new();
+        let arrived = tokio::time::timeout(Duration::from_secs(10), async {
+            while let Some(Ok(frame)) = watch.frame().await {
+                if let Ok(data) = frame.into_data() {
+                    seen.extend_from_slice(&data);
+                }
+                if String::from_utf8_lossy(&seen).contains(name) {
+                    return;
+                }
+            }
+        })
+        .await;
+        assert!(arrived.is_ok(), "{base}: watch {i} never saw {name}");
+    }
+    (wrote, started.elapsed())
+}
+
+pub async fn a_hundred_watches_beside_a_write(real: &Real) {
+    let direct = watches_and_a_write(
+        real,
+        &real.plane.url,
+        real.plane.pki.cluster_ca.cert_pem(),
+        "beside-watches-direct",
+    )
+    .await;
+    let through = watches_and_a_write(
+        real,
+        &real.gateway.url(),
+        &real.gateway.ca_pem().unwrap(),
+        "beside-watches-gateway",
+    )
+    .await;
+    eprintln!(
+        "{WATCHES} watches and a write: directly written in {:?}, seen by all in {:?}; through \
+         the gateway {:?}, {:?}",
+        direct.0, direct.1, through.0, through.1
+    );
+}
