@@ -510,17 +510,15 @@ async fn tls_core_with(dir: &std::path::Path, extra: &[&str]) -> (FixtureCore, s
     (core, ca_file)
 }
 
-/// kube-apiserver closes an HTTP/2 connection once it has answered an anonymous request
-/// (UnauthenticatedHTTP2DOSMitigation). Anonymous callers beside a token user in every round:
-/// every request is answered, and the core accepts a few connections from the gateway, not one
-/// more per anonymous request (those go over HTTP/1.1 keep-alive, closing nothing shared).
-#[tokio::test]
-async fn anonymous_callers_do_not_close_the_core_connection_others_share() {
-    let dir = tempfile::tempdir().unwrap();
-    let (core, ca_file) = tls_core_with(dir.path(), &["--goaway-anonymous-http2"]).await;
-    // The gateway's own requests (token reviews, access reviews) carry a token, as in a real
-    // deployment; the core would otherwise take them for anonymous ones.
-    let token_file = dir.path().join("gateway.token");
+/// An HTTPS core started with `extra`, and a gateway in front of it verifying it with its CA
+/// file (also returned). The gateway's own requests (token reviews, access reviews) carry a
+/// token, as in a real deployment; the core would otherwise take them for anonymous ones.
+async fn tls_core_and_token_gateway(
+    dir: &std::path::Path,
+    extra: &[&str],
+) -> (FixtureCore, std::path::PathBuf, Gateway) {
+    let (core, ca_file) = tls_core_with(dir, extra).await;
+    let token_file = dir.join("gateway.token");
     std::fs::write(&token_file, harness::DEFAULT_TOKEN).unwrap();
     let gateway = Gateway::start(GatewayOptions::new(format!("https://{}", core.addr)).args([
         "--apiservice-source",
@@ -532,6 +530,18 @@ async fn anonymous_callers_do_not_close_the_core_connection_others_share() {
     ]))
     .await
     .unwrap();
+    (core, ca_file, gateway)
+}
+
+/// kube-apiserver closes an HTTP/2 connection once it has answered an anonymous request
+/// (UnauthenticatedHTTP2DOSMitigation). Anonymous callers beside a token user in every round:
+/// every request is answered, and the core accepts a few connections from the gateway, not one
+/// more per anonymous request (those go over HTTP/1.1 keep-alive, closing nothing shared).
+#[tokio::test]
+async fn anonymous_callers_do_not_close_the_core_connection_others_share() {
+    let dir = tempfile::tempdir().unwrap();
+    let (core, ca_file, gateway) =
+        tls_core_and_token_gateway(dir.path(), &["--goaway-anonymous-http2"]).await;
     let core_client =
         harness::http1_client(&std::fs::read_to_string(&ca_file).unwrap(), None).unwrap();
     let accepted = || async {
@@ -740,20 +750,8 @@ fn echoed_header(echo: &Value, name: &str) -> Vec<String> {
 #[tokio::test]
 async fn watches_past_the_cores_stream_limit_take_another_connection() {
     let dir = tempfile::tempdir().unwrap();
-    let (core, ca_file) =
-        tls_core_with(dir.path(), &["--http2-max-streams-per-connection", "10"]).await;
-    let token_file = dir.path().join("gateway.token");
-    std::fs::write(&token_file, harness::DEFAULT_TOKEN).unwrap();
-    let gateway = Gateway::start(GatewayOptions::new(format!("https://{}", core.addr)).args([
-        "--apiservice-source",
-        "none",
-        "--core-ca-file",
-        ca_file.to_str().unwrap(),
-        "--core-token-file",
-        token_file.to_str().unwrap(),
-    ]))
-    .await
-    .unwrap();
+    let (_core, _, gateway) =
+        tls_core_and_token_gateway(dir.path(), &["--http2-max-streams-per-connection", "10"]).await;
     let client = harness::http2_client(&gateway.ca_pem().unwrap(), None).unwrap();
     let mut watches = Vec::new();
     for i in 0..25 {

@@ -464,14 +464,7 @@ pub(crate) mod tests {
     fn each_chain_is_attributed_to_its_own_ca() {
         provider();
         let dir = tempfile_dir();
-        let users = Ca::new("users");
-        let proxies = Ca::new("front-proxy");
-        let auth = CertAuthenticator::new(
-            Some(users.write(&dir, "users.pem")),
-            Some(proxies.write(&dir, "proxies.pem")),
-            vec!["front-proxy".into()],
-        )
-        .unwrap();
+        let (users, proxies, auth) = users_and_front_proxies(&dir);
 
         let alice = auth.check(&users.client("alice", Some("dev")));
         let user = alice.user.unwrap().unwrap().unwrap();
@@ -556,14 +549,7 @@ pub(crate) mod tests {
     fn the_last_of_several_common_names_is_the_name_as_in_go() {
         provider();
         let dir = tempfile_dir();
-        let users = Ca::new("users");
-        let proxies = Ca::new("front-proxy");
-        let auth = CertAuthenticator::new(
-            Some(users.write(&dir, "users.pem")),
-            Some(proxies.write(&dir, "proxies.pem")),
-            vec!["front-proxy".into()],
-        )
-        .unwrap();
+        let (users, proxies, auth) = users_and_front_proxies(&dir);
         let user = auth.check(&users.client_named(&["alice", "admin"]));
         assert_eq!(user.user.unwrap().unwrap().unwrap().name, "admin");
 
@@ -681,14 +667,7 @@ pub(crate) mod tests {
     fn a_certificate_go_cannot_parse_is_neither_a_user_nor_a_front_proxy() {
         provider();
         let dir = tempfile_dir();
-        let users = Ca::new("users");
-        let proxies = Ca::new("front-proxy");
-        let auth = CertAuthenticator::new(
-            Some(users.write(&dir, "users.pem")),
-            Some(proxies.write(&dir, "proxies.pem")),
-            vec!["front-proxy".into()],
-        )
-        .unwrap();
+        let (users, proxies, auth) = users_and_front_proxies(&dir);
         let subject = || {
             vec![
                 (
@@ -819,6 +798,20 @@ pub(crate) mod tests {
             value(Class::ContextSpecific, false, Tag::Utf8String, b"a"),
             Ok(None)
         );
+    }
+
+    /// A users CA and a front-proxy CA allowing the name `front-proxy`, written to `dir`, and
+    /// the authenticator trusting both.
+    fn users_and_front_proxies(dir: &std::path::Path) -> (Ca, Ca, CertAuthenticator) {
+        let users = Ca::new("users");
+        let proxies = Ca::new("front-proxy");
+        let auth = CertAuthenticator::new(
+            Some(users.write(dir, "users.pem")),
+            Some(proxies.write(dir, "proxies.pem")),
+            vec!["front-proxy".into()],
+        )
+        .unwrap();
+        (users, proxies, auth)
     }
 
     pub fn tempfile_dir() -> PathBuf {
