@@ -41,6 +41,7 @@ pub mod impersonation;
 pub mod onward;
 pub mod requestheader;
 pub mod sar;
+pub mod selector;
 pub mod token;
 pub mod websocket;
 pub mod x509;
@@ -381,6 +382,7 @@ impl Authenticator {
             let attrs = Attributes {
                 user: requestor,
                 action: check.action(),
+                selectors: selector::Selectors::NONE,
             };
             match cached_review(&self.client, &self.impersonation_cache, &attrs).await {
                 Ok((d, _)) if d.allowed => {}
