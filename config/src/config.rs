@@ -78,6 +78,9 @@ pub struct AuthzConfig {
     pub cache_authorized_ttl: Duration,
     pub cache_unauthorized_ttl: Duration,
     pub authorize_metrics: bool,
+    /// Impersonation also by the constrained verbs of KEP-5284 (the core's
+    /// `ConstrainedImpersonation` gate).
+    pub constrained_impersonation: bool,
 }
 
 /// How the core server is reached.

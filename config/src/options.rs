@@ -109,6 +109,14 @@ options! {
         /// [default: true].
         #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
         pub authorize_metrics: Option<bool>,
+        /// Honour constrained impersonation (KEP-5284: verbs `impersonate:<mode>` and
+        /// `impersonate-on:<mode>:<verb>`) as the core does with its `ConstrainedImpersonation`
+        /// feature gate on; set it to what the core's gate says (alpha and off in 1.35). The
+        /// gateway cannot read the core's gates, and a mismatch either refuses what the core
+        /// allows or lets the constrained verbs through a core that does not know them
+        /// [default: false].
+        #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+        pub constrained_impersonation: Option<bool>,
 
         // ---- identity towards backends ----
         /// Client certificate the gateway presents to remote APIServices (and to the core in

@@ -14,15 +14,16 @@ use std::sync::Arc;
 use http::Method;
 
 /// A request's attributes. They cost one allocation: the decoded path (followed by the name a
-/// field selector gave, if any) is kept once and every other field is a span of it or one of
-/// kube's verbs, which are constants.
+/// field selector gave and the selectors authorization reads, if any) is kept once and every
+/// other field is a span of it or one of kube's verbs, which are constants.
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct RequestInfo {
     pub is_resource_request: bool,
     /// Exempt from the request timeout and the in-flight limits. Decided by verb and
     /// subresource alone: a header such as `Connection: Upgrade` costs a client nothing to send.
     pub long_running: bool,
-    /// The decoded path, then the field selector's name (see [`RequestInfo::name`]).
+    /// The decoded path, then the field selector's name (see [`RequestInfo::name`]) and the
+    /// raw selectors (see [`RequestInfo::label_selector`]).
     text: String,
     path_len: usize,
     verb: Cow<'static, str>,
@@ -33,6 +34,8 @@ pub struct RequestInfo {
     resource: Span,
     subresource: Span,
     name: Span,
+    label_selector: Span,
+    field_selector: Span,
 }
 
 /// Where a field lies in [`RequestInfo`]'s text (empty: the field is not set).
@@ -113,6 +116,20 @@ impl RequestInfo {
         self.field(self.name)
     }
 
+    /// The `labelSelector` parameter as given (decoded), for a list, watch or deletecollection
+    /// whose verb is not in the path: kube's `RequestInfo.LabelSelector` with
+    /// `AuthorizeWithSelectors` (on since 1.32, GA in 1.34), which authorization narrows its
+    /// question by. Empty otherwise.
+    pub fn label_selector(&self) -> &str {
+        self.field(self.label_selector)
+    }
+
+    /// The `fieldSelector` parameter as given, on the same terms as
+    /// [`RequestInfo::label_selector`].
+    pub fn field_selector(&self) -> &str {
+        self.field(self.field_selector)
+    }
+
     /// kube's split for the in-flight limits and their gauge: only get, list and watch read.
     /// A HEAD or OPTIONS outside the resource paths keeps its own verb and so counts as mutating
     /// there too (a HEAD on a resource is already a get).
@@ -134,6 +151,8 @@ impl std::fmt::Debug for RequestInfo {
             .field("resource", &self.resource())
             .field("subresource", &self.subresource())
             .field("name", &self.name())
+            .field("label_selector", &self.label_selector())
+            .field("field_selector", &self.field_selector())
             .field("long_running", &self.long_running)
             .finish()
     }
@@ -293,15 +312,24 @@ pub fn parse(method: &Method, raw_path: &str, query: &str) -> Result<RequestInfo
         verb: lowercase_method(method),
         ..Default::default()
     };
-    let selector_name = split(&mut info, &path, raw_path, method, query)?;
+    let from_query = split(&mut info, &path, raw_path, method, query)?;
     info.text = path.into_owned();
-    if let Some(name) = selector_name {
-        let start = info.text.len();
-        info.text.push_str(&name);
-        info.name = Span {
+    let append = |text: &mut String, value: &str| {
+        let start = text.len();
+        text.push_str(value);
+        Span {
             start,
-            end: info.text.len(),
-        };
+            end: text.len(),
+        }
+    };
+    if let Some(name) = from_query.name {
+        info.name = append(&mut info.text, &name);
+    }
+    if let Some(label) = from_query.label_selector {
+        info.label_selector = append(&mut info.text, &label);
+    }
+    if let Some(field) = from_query.field_selector {
+        info.field_selector = append(&mut info.text, &field);
     }
     info.long_running = is_long_running(&info);
     Ok(info)
@@ -311,15 +339,24 @@ pub fn parse(method: &Method, raw_path: &str, query: &str) -> Result<RequestInfo
 /// most six parts with at most three.
 const MAX_PARTS: usize = 10;
 
+/// What [`split`] reads from the query rather than the path.
+#[derive(Default)]
+struct FromQuery {
+    /// The name a field selector gives a list.
+    name: Option<String>,
+    label_selector: Option<String>,
+    field_selector: Option<String>,
+}
+
 /// Sets `info`'s verb and the spans of its fields in the decoded `path` (the rest of
-/// [`parse`]); returns the name a field selector gives a list, which is not in the path.
+/// [`parse`]); returns what the query adds.
 fn split(
     info: &mut RequestInfo,
     path: &str,
     raw_path: &str,
     method: &Method,
     query: &str,
-) -> Result<Option<String>, String> {
+) -> Result<FromQuery, String> {
     let mut all = [""; MAX_PARTS];
     let mut n = 0;
     for (slot, part) in all.iter_mut().zip(path.trim_matches('/').split('/')) {
@@ -331,14 +368,14 @@ fn split(
         parts = &[];
     }
     if parts.len() < 3 || !(parts[0] == "api" || parts[0] == "apis") {
-        return Ok(None);
+        return Ok(FromQuery::default());
     }
     let span = |part: &str| Span::of(path, part);
     info.api_prefix = span(parts[0]);
     let mut rest = &parts[1..];
     if parts[0] == "apis" {
         if rest.len() < 3 {
-            return Ok(None);
+            return Ok(FromQuery::default());
         }
         info.api_group = span(rest[0]);
         rest = &rest[1..];
@@ -347,6 +384,7 @@ fn split(
     info.api_version = span(rest[0]);
     rest = &rest[1..];
 
+    let verb_in_path = SPECIAL_VERBS.contains(&rest[0]);
     if let Some(special) = SPECIAL_VERBS.iter().find(|v| **v == rest[0]) {
         if rest.len() < 2 {
             return Err(format!(
@@ -383,11 +421,12 @@ fn split(
         info.resource = span(rest[0]);
     }
 
-    let mut selector_name = None;
+    let mut out = FromQuery::default();
+    let too_many_params = query.split('&').count() > MAX_QUERY_PARAMS;
     if info.name.is_empty() && info.verb == "get" {
         // Past Go's limit the backend sees no parameters at all (no watch, no selector) while
         // older Go releases see them all: refuse rather than guess which one serves this.
-        if query.split('&').count() > MAX_QUERY_PARAMS {
+        if too_many_params {
             return Err(format!(
                 "number of URL query parameters exceeded limit of {MAX_QUERY_PARAMS}"
             ));
@@ -397,12 +436,28 @@ fn split(
         } else {
             "list"
         });
-        selector_name = field_selector_name(query);
+        out.name = field_selector_name(query);
     }
     if info.name.is_empty() && info.verb == "delete" {
         info.verb = Cow::Borrowed("deletecollection");
     }
-    Ok(selector_name)
+    // kube reads the selectors for authorization only for these verbs, and not on the old
+    // `/watch/` paths, whose single-object form takes none. The first value of each, as Go's
+    // `URL.Query()` gives it; past Go's parameter limit the backend sees no selector (and a
+    // deletecollection all objects), so authorization must not be narrowed by one either.
+    if !verb_in_path
+        && !too_many_params
+        && matches!(&*info.verb, "list" | "watch" | "deletecollection")
+    {
+        let value = |key| {
+            query_value(query, key)
+                .filter(|v| !v.is_empty())
+                .map(|v| String::from_utf8_lossy(&v).into_owned())
+        };
+        out.label_selector = value("labelSelector");
+        out.field_selector = value("fieldSelector");
+    }
+    Ok(out)
 }
 
 /// kube-apiserver's `BasicLongRunningRequestCheck` over its default verbs and subresources,
@@ -425,6 +480,55 @@ mod tests {
 
     fn verb(target: &str) -> String {
         p(Method::GET, target).verb().to_owned()
+    }
+
+    /// kube's `RequestInfo` keeps the selectors of a list, watch or deletecollection (first
+    /// value, decoded) for authorization, and of nothing else.
+    #[test]
+    fn selectors_are_kept_for_lists_watches_and_deletecollections_only() {
+        let q = "labelSelector=app%3Dweb%2Ctier+in+(a)&labelSelector=x&fieldSelector=metadata.name%3Df1";
+        let sel = |m: Method, path: &str| {
+            let i = p(m, &format!("{path}?{q}"));
+            (
+                i.verb().to_owned(),
+                i.label_selector().to_owned(),
+                i.field_selector().to_owned(),
+            )
+        };
+        let pods = "/api/v1/namespaces/default/pods";
+        let kept = |verb: &str| {
+            (
+                verb.to_owned(),
+                "app=web,tier in (a)".to_owned(),
+                "metadata.name=f1".to_owned(),
+            )
+        };
+        assert_eq!(sel(Method::GET, pods), kept("list"));
+        assert_eq!(sel(Method::DELETE, pods), kept("deletecollection"));
+        let i = p(Method::GET, &format!("{pods}?watch=1&{q}"));
+        assert_eq!((i.verb(), i.name()), ("watch", "f1"));
+        assert_eq!(i.label_selector(), "app=web,tier in (a)");
+        for (m, path) in [
+            (Method::GET, "/api/v1/namespaces/default/pods/p1"),
+            (Method::POST, pods),
+            (Method::GET, "/api/v1/watch/namespaces/default/pods"),
+            (Method::GET, "/api/v1/proxy/namespaces/default/pods/p1"),
+            (Method::GET, "/apis"),
+        ] {
+            let (_, label, field) = sel(m.clone(), path);
+            assert_eq!((label.as_str(), field.as_str()), ("", ""), "{m} {path}");
+        }
+        // An empty first value is no selector; past Go's parameter limit there is none either.
+        assert_eq!(
+            p(
+                Method::GET,
+                &format!("{pods}?labelSelector=&labelSelector=a")
+            )
+            .label_selector(),
+            ""
+        );
+        let many = format!("{pods}?labelSelector=a{}", "&x".repeat(MAX_QUERY_PARAMS));
+        assert_eq!(p(Method::DELETE, &many).label_selector(), "");
     }
 
     #[test]

@@ -179,6 +179,58 @@ async fn authorization_decisions_are_cached() {
     );
 }
 
+/// KEP-4601 (`AuthorizeWithSelectors`, GA in 1.34): a list or watch of a remote APIService is
+/// reviewed with its label and field selectors parsed into requirements, as kube-apiserver's
+/// webhook authorizer sends them, so an authorizer granting only part of a collection is asked
+/// the question it can say yes to. A selector that does not parse narrows nothing: the review
+/// asks about the whole collection, and is refused.
+#[tokio::test]
+async fn a_remote_list_or_watch_is_reviewed_with_its_selectors() {
+    let policy = json!({"rules": [
+        {"group": "dev", "verbs": ["get"], "apiGroups": [GROUP], "resources": ["flunders"]},
+        {"group": "dev", "verbs": ["list", "watch"], "apiGroups": [GROUP], "resources": ["flunders"],
+         "labelSelector": [
+            {"key": "team", "operator": "In", "values": ["blue"]},
+            {"key": "tier", "operator": "NotIn", "values": ["db"]},
+         ],
+         "fieldSelector": [{"key": "metadata.namespace", "operator": "In", "values": ["default"]}]},
+    ]});
+    let s = wardle(policy, &[]).start().await;
+    let alice = client(&s, Some(&s.user("alice", &["dev"])));
+    let served = harness::wait_until(Duration::from_secs(10), || async {
+        get(&s, &alice, &format!("{FLUNDERS}/f1")).await.0 == StatusCode::NOT_FOUND
+    })
+    .await;
+    assert!(served, "the remote never served alice:\n{}", s.logs());
+
+    let selected =
+        "labelSelector=tier%21%3Ddb%2Cteam%3Dblue&fieldSelector=metadata.namespace%3D%3Ddefault";
+    for query in [
+        selected.to_owned(),
+        format!("watch=true&timeoutSeconds=1&{selected}"),
+    ] {
+        let (status, _, body) = get(&s, &alice, &format!("{FLUNDERS}?{query}")).await;
+        assert_eq!(status, StatusCode::OK, "{query}: {body}");
+    }
+    // Without the selectors, or with one kube cannot parse, the question is the whole
+    // collection, which alice may not list.
+    for query in [
+        "labelSelector=team%3Dblue".to_owned(),
+        "fieldSelector=metadata.namespace%3Ddefault".to_owned(),
+        format!("{selected}%2C%28"),
+    ] {
+        let (status, _, body) = get(&s, &alice, &format!("{FLUNDERS}?{query}")).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{query}: {body}");
+        assert!(
+            body["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("cannot list resource \"flunders\""),
+            "{body}"
+        );
+    }
+}
+
 /// Requests to the core are the core's business: no review from the gateway.
 #[tokio::test]
 async fn requests_to_the_core_get_no_review_from_the_gateway() {

@@ -104,6 +104,7 @@ impl Options {
             cache_authorized_ttl: secs(self.authorization_webhook_cache_authorized_ttl, 300),
             cache_unauthorized_ttl: secs(self.authorization_webhook_cache_unauthorized_ttl, 30),
             authorize_metrics: self.authorize_metrics.unwrap_or(true),
+            constrained_impersonation: self.constrained_impersonation.unwrap_or(false),
         };
 
         let proxy_client = pair(

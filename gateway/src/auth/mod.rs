@@ -41,6 +41,7 @@ pub mod impersonation;
 pub mod onward;
 pub mod requestheader;
 pub mod sar;
+pub mod selector;
 pub mod token;
 pub mod websocket;
 pub mod x509;
@@ -59,7 +60,7 @@ use crate::identity::{
 };
 use crate::status::{status_response, StatusDetails};
 
-use self::sar::{cached_review, Attributes, DecisionCache};
+use self::sar::{cached_review, Action, Attributes, DecisionCache};
 use self::token::{TokenReviewer, Verdict};
 use self::x509::CertAuthenticator;
 
@@ -162,6 +163,8 @@ pub fn is_health_probe(method: &http::Method, path: &str) -> bool {
 
 pub struct AuthnSettings {
     pub anonymous: bool,
+    /// Constrained impersonation (KEP-5284) besides the legacy `impersonate` verb.
+    pub constrained_impersonation: bool,
 }
 
 /// Everything authentication needs, built once at start.
@@ -169,6 +172,7 @@ pub struct Authenticator {
     certs: Option<CertAuthenticator>,
     tokens: Option<TokenReviewer>,
     anonymous: bool,
+    constrained_impersonation: bool,
     client: kube::Client,
     impersonation_cache: DecisionCache,
 }
@@ -187,6 +191,7 @@ impl Authenticator {
             certs,
             tokens,
             anonymous: settings.anonymous,
+            constrained_impersonation: settings.constrained_impersonation,
             client,
             impersonation_cache,
         }
@@ -231,6 +236,11 @@ impl Authenticator {
             Err(resp) => return Err(resp),
         };
 
+        // What the request does, for the `impersonate-on:<mode>:<verb>` checks.
+        let info = req
+            .extensions()
+            .get::<Arc<crate::request_info::RequestInfo>>()
+            .cloned();
         let headers = req.headers_mut();
         let sent = headers.remove(AUTHORIZATION);
         // The token that authenticated the caller is the one the core gets (passthrough).
@@ -252,6 +262,12 @@ impl Authenticator {
                         &e.to_string(),
                         None,
                     ))
+                }
+                Ok(Some(request)) if self.constrained_impersonation => {
+                    let user = self
+                        .allow_constrained_impersonation(&requestor, &request, info.as_deref())
+                        .await?;
+                    impersonated = Some(Arc::new(user));
                 }
                 Ok(Some(request)) => {
                     self.allow_impersonation(&requestor, &request).await?;
@@ -370,6 +386,166 @@ impl Authenticator {
         }
     }
 
+    /// One review for impersonation: `Ok(None)` when allowed, `Ok(Some(403))` when not, `Err`
+    /// (503) when the core could not be asked.
+    async fn impersonation_review(
+        &self,
+        reviewer: &UserInfo,
+        action: Action<'_>,
+        selectors: selector::Selectors<'_>,
+        requestor: &str,
+    ) -> Result<Option<Response>, Response> {
+        let attrs = Attributes {
+            user: reviewer,
+            action,
+            selectors,
+        };
+        match cached_review(&self.client, &self.impersonation_cache, &attrs).await {
+            Ok((d, _)) if d.allowed => Ok(None),
+            Ok((d, _)) => {
+                let (message, details) = forbidden::forbidden(requestor, &action, &d.reason);
+                Ok(Some(status_response(
+                    StatusCode::FORBIDDEN,
+                    &message,
+                    Some(details),
+                )))
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "impersonation could not be checked");
+                Err(status_response(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    &without_addresses(&format!(
+                        "{e}; impersonation could not be checked, retry shortly"
+                    )),
+                    Some(StatusDetails {
+                        retry_after_seconds: Some(1),
+                        ..Default::default()
+                    }),
+                ))
+            }
+        }
+    }
+
+    /// Impersonation with the core's `ConstrainedImpersonation` gate on: each mode that applies
+    /// (see `impersonation::constrained_plans`) is tried in kube's order, its
+    /// `impersonate-on:<mode>:<verb>` question on the request first, then its questions about
+    /// each attribute; the first mode allowed all of them names the user. When none is, the
+    /// first refusal is the answer. Repeated questions are answered by the decision cache, which
+    /// stands in for kube's per-mode caches (kube also remembers which mode last worked for a
+    /// requestor and tries it first; that saves reviews, not outcomes).
+    async fn allow_constrained_impersonation(
+        &self,
+        requestor: &UserInfo,
+        request: &impersonation::Request,
+        info: Option<&crate::request_info::RequestInfo>,
+    ) -> Result<UserInfo, Response> {
+        let fallback;
+        let info = match info {
+            Some(i) => i,
+            None => {
+                fallback = crate::request_info::RequestInfo::non_resource(&http::Method::GET, "/");
+                &fallback
+            }
+        };
+        let mut first_refusal = None;
+        'modes: for plan in impersonation::constrained_plans(request, requestor) {
+            let refused = |r: Response, first: &mut Option<Response>| {
+                first.get_or_insert(r);
+            };
+            if plan.impersonate_on {
+                let verb = format!("impersonate-on:{}:{}", plan.mode.name(), info.verb());
+                let action = if info.is_resource_request {
+                    Action::Resource {
+                        verb: &verb,
+                        group: info.api_group(),
+                        version: info.api_version(),
+                        resource: info.resource(),
+                        subresource: info.subresource(),
+                        namespace: info.namespace(),
+                        name: info.name(),
+                    }
+                } else {
+                    Action::NonResource {
+                        path: info.path(),
+                        verb: &verb,
+                    }
+                };
+                let selectors = selector::Selectors {
+                    label: info.label_selector(),
+                    field: info.field_selector(),
+                };
+                if let Some(r) = self
+                    .impersonation_review(&plan.requestor, action, selectors, &requestor.name)
+                    .await?
+                {
+                    refused(r, &mut first_refusal);
+                    continue;
+                }
+            }
+            for step in &plan.steps {
+                let none = selector::Selectors::NONE;
+                match step {
+                    impersonation::Step::Ask(ask) => {
+                        if let Some(r) = self
+                            .impersonation_review(
+                                &plan.requestor,
+                                ask.action(),
+                                none,
+                                &requestor.name,
+                            )
+                            .await?
+                        {
+                            refused(r, &mut first_refusal);
+                            continue 'modes;
+                        }
+                    }
+                    impersonation::Step::AnyOrEach { any, each } => {
+                        let all = self
+                            .impersonation_review(
+                                &plan.requestor,
+                                any.action(),
+                                none,
+                                &requestor.name,
+                            )
+                            .await?;
+                        if all.is_none() {
+                            continue;
+                        }
+                        for ask in each {
+                            if let Some(r) = self
+                                .impersonation_review(
+                                    &plan.requestor,
+                                    ask.action(),
+                                    none,
+                                    &requestor.name,
+                                )
+                                .await?
+                            {
+                                refused(r, &mut first_refusal);
+                                continue 'modes;
+                            }
+                        }
+                    }
+                    impersonation::Step::Refuse { ask, why } => {
+                        let (message, details) =
+                            forbidden::forbidden(&requestor.name, &ask.action(), why);
+                        refused(
+                            status_response(StatusCode::FORBIDDEN, &message, Some(details)),
+                            &mut first_refusal,
+                        );
+                        continue 'modes;
+                    }
+                }
+            }
+            tracing::debug!(user = %requestor.name, mode = plan.mode.name(), "impersonation allowed");
+            return Ok(plan.user);
+        }
+        // Legacy always applies, so there is a refusal; fail closed all the same.
+        Err(first_refusal.unwrap_or_else(|| {
+            status_response(StatusCode::FORBIDDEN, "impersonation refused", None)
+        }))
+    }
+
     /// Every impersonated attribute must be allowed for the requestor, checked one at a time
     /// in kube's order; the first refused one is the 403, and nothing after it is asked.
     async fn allow_impersonation(
@@ -381,6 +557,7 @@ impl Authenticator {
             let attrs = Attributes {
                 user: requestor,
                 action: check.action(),
+                selectors: selector::Selectors::NONE,
             };
             match cached_review(&self.client, &self.impersonation_cache, &attrs).await {
                 Ok((d, _)) if d.allowed => {}
@@ -442,6 +619,7 @@ pub fn start(
         tokens,
         AuthnSettings {
             anonymous: authn.anonymous,
+            constrained_impersonation: config.authz.constrained_impersonation,
         },
         client,
         DecisionCache::new(

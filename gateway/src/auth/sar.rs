@@ -20,6 +20,7 @@ use kube::api::{Api, PostParams};
 use apiservice::outage::Outage;
 
 use super::cache::{key_of, TtlCache};
+use super::selector::{self, Selectors};
 use crate::error::kube_client_message;
 use crate::identity::UserInfo;
 
@@ -45,11 +46,14 @@ pub enum Action<'a> {
     },
 }
 
-/// The question: may `user` perform `action`?
+/// The question: may `user` perform `action`, limited to what `selectors` select?
 #[derive(Clone, Copy, Debug)]
 pub struct Attributes<'a> {
     pub user: &'a UserInfo,
     pub action: Action<'a>,
+    /// The raw selectors of a list, watch or deletecollection (see `auth::selector`); ignored
+    /// for a non-resource action.
+    pub selectors: Selectors<'a>,
 }
 
 /// The core's answer. `allowed` is false both for an explicit deny and for no opinion (a single
@@ -100,7 +104,10 @@ pub fn spec(attrs: &Attributes<'_>) -> SubjectAccessReviewSpec {
                 subresource: opt(subresource),
                 namespace: opt(namespace),
                 name: opt(name),
-                ..Default::default()
+                // What kube's webhook authorizer sends: the parsed requirements, or nothing for
+                // a selector that does not parse.
+                field_selector: selector::field_attributes(attrs.selectors.field),
+                label_selector: selector::label_attributes(attrs.selectors.label),
             })
         }
         Action::NonResource { path, verb } => {
@@ -227,6 +234,7 @@ mod tests {
                 namespace: "",
                 name: "bob",
             },
+            selectors: Selectors::NONE,
         };
         let json = serde_json::to_value(spec(&attrs)).unwrap();
         assert_eq!(json["user"], "alice");

@@ -42,6 +42,7 @@ use tower::{Layer, Service};
 use super::take_inner;
 use crate::auth::forbidden::forbidden;
 use crate::auth::sar::{self, Action, Attributes, DecisionCache};
+use crate::auth::selector::Selectors;
 use crate::body::BoxFuture;
 use crate::body::{BoxError, Request, Response};
 use crate::control::apiservices::{Routing, Target};
@@ -210,6 +211,10 @@ where
             let attrs = Attributes {
                 user,
                 action: action(info, info.path()),
+                selectors: Selectors {
+                    label: info.label_selector(),
+                    field: info.field_selector(),
+                },
             };
             let decision = match sar::cached_review(&authorizer.client, &authorizer.cache, &attrs)
                 .await
