@@ -676,6 +676,75 @@ async fn identity_headers_named_in_connection_still_reach_backends() {
     );
 }
 
+/// The headers kube-apiserver's mixed-version proxy (KEP-4020) reads as "a peer already
+/// proxied this, serve it here": the one it sends (`peerproxy_handler.go`) and the one the KEP
+/// and its docs name. A client that sends one would skip the core's peer routing.
+const PEER_ROUTING: Headers = &[
+    ("x-kubernetes-peer-proxied", "true"),
+    ("X-Kubernetes-APIServer-Rerouted", "true"),
+    ("x_kubernetes_peer_proxied", "true"),
+];
+
+/// Names in a recorded request that read (case and `_` aside) as one of [`PEER_ROUTING`].
+fn peer_routing_headers(request: &Value) -> Vec<String> {
+    request["headers"]
+        .as_array()
+        .unwrap_or(&Vec::new())
+        .iter()
+        .filter_map(|pair| pair[0].as_str())
+        .filter(|n| {
+            let n = n.to_ascii_lowercase().replace('_', "-");
+            n == "x-kubernetes-peer-proxied" || n == "x-kubernetes-apiserver-rerouted"
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A client-sent peer-proxy mark reaches neither the core (token caller, certificate caller,
+/// impersonate mode) nor a remote APIService: one row per way in.
+#[tokio::test]
+async fn a_client_sent_peer_proxy_mark_reaches_neither_the_core_nor_a_backend() {
+    let (s, _) = start(&[]).await;
+    let dave = s.user("dave", &["dev"]);
+    let alice: Vec<(&str, &str)> = [("authorization", "Bearer alice-token")]
+        .into_iter()
+        .chain(PEER_ROUTING.iter().copied())
+        .collect();
+    let rows: [(&str, Option<&CertifiedPair>, &[(&str, &str)]); 2] = [
+        ("a token caller", None, &alice),
+        ("a certificate caller", Some(&dave), PEER_ROUTING),
+    ];
+    for (case, cert, headers) in rows {
+        scenario::clear_core_requests(&s.core).await;
+        let (status, body) = get_http1(&s, cert, "/api/v1/namespaces", headers).await;
+        assert_eq!(status, StatusCode::OK, "{case}: {body}");
+        let list = recorded_by_core(&s, "/api/v1/namespaces").await;
+        assert!(
+            peer_routing_headers(&list).is_empty(),
+            "{case}: the mark reached the core: {list}"
+        );
+        let (status, identity) = get_http1(&s, cert, IDENTITY, headers).await;
+        assert_eq!(status, StatusCode::OK, "{case}: {identity}");
+        let raw = identity["headers"].to_string().to_ascii_lowercase();
+        assert!(
+            !raw.contains("peer-proxied")
+                && !raw.contains("peer_proxied")
+                && !raw.contains("rerouted"),
+            "{case}: the mark reached the backend: {raw}"
+        );
+    }
+
+    let s = start_impersonating().await;
+    scenario::clear_core_requests(&s.core).await;
+    let (status, body) = get_http1(&s, None, "/api/v1/namespaces", &alice).await;
+    assert_eq!(status, StatusCode::OK, "impersonate mode: {body}");
+    let list = recorded_by_core(&s, "/api/v1/namespaces").await;
+    assert!(
+        peer_routing_headers(&list).is_empty(),
+        "impersonate mode: the mark reached the core: {list}"
+    );
+}
+
 // ---- the core's identity ------------------------------------------------------------------------
 
 /// [`start`] with `--core-identity impersonate`: the gateway reaches the core with its own token.
