@@ -517,6 +517,47 @@ async fn a_trusted_front_proxy_vouches_for_the_identity_in_its_headers() {
     assert_eq!(identity["extra"], json!({"acme.com/project": ["p1"]}));
 }
 
+/// The UID a trusted front proxy names in `X-Remote-Uid` (kube's `--requestheader-uid-headers`
+/// name) is the caller's UID, and goes on in `X-Remote-Uid` as kube-aggregator's proxy sends it:
+/// to a remote APIService and to the core (passthrough, over our proxy certificate). A forged
+/// second value never comes along.
+#[tokio::test]
+async fn a_front_proxys_uid_goes_on_in_x_remote_uid_to_backends_and_the_core() {
+    let (s, incoming_proxy_ca) = start(&[]).await;
+    let proxy = incoming_proxy_ca.issue_client("trusted-proxy", &[]);
+    let frank = [
+        ("x-remote-user", "frank"),
+        ("x-remote-uid", "f-1"),
+        ("x-remote-group", "qa"),
+    ];
+    let (status, identity) = get(&s, Some(&proxy), IDENTITY, &frank).await;
+    assert_eq!(status, StatusCode::OK, "{identity}");
+    assert_eq!(identity["user"], "frank", "{identity}");
+    assert_eq!(identity["uid"], "f-1", "{identity}");
+    assert_eq!(header(&identity, "x-remote-uid"), ["f-1"], "{identity}");
+
+    scenario::clear_core_requests(&s.core).await;
+    let (status, body) = get(&s, Some(&proxy), "/api/v1/namespaces", &frank).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let list = recorded_by_core(&s, "/api/v1/namespaces").await;
+    assert_eq!(header(&list, "x-remote-user"), ["frank"], "{list}");
+    assert_eq!(header(&list, "x-remote-uid"), ["f-1"], "{list}");
+
+    // A token user's UID comes from the TokenReview; whatever UID header she adds is dropped.
+    let (status, identity) = get(
+        &s,
+        None,
+        IDENTITY,
+        &[
+            ("authorization", "Bearer alice-token"),
+            ("x-remote-uid", "forged"),
+        ],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{identity}");
+    assert_eq!(header(&identity, "x-remote-uid"), ["a-1"], "{identity}");
+}
+
 /// Certificates that vouch for nobody: one row each. A request-header CA certificate whose CN
 /// is not allowed, the trusted proxy naming nobody, and a request-header certificate named like
 /// a user get kube-apiserver's 401; a CA the gateway does not trust fails the handshake.
