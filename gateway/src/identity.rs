@@ -1,7 +1,7 @@
 //! Who the caller is (`UserInfo`), and the headers that carry identity to backends. A remote
 //! APIService trusts `X-Remote-*` because our proxy client certificate vouches for it, so every
 //! identity header a client sent is removed before ours are set: a caller can never speak for
-//! someone else through the gateway.
+//! someone else through the gateway. The marks kube-apiserver's peer proxy trusts go the same way.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock};
@@ -84,6 +84,30 @@ pub fn is_identity_header_name(name: &str) -> bool {
         .any(|prefix| starts_with_loosely(name, prefix))
 }
 
+/// The marks kube-apiserver's mixed-version proxy (KEP-4020) reads as "a peer already proxied
+/// this request, serve it here": `X-Kubernetes-Peer-Proxied: true` is what
+/// `k8s.io/apiserver/pkg/util/peerproxy` sets and checks, `X-Kubernetes-APIServer-Rerouted` the
+/// name the KEP and the docs give it. The core takes them from anyone, so a client could use one
+/// to skip the core's peer routing; only a kube-apiserver peer may send them, never a client
+/// through the gateway.
+const PEER_ROUTING_HEADERS: [&str; 2] = [
+    "x-kubernetes-peer-proxied",
+    "x-kubernetes-apiserver-rerouted",
+];
+
+/// Whether `name` is one of [`PEER_ROUTING_HEADERS`], compared like identity headers.
+pub fn is_peer_routing_header_name(name: &str) -> bool {
+    PEER_ROUTING_HEADERS
+        .iter()
+        .any(|mark| name.len() == mark.len() && starts_with_loosely(name, mark))
+}
+
+/// Whether a client-sent header `name` must never pass the gateway because a backend would
+/// trust it: an identity header or a peer-routing mark.
+fn is_spoofable_header_name(name: &str) -> bool {
+    is_identity_header_name(name) || is_peer_routing_header_name(name)
+}
+
 /// `name` starts with `prefix` (lower-case, dashes), ignoring case and reading `_` as `-`.
 fn starts_with_loosely(name: &str, prefix: &str) -> bool {
     name.len() >= prefix.len()
@@ -104,11 +128,12 @@ fn starts_with_loosely(name: &str, prefix: &str) -> bool {
 fn carries_identity_headers(headers: &HeaderMap) -> bool {
     headers
         .keys()
-        .any(|name| name == AUTHORIZATION || is_identity_header_name(name.as_str()))
+        .any(|name| name == AUTHORIZATION || is_spoofable_header_name(name.as_str()))
 }
 
 /// Every header through which a client could claim an identity (see [`is_identity_header_name`]),
-/// and `Authorization`.
+/// `Authorization`, and the peer-routing marks (see [`is_peer_routing_header_name`]): all that
+/// the core or a remote APIService would believe from us but must not from the client.
 pub fn strip_identity_headers(headers: &mut HeaderMap) {
     if !carries_identity_headers(headers) {
         return;
@@ -118,7 +143,7 @@ pub fn strip_identity_headers(headers: &mut HeaderMap) {
     // size for HTTP/2.
     let claimed: Vec<HeaderName> = headers
         .keys()
-        .filter(|k| is_identity_header_name(k.as_str()))
+        .filter(|k| is_spoofable_header_name(k.as_str()))
         .cloned()
         .collect();
     for name in claimed {
@@ -353,6 +378,28 @@ mod tests {
             "accept",
         ] {
             assert!(!is_identity_header_name(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn peer_routing_marks_are_stripped_in_every_spelling() {
+        for name in [
+            "x-kubernetes-peer-proxied",
+            "X-Kubernetes-Peer-Proxied",
+            "x_kubernetes_peer_proxied",
+            "X-Kubernetes-APIServer-Rerouted",
+        ] {
+            assert!(is_peer_routing_header_name(name), "{name}");
+            let mut h = crate::test_util::headers(&[(name, "true"), ("accept", "*/*")]);
+            strip_identity_headers(&mut h);
+            assert_eq!(h.len(), 1, "{name} survived");
+        }
+        for name in [
+            "x-kubernetes-peer-proxied-by",
+            "x-kubernetes-peer",
+            "x-kubernetes-pf-flowschema-uid",
+        ] {
+            assert!(!is_peer_routing_header_name(name), "{name}");
         }
     }
 

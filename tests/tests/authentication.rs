@@ -517,6 +517,47 @@ async fn a_trusted_front_proxy_vouches_for_the_identity_in_its_headers() {
     assert_eq!(identity["extra"], json!({"acme.com/project": ["p1"]}));
 }
 
+/// The UID a trusted front proxy names in `X-Remote-Uid` (kube's `--requestheader-uid-headers`
+/// name) is the caller's UID, and goes on in `X-Remote-Uid` as kube-aggregator's proxy sends it:
+/// to a remote APIService and to the core (passthrough, over our proxy certificate). A forged
+/// second value never comes along.
+#[tokio::test]
+async fn a_front_proxys_uid_goes_on_in_x_remote_uid_to_backends_and_the_core() {
+    let (s, incoming_proxy_ca) = start(&[]).await;
+    let proxy = incoming_proxy_ca.issue_client("trusted-proxy", &[]);
+    let frank = [
+        ("x-remote-user", "frank"),
+        ("x-remote-uid", "f-1"),
+        ("x-remote-group", "qa"),
+    ];
+    let (status, identity) = get(&s, Some(&proxy), IDENTITY, &frank).await;
+    assert_eq!(status, StatusCode::OK, "{identity}");
+    assert_eq!(identity["user"], "frank", "{identity}");
+    assert_eq!(identity["uid"], "f-1", "{identity}");
+    assert_eq!(header(&identity, "x-remote-uid"), ["f-1"], "{identity}");
+
+    scenario::clear_core_requests(&s.core).await;
+    let (status, body) = get(&s, Some(&proxy), "/api/v1/namespaces", &frank).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let list = recorded_by_core(&s, "/api/v1/namespaces").await;
+    assert_eq!(header(&list, "x-remote-user"), ["frank"], "{list}");
+    assert_eq!(header(&list, "x-remote-uid"), ["f-1"], "{list}");
+
+    // A token user's UID comes from the TokenReview; whatever UID header she adds is dropped.
+    let (status, identity) = get(
+        &s,
+        None,
+        IDENTITY,
+        &[
+            ("authorization", "Bearer alice-token"),
+            ("x-remote-uid", "forged"),
+        ],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{identity}");
+    assert_eq!(header(&identity, "x-remote-uid"), ["a-1"], "{identity}");
+}
+
 /// Certificates that vouch for nobody: one row each. A request-header CA certificate whose CN
 /// is not allowed, the trusted proxy naming nobody, and a request-header certificate named like
 /// a user get kube-apiserver's 401; a CA the gateway does not trust fails the handshake.
@@ -673,6 +714,77 @@ async fn identity_headers_named_in_connection_still_reach_backends() {
     assert!(
         !raw.contains("admin") && !raw.contains("system:masters"),
         "{raw}"
+    );
+}
+
+/// The headers kube-apiserver's mixed-version proxy (KEP-4020) reads as "a peer already
+/// proxied this, serve it here": the one it sends (`peerproxy_handler.go`) and the one the KEP
+/// and its docs name. A client that sends one would skip the core's peer routing.
+const PEER_ROUTING: Headers = &[
+    ("x-kubernetes-peer-proxied", "true"),
+    ("X-Kubernetes-APIServer-Rerouted", "true"),
+    ("x_kubernetes_peer_proxied", "true"),
+];
+
+/// Names in a recorded request that read (case and `_` aside) as one of [`PEER_ROUTING`].
+fn peer_routing_headers(request: &Value) -> Vec<String> {
+    request["headers"]
+        .as_array()
+        .unwrap_or(&Vec::new())
+        .iter()
+        .filter_map(|pair| pair[0].as_str())
+        .filter(|n| {
+            let n = n.to_ascii_lowercase().replace('_', "-");
+            n == "x-kubernetes-peer-proxied" || n == "x-kubernetes-apiserver-rerouted"
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A client-sent peer-proxy mark reaches neither the core (token caller, certificate caller,
+/// impersonate mode) nor a remote APIService: one row per way in.
+#[tokio::test]
+async fn a_client_sent_peer_proxy_mark_reaches_neither_the_core_nor_a_backend() {
+    let (s, _) = start(&[]).await;
+    let dave = s.user("dave", &["dev"]);
+    let alice: Vec<(&str, &str)> = [("authorization", "Bearer alice-token")]
+        .into_iter()
+        .chain(PEER_ROUTING.iter().copied())
+        .collect();
+    /// A way in: its name, the client certificate it presents, the headers it sends.
+    type Row<'a> = (&'a str, Option<&'a CertifiedPair>, &'a [(&'a str, &'a str)]);
+    let rows: [Row; 2] = [
+        ("a token caller", None, &alice),
+        ("a certificate caller", Some(&dave), PEER_ROUTING),
+    ];
+    for (case, cert, headers) in rows {
+        scenario::clear_core_requests(&s.core).await;
+        let (status, body) = get_http1(&s, cert, "/api/v1/namespaces", headers).await;
+        assert_eq!(status, StatusCode::OK, "{case}: {body}");
+        let list = recorded_by_core(&s, "/api/v1/namespaces").await;
+        assert!(
+            peer_routing_headers(&list).is_empty(),
+            "{case}: the mark reached the core: {list}"
+        );
+        let (status, identity) = get_http1(&s, cert, IDENTITY, headers).await;
+        assert_eq!(status, StatusCode::OK, "{case}: {identity}");
+        let raw = identity["headers"].to_string().to_ascii_lowercase();
+        assert!(
+            !raw.contains("peer-proxied")
+                && !raw.contains("peer_proxied")
+                && !raw.contains("rerouted"),
+            "{case}: the mark reached the backend: {raw}"
+        );
+    }
+
+    let s = start_impersonating().await;
+    scenario::clear_core_requests(&s.core).await;
+    let (status, body) = get_http1(&s, None, "/api/v1/namespaces", &alice).await;
+    assert_eq!(status, StatusCode::OK, "impersonate mode: {body}");
+    let list = recorded_by_core(&s, "/api/v1/namespaces").await;
+    assert!(
+        peer_routing_headers(&list).is_empty(),
+        "impersonate mode: the mark reached the core: {list}"
     );
 }
 

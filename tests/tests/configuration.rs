@@ -66,6 +66,14 @@ impl Files {
         }
     }
 
+    /// A CA bundle holding another CA first and then [`Files::ca`]: it overlaps `ca` by one
+    /// certificate, not by file.
+    fn bundle_sharing_the_ca(&self) -> PathBuf {
+        let other = TestCa::new("other-front-proxy-ca");
+        let ca = std::fs::read_to_string(&self.ca).unwrap();
+        self.write("sharing-bundle.crt", &format!("{}{ca}", other.cert_pem()))
+    }
+
     fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
@@ -137,7 +145,30 @@ fn bad_configurations(f: &Files) -> Vec<Refusal> {
     );
     let yaml_log_level = f.write("log-level.yaml", "logLevel: verbose\n");
     let (cert, key, other_key, not_pem) = (s(&f.cert), s(&f.key), s(&f.other_key), s(&f.not_pem));
+    let (ca, sharing_bundle) = (s(&f.ca), s(&f.bundle_sharing_the_ca()));
+    let overlap = "--requestheader-allowed-names (requestheaderAllowedNames): required because \
+                   --client-ca-file and --requestheader-client-ca-file share a CA certificate";
     vec![
+        refusal(
+            "one CA for users and front proxies, no allowed names",
+            &[
+                "--client-ca-file",
+                &ca,
+                "--requestheader-client-ca-file",
+                &ca,
+            ],
+            overlap,
+        ),
+        refusal(
+            "a request-header bundle holding the client CA among others, no allowed names",
+            &[
+                "--client-ca-file",
+                &ca,
+                "--requestheader-client-ca-file",
+                &sharing_bundle,
+            ],
+            overlap,
+        ),
         refusal(
             "a port out of range",
             &["--secure-port", "99999"],
@@ -382,6 +413,31 @@ async fn a_complete_good_configuration_passes_check_config() {
     );
     assert!(stdout.starts_with("# configuration is valid"), "{stdout}");
     assert!(stdout.contains("wardle"), "{stdout}");
+}
+
+/// kube-apiserver 1.35's rule asks for allowed names only when the two CA bundles share a
+/// certificate: distinct CAs without names still start (any certificate of the front-proxy CA
+/// may then set request headers, as before).
+#[tokio::test]
+async fn distinct_client_and_request_header_cas_need_no_allowed_names() {
+    let f = Files::new();
+    let front_proxy_ca = TestCa::new("front-proxy-ca")
+        .write(f.dir.path(), "front-proxy-ca.crt")
+        .unwrap();
+    let out = run(&[
+        "--check-config".into(),
+        "--client-ca-file".into(),
+        s(&f.ca),
+        "--requestheader-client-ca-file".into(),
+        s(&front_proxy_ca),
+    ])
+    .await;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[tokio::test]

@@ -230,6 +230,38 @@ async fn a_core_without_the_configmap_gets_one_from_the_gateway() {
     .await;
 }
 
+/// The gateway sends the caller's UID in `X-Remote-Uid`, so it publishes that name under
+/// `requestheader-uid-headers`, the key k8s.io/apiserver 1.32+ reads for it (kube-apiserver
+/// writes it from `--requestheader-uid-headers`). Without it a backend drops the UID unread.
+/// Another writer's names stay, and the gateway's is added once.
+#[tokio::test]
+async fn the_uid_header_is_published_next_to_the_other_header_names() {
+    let core = FixtureCore::start(&[]).await.unwrap();
+    let pki = GatewayPki::new();
+    let gateway = pki.start_gateway(&core, &[]).await;
+    wait_for(
+        &core,
+        &gateway,
+        "requestheader-uid-headers names X-Remote-Uid",
+        |d| list(d, "requestheader-uid-headers") == ["X-Remote-Uid"],
+    )
+    .await;
+
+    let mut theirs = kube_apiservers_data(&TestCa::new("kube-ca"), &TestCa::new("kube-fp"));
+    theirs["requestheader-uid-headers"] = json!(r#"["X-Remote-Uid","X-Other-Uid"]"#);
+    put_data(&core, theirs).await;
+    wait_for(
+        &core,
+        &gateway,
+        "another writer's UID header names kept, ours not duplicated",
+        |d| {
+            list(d, "requestheader-uid-headers") == ["X-Remote-Uid", "X-Other-Uid"]
+                && bundle(d, "requestheader-client-ca-file").contains(&der(&pki.proxy_ca))
+        },
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn a_rotated_proxy_client_certificate_is_published_and_the_old_ca_kept() {
     let core = FixtureCore::start(&[]).await.unwrap();

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::config::{CertKeyPair, CoreEndpoint};
+use crate::config::{AuthnConfig, CertKeyPair, CoreEndpoint};
 
 use crate::error::ConfigError;
 
@@ -55,6 +55,43 @@ pub(super) fn ca_bundle(flag: &str, path: Option<PathBuf>) -> Result<Option<Path
         read_pem(flag, p, crate::tls::check_ca_pem)?;
     }
     Ok(path)
+}
+
+/// kube-apiserver's rule since 1.35 (`pkg/kubeapiserver/options/authentication.go`): when the
+/// user CA bundle and the front-proxy CA bundle share a certificate and no front-proxy names are
+/// listed, every user certificate from that CA would also pass as a front proxy and could name
+/// anyone in `X-Remote-User`. kube refuses to start then; so do we, with the way out in the
+/// message. Certificates are compared by their DER bytes, as Go's `x509.Certificate.Equal` does,
+/// so one CA in two files (or in a larger bundle) counts.
+pub(super) fn check_request_header_ca_overlap(authn: &AuthnConfig) -> Result<(), ConfigError> {
+    let (Some(client_ca), Some(front_proxy_ca)) =
+        (&authn.client_ca_file, &authn.requestheader_client_ca_file)
+    else {
+        return Ok(());
+    };
+    if !authn.requestheader_allowed_names.is_empty() {
+        return Ok(());
+    }
+    let users = read_pem("client-ca-file", client_ca, crate::tls::certs_from_pem)?;
+    let proxies = read_pem(
+        "requestheader-client-ca-file",
+        front_proxy_ca,
+        crate::tls::certs_from_pem,
+    )?;
+    if users.iter().any(|u| proxies.iter().any(|p| p == u)) {
+        return Err(ConfigError::new(
+            "requestheader-allowed-names",
+            format!(
+                "required because --client-ca-file and --requestheader-client-ca-file share a CA \
+                 certificate ({} and {}): without it any user certificate of that CA could set \
+                 X-Remote-* headers and act as any user; list the front proxy's certificate \
+                 common names, or give the front proxy a CA of its own",
+                client_ca.display(),
+                front_proxy_ca.display()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// A certificate and its key: both or neither, both PEM, and the key must be the certificate's.

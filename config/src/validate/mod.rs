@@ -98,6 +98,7 @@ impl Options {
                 "needs --requestheader-client-ca-file: names are only checked on certificates that CA signed",
             ));
         }
+        check_request_header_ca_overlap(&authn)?;
 
         let authz = AuthzConfig {
             webhook: self.authorization_webhook.unwrap_or(true),

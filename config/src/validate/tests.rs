@@ -231,8 +231,51 @@ mod unit {
         ]
     }
 
+    /// The YAML of `pairs`, with front-proxy names: [`all_files`] trusts one CA for users and
+    /// front proxies, which needs them (see `overlapping_user_and_front_proxy_cas_need_allowed_names`).
     fn yaml(pairs: &[(&str, String)]) -> String {
-        pairs.iter().map(|(k, v)| format!("{k}: {v:?}\n")).collect()
+        let mut text: String = pairs.iter().map(|(k, v)| format!("{k}: {v:?}\n")).collect();
+        text.push_str("requestheaderAllowedNames: [front-proxy]\n");
+        text
+    }
+
+    #[test]
+    fn overlapping_user_and_front_proxy_cas_need_allowed_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ca, _, _) = pki();
+        let (other_ca, _, _) = pki();
+        let ca_file = write(dir.path(), "ca.crt", &ca);
+        let other_file = write(dir.path(), "other.crt", &other_ca);
+        let bundle = write(dir.path(), "bundle.crt", &format!("{other_ca}{ca}"));
+        let config = |proxy_ca: &str, names: &str| {
+            opts(&format!(
+                "clientCaFile: {ca_file:?}\nrequestheaderClientCaFile: {proxy_ca:?}\n{names}"
+            ))
+            .validate()
+        };
+        for (case, proxy_ca) in [
+            ("the same file", &ca_file),
+            ("a bundle holding it", &bundle),
+        ] {
+            let err = config(proxy_ca, "").unwrap_err();
+            assert_eq!(err.flag, "requestheader-allowed-names", "{case}: {err}");
+            assert!(
+                err.message.starts_with(
+                    "required because --client-ca-file and --requestheader-client-ca-file share \
+                     a CA certificate"
+                ),
+                "{case}: {err}"
+            );
+            assert!(err.message.contains(proxy_ca.as_str()), "{case}: {err}");
+            assert!(
+                config(proxy_ca, "requestheaderAllowedNames: [front-proxy]\n").is_ok(),
+                "{case}: with names"
+            );
+        }
+        assert!(
+            config(&other_file, "").is_ok(),
+            "distinct CAs need no names"
+        );
     }
 
     #[test]

@@ -14,11 +14,15 @@ pub const CLIENT_CA: &str = "client-ca-file";
 pub const REQUESTHEADER_CA: &str = "requestheader-client-ca-file";
 pub const ALLOWED_NAMES: &str = "requestheader-allowed-names";
 pub const USERNAME_HEADERS: &str = "requestheader-username-headers";
+/// Read by k8s.io/apiserver since 1.32; kube-apiserver writes it from `--requestheader-uid-headers`
+/// (feature `RemoteRequestHeaderUID`, on by default since 1.33). A backend reads no UID without it.
+pub const UID_HEADERS: &str = "requestheader-uid-headers";
 pub const GROUP_HEADERS: &str = "requestheader-group-headers";
 pub const EXTRA_PREFIXES: &str = "requestheader-extra-headers-prefix";
 
 /// The headers the gateway sets on proxied requests (`auth/onward.rs`).
 pub const GATEWAY_USERNAME_HEADER: &str = "X-Remote-User";
+pub const GATEWAY_UID_HEADER: &str = "X-Remote-Uid";
 pub const GATEWAY_GROUP_HEADER: &str = "X-Remote-Group";
 pub const GATEWAY_EXTRA_PREFIX: &str = "X-Remote-Extra-";
 
@@ -74,6 +78,7 @@ pub fn merged(
             union_list(&mut next, ALLOWED_NAMES, &[cn]);
         }
         union_list(&mut next, USERNAME_HEADERS, &[GATEWAY_USERNAME_HEADER]);
+        union_list(&mut next, UID_HEADERS, &[GATEWAY_UID_HEADER]);
         union_list(&mut next, GROUP_HEADERS, &[GATEWAY_GROUP_HEADER]);
         union_list(&mut next, EXTRA_PREFIXES, &[GATEWAY_EXTRA_PREFIX]);
     }
@@ -276,6 +281,7 @@ mod tests {
         assert_eq!(certs_at(&next, REQUESTHEADER_CA), vec![cert(2)]);
         assert_eq!(next[ALLOWED_NAMES], r#"["aggregation-gateway"]"#);
         assert_eq!(next[USERNAME_HEADERS], r#"["X-Remote-User"]"#);
+        assert_eq!(next[UID_HEADERS], r#"["X-Remote-Uid"]"#);
         assert_eq!(next[GROUP_HEADERS], r#"["X-Remote-Group"]"#);
         assert_eq!(next[EXTRA_PREFIXES], r#"["X-Remote-Extra-"]"#);
     }
