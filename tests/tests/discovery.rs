@@ -362,6 +362,45 @@ async fn every_representation_of_apis_lists_the_groups_in_order_and_revalidates_
     assert_eq!(resources(&doc, WARDLE, "v1beta1"), ["fischers", "flunders"]);
 }
 
+/// kube-apiserver 1.36 (KEP-4020 peer-aggregated discovery) takes a `profile` parameter in an
+/// aggregated clause: `profile=nopeer` asks for the server's own view rather than the one merged
+/// with its peers, and still selects `apidiscovery.k8s.io/v2`. The gateway is one server with one
+/// merged view, so every profile gets that document: the same bytes and ETag as plain v2, kube's
+/// `Content-Type` (`g`/`v`/`as` only, as its response writer builds it) and `Vary: Accept`.
+/// One row per `Accept`: client-go 1.36's (nopeer first, plain v2 after), nopeer alone, and nopeer
+/// before a v2beta1 clause (which must not win over the v2 one the client listed first).
+#[tokio::test]
+async fn a_nopeer_profile_still_gets_the_aggregated_v2_document() {
+    let (s, alice) = discovery_session().await;
+    const NOPEER: &str =
+        "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList;profile=nopeer";
+    let (_, plain, plain_body) = get(&s, &alice, "/apis", &[("accept", AGG)]).await;
+    let plain_etag = plain["etag"].to_str().unwrap().to_owned();
+    let client_go_136 = format!("{NOPEER},{AGG}");
+    let before_v2beta1 = format!("{NOPEER},{V2BETA1}");
+    for accept in [client_go_136.as_str(), NOPEER, before_v2beta1.as_str()] {
+        let (status, headers, body) = get(&s, &alice, "/apis", &[("accept", accept)]).await;
+        assert_eq!(status, StatusCode::OK, "{accept}");
+        assert_eq!(
+            headers["content-type"],
+            "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
+            "{accept}"
+        );
+        assert_eq!(headers["vary"], "Accept", "{accept}");
+        assert_eq!(headers["etag"], plain_etag.as_str(), "{accept}");
+        assert_eq!(body, plain_body, "{accept}");
+        let (status, _, body) = get(
+            &s,
+            &alice,
+            "/apis",
+            &[("accept", accept), ("if-none-match", &plain_etag)],
+        )
+        .await;
+        assert_eq!(status, StatusCode::NOT_MODIFIED, "{accept}");
+        assert!(body.is_empty(), "{accept}");
+    }
+}
+
 /// kubectl 1.32 (aggregated v2): every group-version, and each resource at its group's preferred
 /// version, the first in kube-aggregator's order; run again with the same cache dir, discovery
 /// is revalidated, not re-sent.

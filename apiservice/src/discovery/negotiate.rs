@@ -14,8 +14,13 @@
 //!   `as=APIGroupDiscoveryList` (in any order) selects the aggregated document; a clause without
 //!   those parameters never selects it, but does not stop the search either (kube's discovery
 //!   endpoint restrictions reject it and move on);
-//! * clauses we cannot honour are skipped: protobuf/YAML (we serve JSON only), `profile=...`
-//!   (e.g. `profile=nopeer`; peer-aggregated profiles are not implemented), `sv=...`, `stream=...`;
+//! * clauses we cannot honour are skipped: protobuf/YAML (we serve JSON only), `sv=...`,
+//!   `stream=...`;
+//! * a `profile` parameter does not disqualify a clause: kube-apiserver 1.36 reads it
+//!   (`handlers/negotiation`) and serves `profile=nopeer` its own, not peer-merged, document
+//!   (`discovery/aggregated/wrapper.go`). The gateway is one server with one merged document, so
+//!   every profile selects that document (same bytes, same ETag), answered with kube's
+//!   `Content-Type`, which names `g`/`v`/`as` and never the profile;
 //! * nothing selected (including an empty or missing header) → legacy.
 
 /// `Content-Type` of an aggregated discovery answer in `apidiscovery.k8s.io/v2`.
@@ -97,12 +102,11 @@ impl Clause<'_> {
                 v = Some(value);
             } else if key.eq_ignore_ascii_case("as") {
                 kind = Some(value);
-            } else if (key.eq_ignore_ascii_case("profile")
-                || key.eq_ignore_ascii_case("sv")
-                || key.eq_ignore_ascii_case("stream"))
+            } else if (key.eq_ignore_ascii_case("sv") || key.eq_ignore_ascii_case("stream"))
                 && !value.is_empty()
             {
-                // A variant we do not implement: skip the whole clause.
+                // A variant we do not implement: skip the whole clause. (`profile` is not one:
+                // see the module docs.)
                 return None;
             }
         }
@@ -253,9 +257,29 @@ mod tests {
     }
 
     #[test]
-    fn unsupported_clauses_fall_through() {
-        // profile=nopeer (newer client-go, NoPeerDiscovery) → skip to the next clause.
+    fn a_profile_selects_the_same_aggregated_document() {
+        // client-go 1.36 sends profile=nopeer first: kube 1.36 takes that clause (the local
+        // document), so a later v2beta1 clause must not win.
         let h = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList;profile=nopeer,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json";
+        assert_eq!(negotiate(Some(h)), Negotiated::AggregatedV2);
+        for h in [
+            "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList;profile=nopeer",
+            "application/json;profile=nopeer;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
+            "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList;profile=other",
+        ] {
+            assert_eq!(negotiate(Some(h)), Negotiated::AggregatedV2, "{h}");
+        }
+        // A profile alone asks for no aggregated kind.
+        assert_eq!(
+            negotiate(Some("application/json;profile=nopeer")),
+            Negotiated::Legacy
+        );
+    }
+
+    #[test]
+    fn unsupported_clauses_fall_through() {
+        // A server version (kube's discovery endpoints allow none) → skip to the next clause.
+        let h = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList;sv=v1,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json";
         assert_eq!(negotiate(Some(h)), Negotiated::AggregatedV2Beta1);
         // Protobuf is not served: fall through to JSON.
         let h = "application/vnd.kubernetes.protobuf;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList";
