@@ -454,22 +454,7 @@ impl Authenticator {
             };
             if plan.impersonate_on {
                 let verb = format!("impersonate-on:{}:{}", plan.mode.name(), info.verb());
-                let action = if info.is_resource_request {
-                    Action::Resource {
-                        verb: &verb,
-                        group: info.api_group(),
-                        version: info.api_version(),
-                        resource: info.resource(),
-                        subresource: info.subresource(),
-                        namespace: info.namespace(),
-                        name: info.name(),
-                    }
-                } else {
-                    Action::NonResource {
-                        path: info.path(),
-                        verb: &verb,
-                    }
-                };
+                let action = Action::of_request(info, &verb);
                 let selectors = selector::Selectors {
                     label: info.label_selector(),
                     field: info.field_selector(),
@@ -482,45 +467,30 @@ impl Authenticator {
                     continue;
                 }
             }
+            // Each step's review: no selectors, on behalf of the plan's requestor.
+            let review = |action| {
+                self.impersonation_review(
+                    &plan.requestor,
+                    action,
+                    selector::Selectors::NONE,
+                    &requestor.name,
+                )
+            };
             for step in &plan.steps {
-                let none = selector::Selectors::NONE;
                 match step {
                     impersonation::Step::Ask(ask) => {
-                        if let Some(r) = self
-                            .impersonation_review(
-                                &plan.requestor,
-                                ask.action(),
-                                none,
-                                &requestor.name,
-                            )
-                            .await?
-                        {
+                        if let Some(r) = review(ask.action()).await? {
                             refused(r, &mut first_refusal);
                             continue 'modes;
                         }
                     }
                     impersonation::Step::AnyOrEach { any, each } => {
-                        let all = self
-                            .impersonation_review(
-                                &plan.requestor,
-                                any.action(),
-                                none,
-                                &requestor.name,
-                            )
-                            .await?;
+                        let all = review(any.action()).await?;
                         if all.is_none() {
                             continue;
                         }
                         for ask in each {
-                            if let Some(r) = self
-                                .impersonation_review(
-                                    &plan.requestor,
-                                    ask.action(),
-                                    none,
-                                    &requestor.name,
-                                )
-                                .await?
-                            {
+                            if let Some(r) = review(ask.action()).await? {
                                 refused(r, &mut first_refusal);
                                 continue 'modes;
                             }

@@ -46,6 +46,29 @@ pub enum Action<'a> {
     },
 }
 
+impl<'a> Action<'a> {
+    /// The attributes kube-apiserver's authorization filter derives from a request, asked with
+    /// `verb` (the request's own, or a constrained impersonation's `impersonate-on:<mode>:<verb>`).
+    pub fn of_request(info: &'a crate::request_info::RequestInfo, verb: &'a str) -> Self {
+        if info.is_resource_request {
+            Action::Resource {
+                verb,
+                group: info.api_group(),
+                version: info.api_version(),
+                resource: info.resource(),
+                subresource: info.subresource(),
+                namespace: info.namespace(),
+                name: info.name(),
+            }
+        } else {
+            Action::NonResource {
+                path: info.path(),
+                verb,
+            }
+        }
+    }
+}
+
 /// The question: may `user` perform `action`, limited to what `selectors` select?
 #[derive(Clone, Copy, Debug)]
 pub struct Attributes<'a> {

@@ -132,26 +132,6 @@ fn is_discovery_document(method: &Method, path: &str) -> bool {
     method == Method::GET && classify(path).is_some()
 }
 
-/// The attributes kube-apiserver's authorization filter derives from a request.
-fn action<'a>(info: &'a RequestInfo, path: &'a str) -> Action<'a> {
-    if info.is_resource_request {
-        Action::Resource {
-            verb: info.verb(),
-            group: info.api_group(),
-            version: info.api_version(),
-            resource: info.resource(),
-            subresource: info.subresource(),
-            namespace: info.namespace(),
-            name: info.name(),
-        }
-    } else {
-        Action::NonResource {
-            path,
-            verb: info.verb(),
-        }
-    }
-}
-
 #[derive(Clone)]
 pub struct Authz<S> {
     inner: S,
@@ -210,7 +190,7 @@ where
             };
             let attrs = Attributes {
                 user,
-                action: action(info, info.path()),
+                action: Action::of_request(info, info.verb()),
                 selectors: Selectors {
                     label: info.label_selector(),
                     field: info.field_selector(),
