@@ -386,3 +386,52 @@ async fn the_debug_dumps_stay_authorized_when_the_gateway_authorizes_nothing_els
     assert_eq!(status, StatusCode::OK, "{text}");
     assert!(text.contains("UserName"), "{text}");
 }
+
+/// kube 1.34 removed two suggested FlowSchemas (`endpoint-controller`, `workload-leader-election`).
+/// Behind a core that serves no FlowSchemas of its own, the gateway's built-in configuration is
+/// that of the release the core reports: a kube-system ServiceAccount's ConfigMap GET is
+/// `workload-leader-election`'s (precedence 200) behind a 1.33 core, and
+/// `kube-system-service-accounts`' (900) behind a 1.36 one, as each release's kube-apiserver
+/// would classify it.
+#[tokio::test]
+async fn the_built_in_flow_schemas_are_those_of_the_cores_release() {
+    tokio::join!(
+        built_in_classification("33", "workload-leader-election", "leader-election"),
+        built_in_classification("36", "kube-system-service-accounts", "workload-high"),
+    );
+}
+
+/// Behind a core of `1.<minor>` serving no FlowSchemas, a kube-system ServiceAccount's ConfigMap
+/// GET is dispatched by `schema` at `level`.
+async fn built_in_classification(minor: &str, schema: &str, level: &str) {
+    let s = Scenario::builder()
+        .core_args(&["--minor", minor])
+        .start()
+        .await;
+    let groups = [
+        "system:serviceaccounts",
+        "system:serviceaccounts:kube-system",
+    ];
+    let controller = client(
+        &s,
+        &s.user(
+            "system:serviceaccount:kube-system:endpoint-controller",
+            &groups,
+        ),
+    );
+    let wanted = format!(r#"flow_schema="{schema}",priority_level="{level}""#);
+    // A GET (a LIST is no verb of the old FlowSchemas); not found is an answer too.
+    let url = format!("{}{CONFIGMAPS}/leader", s.gateway.url());
+    let seen = harness::wait_until(Duration::from_secs(5), || async {
+        harness::get(&controller, &url).await.unwrap();
+        e2e::scenario::metrics(&s.gateway).await.lines().any(|l| {
+            l.starts_with("apiserver_flowcontrol_dispatched_requests_total{") && l.contains(&wanted)
+        })
+    })
+    .await;
+    assert!(
+        seen,
+        "1.{minor}: never classified as {wanted}:\n{}",
+        s.logs()
+    );
+}

@@ -30,7 +30,7 @@ pub use merge::{
     merge, APIServiceDiscovery, AggregatedDocument, CoreDiscovery, MergedDiscovery, RemoteDiscovery,
 };
 pub use negotiate::{
-    accepts_legacy_json, negotiate, Negotiated, CONTENT_TYPE_AGGREGATED_V2,
+    accepts_legacy_json, negotiate, Negotiated, ServedVersions, CONTENT_TYPE_AGGREGATED_V2,
     CONTENT_TYPE_AGGREGATED_V2BETA1, CONTENT_TYPE_JSON,
 };
 pub use openapi::{merge_openapi_roots, MergedOpenApiRoot, OpenApiPath, OpenApiRoot};

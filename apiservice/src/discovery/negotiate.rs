@@ -21,7 +21,11 @@
 //!   (`discovery/aggregated/wrapper.go`). The gateway is one server with one merged document, so
 //!   every profile selects that document (same bytes, same ETag), answered with kube's
 //!   `Content-Type`, which names `g`/`v`/`as` and never the profile;
-//! * nothing selected (including an empty or missing header) → legacy.
+//! * nothing selected (including an empty or missing header) → legacy;
+//! * `v=v2beta1` selects only while it is served ([`ServedVersions`]): kube-apiserver stopped
+//!   serving it by default in 1.33 (its `AggregatedDiscoveryRemoveBetaType` gate) and for good in
+//!   1.35, and from then on treats such a clause as one it cannot transform, so the search moves
+//!   on to the next clause (kubectl 1.29's trailing `application/json` gets the legacy document).
 
 /// `Content-Type` of an aggregated discovery answer in `apidiscovery.k8s.io/v2`.
 pub const CONTENT_TYPE_AGGREGATED_V2: &str =
@@ -64,6 +68,16 @@ impl Negotiated {
     }
 }
 
+/// The aggregated discovery versions `/api` and `/apis` answer in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ServedVersions {
+    /// `apidiscovery.k8s.io/v2` and `v2beta1`, as kube-apiserver 1.26–1.32 serves them.
+    #[default]
+    V2AndV2Beta1,
+    /// `apidiscovery.k8s.io/v2` only, as kube-apiserver 1.33 on serves it.
+    V2Only,
+}
+
 /// One parsed `Accept` clause.
 struct Clause<'a> {
     ty: &'a str,
@@ -88,8 +102,20 @@ impl Clause<'_> {
                 && (self.subtype == "*" || self.subtype.eq_ignore_ascii_case("json")))
     }
 
+    /// Whether the clause names a kind to convert to (`as`, `g` or `v`): kube's legacy handlers
+    /// refuse every such clause, so one the aggregated handler did not take (v2beta1 on a server
+    /// that no longer serves it) does not make the legacy document acceptable either.
+    fn asks_for_conversion(&self) -> bool {
+        self.params.split(';').any(|param| {
+            param.split_once('=').is_some_and(|(key, _)| {
+                let key = key.trim();
+                ["as", "g", "v"].iter().any(|k| key.eq_ignore_ascii_case(k))
+            })
+        })
+    }
+
     /// The aggregated representation this clause asks for, if it asks for one we can serve.
-    fn aggregated(&self) -> Option<Negotiated> {
+    fn aggregated(&self, served: ServedVersions) -> Option<Negotiated> {
         let (mut g, mut v, mut kind) = (None, None, None);
         for param in self.params.split(';') {
             let Some((key, value)) = param.split_once('=') else {
@@ -115,7 +141,9 @@ impl Clause<'_> {
         }
         match v {
             Some("v2") => Some(Negotiated::AggregatedV2),
-            Some("v2beta1") => Some(Negotiated::AggregatedV2Beta1),
+            Some("v2beta1") if served == ServedVersions::V2AndV2Beta1 => {
+                Some(Negotiated::AggregatedV2Beta1)
+            }
             _ => None,
         }
     }
@@ -161,16 +189,17 @@ fn parse(header: &str) -> Vec<Clause<'_>> {
     clauses
 }
 
-/// Picks the representation of `/api` or `/apis` for an `Accept` header (module docs give the
-/// rules). Never fails: anything unrecognised means [`Negotiated::Legacy`].
-pub fn negotiate(accept: Option<&str>) -> Negotiated {
+/// Picks the representation of `/api` or `/apis` for an `Accept` header, among the `served`
+/// versions (module docs give the rules). Never fails: anything unrecognised means
+/// [`Negotiated::Legacy`].
+pub fn negotiate(accept: Option<&str>, served: ServedVersions) -> Negotiated {
     let Some(header) = accept else {
         return Negotiated::Legacy;
     };
     parse(header)
         .iter()
         .filter(|c| c.q > 0.0 && c.covers_json())
-        .find_map(Clause::aggregated)
+        .find_map(|c| c.aggregated(served))
         .unwrap_or(Negotiated::Legacy)
 }
 
@@ -181,13 +210,32 @@ pub fn accepts_legacy_json(accept: Option<&str>) -> bool {
     match accept {
         None => true,
         Some(h) if h.trim().is_empty() => true,
-        Some(h) => parse(h).iter().any(|c| c.q > 0.0 && c.covers_json()),
+        Some(h) => parse(h)
+            .iter()
+            .any(|c| c.q > 0.0 && c.covers_json() && !c.asks_for_conversion()),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a server that still serves v2beta1 negotiates.
+    fn both(accept: Option<&str>) -> Negotiated {
+        negotiate(accept, ServedVersions::V2AndV2Beta1)
+    }
+
+    /// kube-apiserver 1.33 on: a v2beta1 clause is passed over, as one the server cannot
+    /// transform, and the search goes on (kubectl 1.29's trailing `application/json` wins).
+    #[test]
+    fn without_v2beta1_its_clauses_are_passed_over() {
+        let v2_only = |h| negotiate(Some(h), ServedVersions::V2Only);
+        assert_eq!(v2_only(KUBECTL_129), Negotiated::Legacy);
+        assert_eq!(v2_only(KUBECTL_132), Negotiated::AggregatedV2);
+        let beta_first = "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
+        assert_eq!(v2_only(beta_first), Negotiated::AggregatedV2);
+        assert_eq!(both(Some(beta_first)), Negotiated::AggregatedV2Beta1);
+    }
 
     /// kubectl 1.30–1.33 (wire-formats.md §2.3, observed).
     const KUBECTL_132: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json";
@@ -201,12 +249,12 @@ mod tests {
 
     #[test]
     fn observed_clients() {
-        assert_eq!(negotiate(Some(KUBECTL_132)), Negotiated::AggregatedV2);
-        assert_eq!(negotiate(Some(KUBECTL_129)), Negotiated::AggregatedV2Beta1);
-        assert_eq!(negotiate(Some(KUBECTL_RAW)), Negotiated::Legacy);
-        assert_eq!(negotiate(Some(PYTHON)), Negotiated::Legacy);
+        assert_eq!(both(Some(KUBECTL_132)), Negotiated::AggregatedV2);
+        assert_eq!(both(Some(KUBECTL_129)), Negotiated::AggregatedV2Beta1);
+        assert_eq!(both(Some(KUBECTL_RAW)), Negotiated::Legacy);
+        assert_eq!(both(Some(PYTHON)), Negotiated::Legacy);
         assert_eq!(
-            negotiate(Some(
+            both(Some(
                 kube_core::discovery::v2::ACCEPT_AGGREGATED_DISCOVERY_V2
             )),
             Negotiated::AggregatedV2
@@ -215,21 +263,21 @@ mod tests {
 
     #[test]
     fn missing_or_empty_header_is_legacy() {
-        assert_eq!(negotiate(None), Negotiated::Legacy);
-        assert_eq!(negotiate(Some("")), Negotiated::Legacy);
-        assert_eq!(negotiate(Some(" , ;")), Negotiated::Legacy);
+        assert_eq!(both(None), Negotiated::Legacy);
+        assert_eq!(both(Some("")), Negotiated::Legacy);
+        assert_eq!(both(Some(" , ;")), Negotiated::Legacy);
     }
 
     #[test]
     fn parameters_in_any_order_with_whitespace() {
         assert_eq!(
-            negotiate(Some(
+            both(Some(
                 " application/json ; as=APIGroupDiscoveryList ; v=v2 ; g=apidiscovery.k8s.io "
             )),
             Negotiated::AggregatedV2
         );
         assert_eq!(
-            negotiate(Some(
+            both(Some(
                 "Application/JSON;V=v2beta1;G=apidiscovery.k8s.io;AS=APIGroupDiscoveryList;charset=utf-8"
             )),
             Negotiated::AggregatedV2Beta1
@@ -240,20 +288,20 @@ mod tests {
     fn clauses_tried_in_client_order() {
         // v2beta1 first in the header → v2beta1, even though v2 is also offered.
         let h = "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
-        assert_eq!(negotiate(Some(h)), Negotiated::AggregatedV2Beta1);
+        assert_eq!(both(Some(h)), Negotiated::AggregatedV2Beta1);
         // A plain JSON clause first does not stop the search (kube rejects it for the aggregated
         // handler and keeps going).
         let h =
             "application/json,application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
-        assert_eq!(negotiate(Some(h)), Negotiated::AggregatedV2);
+        assert_eq!(both(Some(h)), Negotiated::AggregatedV2);
     }
 
     #[test]
     fn q_values_are_respected() {
         let h = "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList;q=0.5,application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList;q=0.9";
-        assert_eq!(negotiate(Some(h)), Negotiated::AggregatedV2);
+        assert_eq!(both(Some(h)), Negotiated::AggregatedV2);
         let h = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList;q=0,application/json";
-        assert_eq!(negotiate(Some(h)), Negotiated::Legacy);
+        assert_eq!(both(Some(h)), Negotiated::Legacy);
     }
 
     #[test]
@@ -261,17 +309,17 @@ mod tests {
         // client-go 1.36 sends profile=nopeer first: kube 1.36 takes that clause (the local
         // document), so a later v2beta1 clause must not win.
         let h = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList;profile=nopeer,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json";
-        assert_eq!(negotiate(Some(h)), Negotiated::AggregatedV2);
+        assert_eq!(both(Some(h)), Negotiated::AggregatedV2);
         for h in [
             "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList;profile=nopeer",
             "application/json;profile=nopeer;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
             "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList;profile=other",
         ] {
-            assert_eq!(negotiate(Some(h)), Negotiated::AggregatedV2, "{h}");
+            assert_eq!(both(Some(h)), Negotiated::AggregatedV2, "{h}");
         }
         // A profile alone asks for no aggregated kind.
         assert_eq!(
-            negotiate(Some("application/json;profile=nopeer")),
+            both(Some("application/json;profile=nopeer")),
             Negotiated::Legacy
         );
     }
@@ -280,10 +328,10 @@ mod tests {
     fn unsupported_clauses_fall_through() {
         // A server version (kube's discovery endpoints allow none) → skip to the next clause.
         let h = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList;sv=v1,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json";
-        assert_eq!(negotiate(Some(h)), Negotiated::AggregatedV2Beta1);
+        assert_eq!(both(Some(h)), Negotiated::AggregatedV2Beta1);
         // Protobuf is not served: fall through to JSON.
         let h = "application/vnd.kubernetes.protobuf;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList";
-        assert_eq!(negotiate(Some(h)), Negotiated::AggregatedV2Beta1);
+        assert_eq!(both(Some(h)), Negotiated::AggregatedV2Beta1);
         // Unknown discovery versions and wrong group/kind never select the aggregated document.
         for h in [
             "application/json;g=apidiscovery.k8s.io;v=v3;as=APIGroupDiscoveryList",
@@ -291,20 +339,20 @@ mod tests {
             "application/json;g=other.io;v=v2;as=APIGroupDiscoveryList",
             "application/yaml;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
         ] {
-            assert_eq!(negotiate(Some(h)), Negotiated::Legacy, "{h}");
+            assert_eq!(both(Some(h)), Negotiated::Legacy, "{h}");
         }
     }
 
     #[test]
     fn wildcards_cover_json() {
         assert_eq!(
-            negotiate(Some(
+            both(Some(
                 "*/*;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
             )),
             Negotiated::AggregatedV2
         );
         assert_eq!(
-            negotiate(Some(
+            both(Some(
                 "application/*;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList"
             )),
             Negotiated::AggregatedV2Beta1
@@ -319,6 +367,10 @@ mod tests {
         assert!(accepts_legacy_json(Some("*/*")));
         assert!(!accepts_legacy_json(Some("application/yaml")));
         assert!(!accepts_legacy_json(Some("application/json;q=0")));
+        // A clause that asks for a kind is no clause for the legacy document.
+        let v2beta1 = "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList";
+        assert!(!accepts_legacy_json(Some(v2beta1)));
+        assert!(accepts_legacy_json(Some(KUBECTL_129)));
     }
 
     #[test]

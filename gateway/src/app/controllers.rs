@@ -23,6 +23,7 @@ use super::clients::Clients;
 use super::StartError;
 use crate::control::apiservices::{ProxyIdentity, Routing};
 use crate::control::core_readiness::{self, CoreStarted};
+use crate::control::core_release;
 use crate::control::discovery::openapi_v2::OpenApiV2Controller;
 use crate::control::discovery::{readiness, DiscoveryCache, DiscoveryController};
 use crate::control::flowcontrol::{self, FlowControl};
@@ -121,7 +122,15 @@ impl Controllers {
         let flow_control = config
             .limits
             .priority_and_fairness
-            .then(|| start_flow_control(config, clients, metrics, core_started));
+            .then(|| start_flow_control(config, clients, metrics, core_started.clone()));
+        let followers = core_release::Followers {
+            discovery: discovery.clone(),
+            flow_control: flow_control.clone(),
+        };
+        tokio::spawn(
+            core_release::run(clients.core.clone(), core_started, followers)
+                .instrument(tracing::info_span!("core_release")),
+        );
         let gateway = Arc::new(Gateway {
             core: clients.core.clone(),
             health,

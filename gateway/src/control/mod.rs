@@ -10,6 +10,7 @@
 //! * [`trust`]: kube-system/extension-apiserver-authentication kept current;
 //! * [`leader_election`]: the Lease that decides which replica writes APIService status;
 //! * [`core_readiness`]: the `core-server` readiness check;
+//! * [`core_release`]: the core's Kubernetes release, and the behaviours that follow it;
 //! * [`flowcontrol`]: API Priority and Fairness: the FlowSchemas and PriorityLevelConfigurations
 //!   (the core's, or kube's built-in ones) digested into the classification and the priority
 //!   levels (seats and queues) the front's `priority_and_fairness` layer admits requests by.
@@ -18,6 +19,7 @@
 
 pub mod apiservices;
 pub mod core_readiness;
+pub mod core_release;
 pub mod discovery;
 pub mod flowcontrol;
 pub mod leader_election;

@@ -247,7 +247,7 @@ impl DiscoveryCache {
         let Some(merged) = self.merged.load_full() else {
             return Action::FallThrough;
         };
-        let negotiated = negotiate(accept);
+        let negotiated = negotiate(accept, self.served_versions());
         if !negotiated.is_aggregated() || self.routing.load().legacy_core().is_some() {
             return Action::FallThrough;
         }
@@ -259,7 +259,7 @@ impl DiscoveryCache {
         let Some(merged) = self.merged.load_full() else {
             return Action::FallThrough;
         };
-        let negotiated = negotiate(accept);
+        let negotiated = negotiate(accept, self.served_versions());
         if negotiated.is_aggregated() {
             Action::Respond(aggregated(headers, &merged.apis, negotiated))
         } else if accepts_legacy_json(accept) {

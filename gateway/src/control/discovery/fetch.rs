@@ -64,20 +64,24 @@ pub enum FetchError {
 }
 
 /// Whether a response `Content-Type` announces an aggregated discovery list (v2 or v2beta1).
+pub fn is_aggregated_content_type(content_type: Option<&HeaderValue>) -> bool {
+    aggregated_version(content_type).is_some()
+}
+
+/// The apidiscovery version (`v2` or `v2beta1`) a response `Content-Type` announces, if it
+/// announces an aggregated discovery list.
 ///
 /// client-go's rule (`ContentTypeIsGVK`): media type `application/json` and the parameters
 /// `g=apidiscovery.k8s.io`, `v=v2|v2beta1`, `as=APIGroupDiscoveryList` in any order; other
 /// parameters (`charset`) are allowed. Anything else is a legacy document.
-pub fn is_aggregated_content_type(content_type: Option<&HeaderValue>) -> bool {
-    let Some(ct) = content_type.and_then(|v| v.to_str().ok()) else {
-        return false;
-    };
+pub fn aggregated_version(content_type: Option<&HeaderValue>) -> Option<&'static str> {
+    let ct = content_type.and_then(|v| v.to_str().ok())?;
     let mut parts = ct.split(';');
     let media = parts.next().unwrap_or("").trim();
     if !media.eq_ignore_ascii_case("application/json") {
-        return false;
+        return None;
     }
-    let (mut g, mut v, mut kind) = (false, false, false);
+    let (mut g, mut v, mut kind) = (false, None, false);
     for param in parts {
         let Some((key, value)) = param.split_once('=') else {
             continue;
@@ -85,12 +89,12 @@ pub fn is_aggregated_content_type(content_type: Option<&HeaderValue>) -> bool {
         let value = value.trim().trim_matches('"');
         match key.trim().to_ascii_lowercase().as_str() {
             "g" => g = value == "apidiscovery.k8s.io",
-            "v" => v = value == "v2" || value == "v2beta1",
+            "v" => v = ["v2", "v2beta1"].into_iter().find(|known| *known == value),
             "as" => kind = value == "APIGroupDiscoveryList",
             _ => {}
         }
     }
-    g && v && kind
+    v.filter(|_| g && kind)
 }
 
 /// One answer, fully read.

@@ -35,9 +35,10 @@ pub mod openapi_converted;
 pub mod openapi_v2;
 pub mod readiness;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use apiservice::discovery::{MergedDiscovery, MergedOpenApiRoot};
+use apiservice::discovery::{MergedDiscovery, MergedOpenApiRoot, ServedVersions};
 use arc_swap::{ArcSwap, ArcSwapOption};
 use tokio::sync::Notify;
 
@@ -97,6 +98,9 @@ pub struct DiscoveryCache {
     /// the gateway): the `/openapi/v2` loop revalidates the core's spec then, not only every
     /// minute.
     pub(crate) core_changed: tokio::sync::watch::Sender<u64>,
+    /// Whether `/api` and `/apis` still answer in `apidiscovery.k8s.io/v2beta1`: as the core
+    /// does ([`crate::control::core_release`] sets it from the core's answer and release).
+    v2beta1_served: AtomicBool,
 }
 
 impl DiscoveryCache {
@@ -110,7 +114,22 @@ impl DiscoveryCache {
             core_written: Notify::new(),
             listing_pending: tokio::sync::watch::channel(false).0,
             core_changed: tokio::sync::watch::channel(0).0,
+            v2beta1_served: AtomicBool::new(true),
         }
+    }
+
+    /// The aggregated discovery versions `/api` and `/apis` answer in.
+    pub fn served_versions(&self) -> ServedVersions {
+        if self.v2beta1_served.load(Ordering::Relaxed) {
+            ServedVersions::V2AndV2Beta1
+        } else {
+            ServedVersions::V2Only
+        }
+    }
+
+    pub fn serve_versions(&self, served: ServedVersions) {
+        self.v2beta1_served
+            .store(served == ServedVersions::V2AndV2Beta1, Ordering::Relaxed);
     }
 
     /// A write that may change the core's discovery passed through the gateway and succeeded:

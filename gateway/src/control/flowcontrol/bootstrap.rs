@@ -4,9 +4,10 @@
 //! FlowSchemas (the `file` and `none` APIService sources, servers that are not kube-apiserver)
 //! gets both, so a request is classified the same way behind any core.
 //!
-//! The objects are kube's current ones (v1.34 on: no `endpoint-controller` and
-//! `workload-leader-election` FlowSchemas, which guarded leader election through Endpoints and
-//! ConfigMaps, a mechanism gone since).
+//! The objects are those of the release the core reports ([`Release`]): kube 1.34 removed the
+//! `endpoint-controller` and `workload-leader-election` FlowSchemas, which guarded leader
+//! election through Endpoints and ConfigMaps, a mechanism gone since; a core of 1.33 or older
+//! gets them back.
 
 use std::collections::BTreeMap;
 
@@ -31,6 +32,27 @@ const SYSTEM_NODES: &str = "system:nodes";
 const ALL_SERVICE_ACCOUNTS: &str = "system:serviceaccounts";
 const KUBE_CONTROLLER_MANAGER: &str = "system:kube-controller-manager";
 const KUBE_SCHEDULER: &str = "system:kube-scheduler";
+
+/// Whose suggested objects the built-in configuration holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Release {
+    /// kube-apiserver 1.34 and newer, and cores that report no Kubernetes release.
+    #[default]
+    Current,
+    /// kube-apiserver 1.33 and older: two more FlowSchemas.
+    Before1_34,
+}
+
+impl Release {
+    /// The set for a core of Kubernetes `1.<minor>`.
+    pub fn of_minor(minor: u32) -> Self {
+        if minor < 34 {
+            Release::Before1_34
+        } else {
+            Release::Current
+        }
+    }
+}
 
 /// The mandatory PriorityLevelConfigurations: `exempt` and `catch-all`.
 pub fn mandatory_priority_levels() -> Vec<PriorityLevelConfiguration> {
@@ -121,7 +143,70 @@ pub fn suggested_priority_levels() -> Vec<PriorityLevelConfiguration> {
     .collect()
 }
 
-/// The suggested FlowSchemas.
+/// The suggested FlowSchemas of `release`.
+pub fn suggested_flow_schemas_of(release: Release) -> Vec<FlowSchema> {
+    let mut schemas = suggested_flow_schemas();
+    if release == Release::Before1_34 {
+        schemas.extend(removed_in_1_34());
+    }
+    schemas
+}
+
+/// What 1.33 had beside [`suggested_flow_schemas`]: leader election through Endpoints and
+/// ConfigMaps, and the endpoints controller's writes kept ahead of it.
+fn removed_in_1_34() -> [FlowSchema; 2] {
+    let core_rule = |resources: &[&str]| ResourcePolicyRule {
+        verbs: strings(&["get", "create", "update"]),
+        api_groups: strings(&[""]),
+        resources: strings(resources),
+        namespaces: Some(strings(&["*"])),
+        cluster_scope: Some(false),
+    };
+    let kube_system = |name: &str| Subject {
+        kind: "ServiceAccount".into(),
+        service_account: Some(ServiceAccountSubject {
+            namespace: "kube-system".into(),
+            name: name.into(),
+        }),
+        ..Default::default()
+    };
+    let mut endpoint_writers = users(&[KUBE_CONTROLLER_MANAGER]);
+    endpoint_writers
+        .extend(["endpoint-controller", "endpointslicemirroring-controller"].map(kube_system));
+    [
+        flow_schema(
+            "endpoint-controller",
+            "workload-high",
+            150,
+            Some("ByUser"),
+            PolicyRulesWithSubjects {
+                subjects: endpoint_writers,
+                resource_rules: Some(vec![core_rule(&["endpoints"])]),
+                non_resource_rules: None,
+            },
+        ),
+        flow_schema(
+            "workload-leader-election",
+            "leader-election",
+            200,
+            Some("ByUser"),
+            PolicyRulesWithSubjects {
+                subjects: vec![kube_system("*")],
+                resource_rules: Some(vec![
+                    core_rule(&["endpoints", "configmaps"]),
+                    ResourcePolicyRule {
+                        api_groups: strings(&["coordination.k8s.io"]),
+                        resources: strings(&["leases"]),
+                        ..core_rule(&[])
+                    },
+                ]),
+                non_resource_rules: None,
+            },
+        ),
+    ]
+}
+
+/// The suggested FlowSchemas of kube 1.34 and newer.
 pub fn suggested_flow_schemas() -> Vec<FlowSchema> {
     let kube_system_service_accounts = || {
         vec![Subject {

@@ -363,12 +363,19 @@ fn header_value(uid: &str) -> HeaderValue {
     HeaderValue::from_str(uid).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
-/// kube's built-in configuration, mandatory and suggested, as API objects.
+/// kube's current built-in configuration, mandatory and suggested, as API objects.
 pub fn built_in_objects() -> (Vec<api::PriorityLevelConfiguration>, Vec<api::FlowSchema>) {
+    built_in_objects_of(bootstrap::Release::Current)
+}
+
+/// The built-in configuration of `release`.
+pub fn built_in_objects_of(
+    release: bootstrap::Release,
+) -> (Vec<api::PriorityLevelConfiguration>, Vec<api::FlowSchema>) {
     let mut levels = bootstrap::mandatory_priority_levels();
     levels.extend(bootstrap::suggested_priority_levels());
     let mut schemas = bootstrap::mandatory_flow_schemas();
-    schemas.extend(bootstrap::suggested_flow_schemas());
+    schemas.extend(bootstrap::suggested_flow_schemas_of(release));
     (levels, schemas)
 }
 

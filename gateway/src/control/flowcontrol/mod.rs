@@ -43,7 +43,7 @@ pub mod source;
 pub mod watch_tracker;
 pub mod width;
 
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use crate::identity::UserInfo;
@@ -69,6 +69,16 @@ pub struct FlowControl {
     estimator: width::Estimator,
     /// How long a request may wait in its queue.
     wait_limit: Duration,
+    /// Whether kube's built-in objects are in force, and whose: the core's release's (set by
+    /// [`crate::control::core_release`]). One lock, so a release read while the core's own
+    /// objects arrive never puts the built-in ones back over them.
+    built_in: Mutex<BuiltIn>,
+}
+
+#[derive(Default)]
+struct BuiltIn {
+    release: bootstrap::Release,
+    in_force: bool,
 }
 
 /// What flow control decided for a request.
@@ -99,7 +109,43 @@ impl FlowControl {
             controller: Controller::new(server_limit, metrics::Metrics::new(registry)),
             estimator: width::Estimator::default(),
             wait_limit: wait_limit.min(Duration::from_secs(60)),
+            built_in: Mutex::new(BuiltIn::default()),
         }
+    }
+
+    /// Puts kube's built-in objects of the core's release in force; the summary when that
+    /// changed the configuration.
+    pub fn apply_built_in(&self) -> Option<controller::Summary> {
+        let mut built_in = self.built_in.lock().unwrap_or_else(|e| e.into_inner());
+        built_in.in_force = true;
+        let (levels, schemas) = controller::built_in_objects_of(built_in.release);
+        self.controller.apply(levels, schemas)
+    }
+
+    /// Puts the core's own objects in force.
+    pub fn apply_core(
+        &self,
+        levels: Vec<k8s_openapi::api::flowcontrol::v1::PriorityLevelConfiguration>,
+        schemas: Vec<k8s_openapi::api::flowcontrol::v1::FlowSchema>,
+    ) -> Option<controller::Summary> {
+        let mut built_in = self.built_in.lock().unwrap_or_else(|e| e.into_inner());
+        built_in.in_force = false;
+        self.controller.apply(levels, schemas)
+    }
+
+    /// Follows the core's release: its built-in objects from now on, and at once if the
+    /// built-in ones are in force.
+    pub fn follow_release(&self, release: bootstrap::Release) -> Option<controller::Summary> {
+        let mut built_in = self.built_in.lock().unwrap_or_else(|e| e.into_inner());
+        if built_in.release == release {
+            return None;
+        }
+        built_in.release = release;
+        if !built_in.in_force {
+            return None;
+        }
+        let (levels, schemas) = controller::built_in_objects_of(release);
+        self.controller.apply(levels, schemas)
     }
 
     pub fn controller(&self) -> &Controller {

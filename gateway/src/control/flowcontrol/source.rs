@@ -22,7 +22,8 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Resource, ResourceExt};
 use tracing::{debug, info, Instrument};
 
-use super::controller::{built_in_objects, Summary};
+use super::bootstrap::Release;
+use super::controller::Summary;
 use super::FlowControl;
 
 /// What the core says about one of the two kinds.
@@ -55,8 +56,15 @@ impl Origin {
 /// Puts kube's built-in configuration in force (the `file` and `none` APIService sources, and
 /// until the core's objects are listed).
 pub fn use_built_in(fc: &FlowControl) {
-    let (levels, schemas) = built_in_objects();
-    if let Some(summary) = fc.controller().apply(levels, schemas) {
+    if let Some(summary) = fc.apply_built_in() {
+        log_change(Origin::BuiltIn, &summary);
+    }
+}
+
+/// Follows the core's release (`crate::control::core_release`): its built-in objects, in force
+/// at once where the built-in configuration is.
+pub fn follow_release(fc: &FlowControl, release: Release) {
+    if let Some(summary) = fc.follow_release(release) {
         log_change(Origin::BuiltIn, &summary);
     }
 }
@@ -210,23 +218,19 @@ fn take(
 }
 
 fn reconcile(pl: &Kind<PriorityLevelConfiguration>, fs: &Kind<FlowSchema>, fc: &FlowControl) {
-    let (origin, levels, schemas) = match (pl.listing, fs.listing) {
-        (Listing::NotFound, _) | (_, Listing::NotFound) => {
-            let (l, s) = built_in_objects();
-            (Origin::BuiltIn, l, s)
-        }
+    let (origin, summary) = match (pl.listing, fs.listing) {
+        (Listing::NotFound, _) | (_, Listing::NotFound) => (Origin::BuiltIn, fc.apply_built_in()),
         (Listing::Synced, Listing::Synced) => {
             let (l, s) = (pl.objects(), fs.objects());
             if l.is_empty() && s.is_empty() {
-                let (l, s) = built_in_objects();
-                (Origin::BuiltIn, l, s)
+                (Origin::BuiltIn, fc.apply_built_in())
             } else {
-                (Origin::Core, l, s)
+                (Origin::Core, fc.apply_core(l, s))
             }
         }
         _ => return,
     };
-    if let Some(summary) = fc.controller().apply(levels, schemas) {
+    if let Some(summary) = summary {
         log_change(origin, &summary);
     }
 }
@@ -254,6 +258,7 @@ mod tests {
     use prometheus::Registry;
 
     use super::*;
+    use crate::control::flowcontrol::controller::built_in_objects;
 
     type Tx<K> = mpsc::UnboundedSender<Result<watcher::Event<K>, watcher::Error>>;
 
