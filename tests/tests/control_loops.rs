@@ -653,6 +653,89 @@ async fn a_frozen_backend_nobody_calls_is_stale_and_unavailable_within_seconds()
     );
 }
 
+/// Issue 41, a backend that speaks HTTP/1.1 only (no `h2` in ALPN: a Python or Java aggregated
+/// server, one behind an HTTP/1.1 proxy), with no request to it: killed, aggregated `/apis`
+/// lists it `Stale` and the core shows `Available=False` within 2 s; started again on its port,
+/// `Current` and `Available=True` within 2 s; frozen, both within 8 s. The gateway keeps an idle
+/// HTTP/1.1 connection to it (its close is the kill's signal) and probes on it once a second (a
+/// frozen backend leaves the probe unanswered). Before: nothing watched it between the 30 s
+/// availability rounds.
+#[tokio::test]
+async fn an_http1_backend_nobody_calls_is_watched_killed_restarted_and_frozen() {
+    let http1 = ["--http1-only"];
+    let (mut s, alice) = quiet_wardle(&http1).await;
+    let port = s.backend("wardle").addr.port();
+    let since = Instant::now();
+    s.backend_mut("wardle").process.kill();
+    let limit = Duration::from_secs(10);
+    let (stale, unavailable) = tokio::join!(
+        reaction("killed HTTP/1.1 backend -> Stale", since, limit, || alice
+            .flunders_discovered_as("Stale")),
+        reaction(
+            "killed HTTP/1.1 backend -> Available=False",
+            since,
+            limit,
+            || { condition_is(&s.core, "False") }
+        ),
+    );
+    assert_within("killed: Stale", stale, Duration::from_secs(2));
+    assert_within(
+        "killed: Available=False",
+        unavailable,
+        Duration::from_secs(2),
+    );
+
+    let listen = format!("127.0.0.1:{port}");
+    let backend = s
+        .pki
+        .start_backend(
+            GROUP,
+            "v1alpha1",
+            &[&["--listen", &listen][..], &http1[..]].concat(),
+        )
+        .await;
+    let since = Instant::now();
+    *s.backend_mut("wardle") = backend;
+    let (current, available) = tokio::join!(
+        reaction(
+            "restarted HTTP/1.1 backend -> Current",
+            since,
+            limit,
+            || alice.flunders_discovered_as("Current")
+        ),
+        reaction(
+            "restarted HTTP/1.1 backend -> Available=True",
+            since,
+            limit,
+            || { condition_is(&s.core, "True") }
+        ),
+    );
+    assert_within("back: Current", current, Duration::from_secs(2));
+    assert_within("back: Available=True", available, Duration::from_secs(2));
+
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let since = Instant::now();
+    let stopped = Stopped::stop(s.backend("wardle").process.id());
+    let limit = Duration::from_secs(20);
+    let (stale, unavailable) = tokio::join!(
+        reaction("frozen HTTP/1.1 backend -> Stale", since, limit, || alice
+            .flunders_discovered_as("Stale")),
+        reaction(
+            "frozen HTTP/1.1 backend -> Available=False",
+            since,
+            limit,
+            || { condition_is(&s.core, "False") }
+        ),
+    );
+    drop(stopped);
+    assert_within("frozen: Stale", stale, Duration::from_secs(8));
+    assert_within(
+        "frozen: Available=False",
+        unavailable,
+        Duration::from_secs(8),
+    );
+}
+
 /// Issue 27, a backend restarted (same port, as a Pod behind a ClusterIP) whose discovery then
 /// takes longer than 5 s, with no request to it: aggregated `/apis` lists it `Stale` within 7 s
 /// of the restart and keeps it so, as kube-aggregator's 5 s discovery deadline makes it; it

@@ -59,6 +59,10 @@ struct Args {
     /// (`?events=N&interval_ms=M`), like a VM's console (comma list).
     #[arg(long, value_delimiter = ',')]
     streaming_subresources: Vec<String>,
+    /// Speak HTTP/1.1 only (no `h2` in ALPN), as a Python or Java aggregated server, or one
+    /// behind an HTTP/1.1 proxy.
+    #[arg(long)]
+    http1_only: bool,
     /// Misbehave as a hostile server would (repeatable): `openapi-v2-ref-chain=N`,
     /// `openapi-v2-nesting=N`, `openapi-v3-redirect`, `openapi-v2-hangs`, `slow-discovery` (see
     /// `e2e::fixture::hostile`).
@@ -105,6 +109,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     config.goaway_after_requests = args.goaway_after_requests;
     config.streaming_subresources = args.streaming_subresources;
     config.hostile = args.hostile;
+    config.http1_only = args.http1_only;
     let tls = TlsFiles {
         cert: args.tls_cert_file,
         key: args.tls_private_key_file,

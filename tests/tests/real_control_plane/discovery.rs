@@ -131,7 +131,12 @@ pub async fn aggregated_v2beta1(real: &Real) {
         "kube-apiserver 1.33 on answers 406 to v2beta1 only"
     );
     assert_eq!(gs, ds, "the gateway answers v2beta1 as the core: {beta}");
-    compare(real, "/apis", &format!("{AGGREGATED_V2BETA1},application/json")).await;
+    compare(
+        real,
+        "/apis",
+        &format!("{AGGREGATED_V2BETA1},application/json"),
+    )
+    .await;
 }
 
 pub async fn core_api(real: &Real) {

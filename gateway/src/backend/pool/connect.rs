@@ -59,13 +59,14 @@ pub(super) enum Connected {
     Http1,
 }
 
-/// What dialing an endpoint gave: a TLS connection that picked `h2`, or the server's refusal
-/// of HTTP/2.
+/// A dialed TLS connection. Boxed: its state is large, and dialing is rare.
+pub(super) type DialedIo = Box<MaybeHttpsStream<TokioIo<WatchedStream>>>;
+
+/// What dialing an endpoint gave: a TLS connection that picked `h2`, or one that did not.
 pub(super) enum Dialed {
-    /// Boxed: a TLS connection's state is large, and dialing is rare.
-    Http2(Box<MaybeHttpsStream<TokioIo<WatchedStream>>>),
-    /// The server did not pick `h2`.
-    Http1,
+    Http2(DialedIo),
+    /// The server did not pick `h2`: the connection speaks HTTP/1.1.
+    Http1(DialedIo),
 }
 
 /// Dials `endpoint` (TCP and TLS, within [`DIAL_TIMEOUT`]).
@@ -89,7 +90,7 @@ pub(super) async fn dial(connector: &Connector, endpoint: &Authority) -> Result<
     if io.connected().is_negotiated_h2() {
         Ok(Dialed::Http2(Box::new(io)))
     } else {
-        Ok(Dialed::Http1)
+        Ok(Dialed::Http1(Box::new(io)))
     }
 }
 
@@ -102,7 +103,7 @@ pub(super) async fn connect(
 ) -> Result<Connected, PoolError> {
     let io = match dial(connector, endpoint).await? {
         Dialed::Http2(io) => *io,
-        Dialed::Http1 => return Ok(Connected::Http1),
+        Dialed::Http1(_) => return Ok(Connected::Http1),
     };
     let (io, goaway) = GoAwayWatch::new(TokioIo::new(io));
     let io = TokioIo::new(io);

@@ -23,10 +23,11 @@
 //! `pool::http1`'s kept connections, one per concurrent request; upgrades on hyper-util's
 //! client.
 //!
-//! *Kept connections* (issue 27). Every endpoint the availability controller last found passing
-//! keeps one more HTTP/2 connection that carries no requests, pinged at the APIService's
-//! `http2-ping-interval`/`-timeout` (see `watcher`): a backend dying or freezing is noticed
-//! without traffic. Unless the annotations say otherwise, the connections that carry requests
+//! *Kept connections* (issues 27, 41). Every endpoint the availability controller last found
+//! passing keeps one more connection that carries no requests, pinged at the APIService's
+//! `http2-ping-interval`/`-timeout` (see `watcher`; an HTTP/1.1-only endpoint is probed on an
+//! idle HTTP/1.1 connection at the same interval instead): a backend dying or freezing is
+//! noticed without traffic. Unless the annotations say otherwise, the connections that carry requests
 //! are pinged more gently ([`PoolSettings::request_pings`]): a backend late with a PING loses
 //! their streams.
 
@@ -383,9 +384,9 @@ impl ServiceConnections {
         }
     }
 
-    /// Keeps one HTTP/2 connection that carries no requests open to each of `endpoints` (and
-    /// to no other), pinged, dialed again when it closes (see `watcher`). The availability
-    /// controller calls this after each passed check.
+    /// Keeps one connection that carries no requests open to each of `endpoints` (and to no
+    /// other): HTTP/2 and pinged, or HTTP/1.1 and probed, dialed again when it closes (see
+    /// `watcher`). The availability controller calls this after each passed check.
     pub fn keep(&self, endpoints: &[Authority]) {
         let mut map = self.shared.lock();
         for (authority, ep) in map.iter_mut() {
@@ -395,7 +396,7 @@ impl ServiceConnections {
         }
         for authority in endpoints {
             let ep = map.entry(authority.clone()).or_default();
-            if ep.watcher.is_none() && !ep.http1 {
+            if ep.watcher.is_none() {
                 ep.watcher = Some(Watcher::start(
                     self.kept_connector.clone(),
                     self.failures.clone(),

@@ -9,6 +9,9 @@
 //! always has one, pinged at the APIService's `http2-ping-interval`/`-timeout` (hyper sends a
 //! PING only after an interval without reading anything: one PING per interval).
 //!
+//! An endpoint that speaks no HTTP/2 gets an idle HTTP/1.1 connection instead, probed once per
+//! PING interval ([`http1`]).
+//!
 //! What it reports (`failures`) is a change of state, not each attempt: the connection closed
 //! without GOAWAY, reset, or a PING unanswered (the process died, restarted or froze), a dial
 //! failing after a GOAWAY, and later the endpoint answering again. Each re-checks the
@@ -28,15 +31,21 @@ use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::time::Instant;
 
+mod http1;
+
 use super::super::failures::FailureSignal;
 use super::connect::{dial, Dialed};
 use super::goaway::GoAwayWatch;
 use super::Connector;
 use crate::body::Body;
 
-/// The first wait before dialing again; it doubles up to [`MAX_BACKOFF`].
+/// The first wait before dialing again after the backend closed the kept connection; it doubles
+/// up to [`MAX_BACKOFF`], so a backend that keeps closing it costs a dial every few seconds.
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// How often an endpoint that failed is dialed until it answers: its return is seen within this
+/// (issue 41: back within 2 s), for one refused or unanswered dial per second while it is down.
+const DOWN_REDIAL: Duration = Duration::from_secs(1);
 /// A connection that lived this long resets the backoff: the backend is not churning it.
 const STABLE: Duration = Duration::from_secs(10);
 
@@ -124,9 +133,9 @@ impl State {
 enum Ended {
     /// The backend sent GOAWAY: it is done with the connection, maybe not alive.
     GoAway,
+    /// An HTTP/1.1 connection closed with no request on it: the same as GOAWAY.
+    Closed,
     Failed(&'static str, String),
-    /// The endpoint does not speak HTTP/2: no PINGs, nothing to keep.
-    Http1,
 }
 
 /// The waits between dials: [`MIN_BACKOFF`] doubling up to [`MAX_BACKOFF`].
@@ -143,20 +152,21 @@ async fn watch(connector: Connector, pings: Pings, mut state: State) {
     let mut delays = backoff();
     loop {
         let since = Instant::now();
-        match watch_once(&connector, pings, &mut state).await {
-            Ended::Http1 => {
-                tracing::debug!(endpoint = %state.endpoint, "no HTTP/2: no connection kept");
-                return;
-            }
-            Ended::GoAway => {
-                tracing::debug!(endpoint = %state.endpoint, "kept connection closed with GOAWAY");
-            }
-            Ended::Failed(what, detail) => state.down(what, &detail),
-        }
+        let ended = watch_once(&connector, pings, &mut state).await;
         if since.elapsed() >= STABLE {
             delays = backoff();
         }
-        tokio::time::sleep(delays.next().unwrap_or(MAX_BACKOFF)).await;
+        let wait = match ended {
+            Ended::GoAway | Ended::Closed => {
+                tracing::debug!(endpoint = %state.endpoint, "kept connection closed by the backend");
+                delays.next().unwrap_or(MAX_BACKOFF)
+            }
+            Ended::Failed(what, detail) => {
+                state.down(what, &detail);
+                DOWN_REDIAL
+            }
+        };
+        tokio::time::sleep(wait).await;
     }
 }
 
@@ -164,7 +174,7 @@ async fn watch(connector: Connector, pings: Pings, mut state: State) {
 async fn watch_once(connector: &Connector, pings: Pings, state: &mut State) -> Ended {
     let io = match dial(connector, &state.endpoint).await {
         Ok(Dialed::Http2(io)) => *io,
-        Ok(Dialed::Http1) => return Ended::Http1,
+        Ok(Dialed::Http1(io)) => return http1::watch(io, pings, state).await,
         Err(e) => return Ended::Failed("kept connection could not be made", e.to_string()),
     };
     let (io, goaway) = GoAwayWatch::new(TokioIo::new(io));
