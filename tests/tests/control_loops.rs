@@ -736,6 +736,43 @@ async fn an_http1_backend_nobody_calls_is_watched_killed_restarted_and_frozen() 
     );
 }
 
+/// Issue 41, one view of a backend: one whose availability check fails (every `GET
+/// /apis/<group>/<version>` answers 500) while its `/apis` answers is `Stale` in aggregated
+/// discovery within a second of `Available=False`, as kube-aggregator has it (its discovery goes
+/// through the proxy, which refuses an unavailable APIService). Before: `Current` for good.
+#[tokio::test]
+async fn an_unavailable_apiservice_is_stale_in_discovery_within_a_second() {
+    let s = Scenario::builder()
+        .backend(
+            "wardle",
+            GROUP,
+            "v1alpha1",
+            &["--fail-every-nth-group-version", "1"],
+        )
+        .start()
+        .await;
+    create_apiservice_on_core(&s.core, &s.pki.apiservice(GROUP, "v1alpha1", "wardle")).await;
+    let alice = User::new(&s.gateway, &s.user("alice", &[]));
+    let since = Instant::now();
+    let unavailable = reaction(
+        "failing availability check -> Available=False",
+        since,
+        Duration::from_secs(10),
+        || condition_is(&s.core, "False"),
+    )
+    .await;
+    assert!(unavailable.is_some(), "never Available=False\n{}", s.logs());
+    let since = Instant::now();
+    let stale = reaction(
+        "Available=False -> Stale in aggregated /apis",
+        since,
+        Duration::from_secs(5),
+        || alice.flunders_discovered_as("Stale"),
+    )
+    .await;
+    assert_within("Stale after Available=False", stale, Duration::from_secs(1));
+}
+
 /// Issue 27, a backend restarted (same port, as a Pod behind a ClusterIP) whose discovery then
 /// takes longer than 5 s, with no request to it: aggregated `/apis` lists it `Stale` within 7 s
 /// of the restart and keeps it so, as kube-aggregator's 5 s discovery deadline makes it; it

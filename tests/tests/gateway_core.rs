@@ -806,3 +806,91 @@ async fn watches_past_the_cores_stream_limit_take_another_connection() {
         );
     }
 }
+
+/// Issue 41, supervised loops: a control loop that panics (here the discovery controller, made to
+/// panic in its first two runs by the debug builds' test hook) is logged once per end, counted in
+/// `aggregation_gateway_loop_restarts_total`, fails its own `/readyz` check while it is down, and
+/// is started again with a backoff (1 s, then 2 s), after which `/readyz` passes and aggregated
+/// discovery is served. Before: a loop that ended stayed gone while `/readyz` said ok.
+#[tokio::test]
+async fn a_loop_that_panics_fails_readyz_is_logged_counted_and_started_again() {
+    let core = FixtureCore::start(&[]).await.unwrap();
+    let gateway = Gateway::start(
+        GatewayOptions::new(core.url())
+            .args(["--apiservice-source", "none"])
+            .env("AGGREGATION_GATEWAY_TEST_PANIC", "discovery-controller:2"),
+    )
+    .await
+    .unwrap();
+    let client = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
+    let url = |path: &str| format!("{}{path}", gateway.url());
+    // Its check fails while it is down (the first run panics as soon as it starts).
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let reason = loop {
+        let (status, _, one) = harness::get(&client, &url("/readyz/loop/discovery-controller"))
+            .await
+            .unwrap();
+        let reason = String::from_utf8_lossy(&one).into_owned();
+        if status == StatusCode::INTERNAL_SERVER_ERROR {
+            break reason;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never failed: {reason:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        reason.contains("the discovery-controller loop panicked")
+            && reason.contains("started again"),
+        "{reason:?}"
+    );
+    let ready = harness::wait_until(Duration::from_secs(10), || async {
+        harness::get(&client, &url("/readyz")).await.unwrap().0 == StatusCode::OK
+    })
+    .await;
+    assert!(ready, "never ready again:\n{}", gateway.process.logs());
+    let (status, _, verbose) = harness::get(&client, &url("/readyz?verbose"))
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        String::from_utf8_lossy(&verbose).contains("[+]loop/discovery-controller ok\n"),
+        "{}",
+        String::from_utf8_lossy(&verbose)
+    );
+    let ended: Vec<String> = gateway
+        .process
+        .lines()
+        .into_iter()
+        .map(|l| l.text)
+        .filter(|l| l.contains("the discovery-controller loop panicked"))
+        .collect();
+    assert_eq!(ended.len(), 2, "one line per end: {ended:#?}");
+    let metrics = e2e::scenario::metrics(&gateway).await;
+    assert!(
+        metrics
+            .contains(r#"aggregation_gateway_loop_restarts_total{loop="discovery-controller"} 2"#),
+        "{metrics}"
+    );
+    let (status, headers, _) = harness::send(
+        &client,
+        Request::get(url("/apis"))
+            .header(
+                "accept",
+                "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
+            )
+            .body(Full::new(Bytes::new()))
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        headers["content-type"]
+            .to_str()
+            .unwrap()
+            .contains("v=v2;as=APIGroupDiscoveryList"),
+        "{headers:?}"
+    );
+}

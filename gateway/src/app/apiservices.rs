@@ -8,8 +8,8 @@ use std::sync::Arc;
 use apiservice::resolve::{ChainResolver, KubeResolver, ServiceResolver, StaticResolver};
 use gateway_config::{ApiServiceConfig, ApiServiceSource};
 use tokio::sync::watch;
-use tracing::Instrument;
 
+use super::supervisor::Supervisor;
 use super::StartError;
 use crate::control::apiservices::remote_available_controller::{
     AvailabilitySettings, StatusWrites, AVAILABILITY_BACKOFF, UNAVAILABLE_RECHECK,
@@ -20,6 +20,7 @@ use crate::control::apiservices::{
 };
 use crate::control::core_readiness::CoreStarted;
 use crate::control::leader_election::Leadership;
+use crate::handlers::health::Health;
 use crate::health_check::Check;
 use crate::metrics::Metrics;
 
@@ -31,6 +32,8 @@ pub struct ApiServiceExtras {
     pub reachable: Option<Arc<Check>>,
     /// The watches on the core (APIServices, Services, EndpointSlices) start once it has.
     pub core_started: CoreStarted,
+    /// Flips at shutdown: the backends' long-running streams end.
+    pub drain: watch::Receiver<bool>,
 }
 
 /// Starts the APIService source, Service resolution, and the route and availability
@@ -42,15 +45,27 @@ pub fn start(
     kube: kube::Client,
     routing: Arc<Routing>,
     metrics: Arc<Metrics>,
-    drain: watch::Receiver<bool>,
     extras: ApiServiceExtras,
+    (supervisor, health): (&Supervisor, &mut Health),
 ) -> Result<(), StartError> {
     let (set_tx, set_rx) = apiservice::source::channel();
     let (results_tx, results_rx) = watch::channel(AvailabilityMap::default());
 
     let kube_source = matches!(api.source, ApiServiceSource::Kube { .. });
-    let resolver = resolver(api, &kube, kube_source, &extras.core_started)?;
-    start_source(api, &kube, set_tx, extras.core_started);
+    let resolver = resolver(
+        api,
+        &kube,
+        kube_source,
+        &extras.core_started,
+        (supervisor, health),
+    )?;
+    start_source(
+        api,
+        &kube,
+        set_tx,
+        extras.core_started,
+        (supervisor, health),
+    );
 
     let availability = AvailabilityController::new(
         routing.clone(),
@@ -72,19 +87,31 @@ pub fn start(
     let factory = BackendFactory {
         proxy_identity,
         resolver,
-        drain,
+        drain: extras.drain,
         failures: Some(availability.rechecks()),
         reject_forwarding_redirect: api.reject_forwarding_redirect,
     };
-    tokio::spawn(
-        RouteController::new(routing, set_rx, results_rx, factory, metrics)
+    supervisor.restarting(
+        health,
+        "loop/route-controller",
+        tracing::info_span!("route_controller"),
+        move || {
+            RouteController::new(
+                routing.clone(),
+                set_rx.clone(),
+                results_rx.clone(),
+                factory.clone(),
+                metrics.clone(),
+            )
             .run()
-            .instrument(tracing::info_span!("route_controller")),
+        },
     );
-    tokio::spawn(
-        availability
-            .run()
-            .instrument(tracing::info_span!("availability_controller")),
+    // Its recheck queue is held by every backend the route controller built.
+    supervisor.fatal(
+        health,
+        "loop/availability-controller",
+        tracing::info_span!("availability_controller"),
+        availability.run(),
     );
     Ok(())
 }
@@ -96,6 +123,7 @@ fn resolver(
     kube: &kube::Client,
     kube_source: bool,
     core_started: &CoreStarted,
+    (supervisor, health): (&Supervisor, &mut Health),
 ) -> Result<Arc<dyn ServiceResolver>, StartError> {
     let mut resolvers: Vec<Arc<dyn ServiceResolver>> = Vec::new();
     if !api.static_services.is_empty() {
@@ -106,7 +134,13 @@ fn resolver(
     if kube_source || api.static_services.is_empty() {
         let (resolver, run) = KubeResolver::start(kube.clone(), api.endpoint_routing);
         // apiservice's futures carry their own spans (`service_resolver`, `apiservice_source`).
-        tokio::spawn(core_started.clone().then_run(run));
+        // The resolver it feeds is the one the backends hold: it cannot be made again.
+        supervisor.fatal(
+            health,
+            "loop/service-resolver",
+            tracing::Span::current(),
+            core_started.clone().then_run(run),
+        );
         resolvers.push(Arc::new(resolver));
     }
     Ok(Arc::new(ChainResolver(resolvers)))
@@ -118,17 +152,25 @@ fn start_source(
     kube: &kube::Client,
     set_tx: apiservice::source::SetSender,
     core_started: CoreStarted,
+    (supervisor, health): (&Supervisor, &mut Health),
 ) {
+    let span = tracing::Span::current;
     match &api.source {
         ApiServiceSource::Kube { label_selector } => {
-            tokio::spawn(core_started.then_run(apiservice::source::kube::run(
-                kube.clone(),
-                label_selector.clone(),
-                set_tx,
-            )));
+            let (kube, selector) = (kube.clone(), label_selector.clone());
+            supervisor.restarting(health, "loop/apiservice-source", span(), move || {
+                core_started.clone().then_run(apiservice::source::kube::run(
+                    kube.clone(),
+                    selector.clone(),
+                    set_tx.clone(),
+                ))
+            });
         }
         ApiServiceSource::File { dir } => {
-            tokio::spawn(apiservice::source::file::run(dir.clone(), set_tx));
+            let dir = dir.clone();
+            supervisor.restarting(health, "loop/apiservice-source", span(), move || {
+                apiservice::source::file::run(dir.clone(), set_tx.clone())
+            });
         }
         ApiServiceSource::None => {
             let _ = set_tx.send(Some(Arc::default()));

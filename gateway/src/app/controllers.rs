@@ -4,7 +4,9 @@
 //!
 //! The checks are registered in the order `/readyz?verbose` lists them: `core-server`,
 //! `shutdown`, `apiservice-sources-synced`, `leaderElection` (`/healthz` only, with leader
-//! election), `aggregated-apiservice-reachable` (when asked for), and the discovery controller's.
+//! election), `aggregated-apiservice-reachable` (when asked for), and the discovery controller's;
+//! among them, one `loop/<name>` per loop, in the order the loops start: every loop runs under
+//! the [`Supervisor`], which fails its check while it is down and starts it again.
 //!
 //! The loops that list and watch on the core (the APIService source, Service resolution, leader
 //! election, the trust ConfigMap, discovery and OpenAPI) make their first request only once the
@@ -20,6 +22,7 @@ use tracing::Instrument;
 
 use super::apiservices::{self, ApiServiceExtras};
 use super::clients::Clients;
+use super::supervisor::Supervisor;
 use super::StartError;
 use crate::control::apiservices::{ProxyIdentity, Routing};
 use crate::control::core_readiness::{self, CoreStarted};
@@ -58,6 +61,7 @@ impl Controllers {
         drain: watch::Receiver<bool>,
     ) -> Result<Self, StartError> {
         let mut health = Health::new();
+        let supervisor = Supervisor::new(metrics);
         let core_check = Check::unhealthy("core server not checked yet");
         health.register("core-server", health::READY, core_check.clone());
         let shutdown_check = Check::healthy();
@@ -71,15 +75,24 @@ impl Controllers {
         );
 
         if config.trust.manage {
-            trust::start(
-                core_started.clone(),
-                clients.kube(),
-                trust::TrustSources {
-                    client_ca_file: config.authn.client_ca_file.clone(),
-                    proxy_client_ca_file: config.trust.proxy_client_ca_file.clone(),
-                    proxy_identity: proxy_identity.clone(),
-                },
-            );
+            let sources = trust::TrustSources {
+                client_ca_file: config.authn.client_ca_file.clone(),
+                proxy_client_ca_file: config.trust.proxy_client_ca_file.clone(),
+                proxy_identity: proxy_identity.clone(),
+            };
+            if trust::has_anything_to_publish(&sources) {
+                let (started, kube) = (core_started.clone(), clients.kube());
+                supervisor.restarting(
+                    &mut health,
+                    "loop/authentication-configmap",
+                    tracing::info_span!("authentication_configmap"),
+                    move || {
+                        started
+                            .clone()
+                            .then_run(trust::run(kube.clone(), sources.clone()))
+                    },
+                );
+            }
         }
 
         // Asked for by validation only with the kube source, the one that writes status.
@@ -103,12 +116,13 @@ impl Controllers {
             clients.kube(),
             routing.clone(),
             metrics.clone(),
-            drain,
             ApiServiceExtras {
                 leadership,
                 reachable,
                 core_started: core_started.clone(),
+                drain,
             },
+            (&supervisor, &mut health),
         )?;
 
         let discovery = start_discovery(
@@ -116,20 +130,35 @@ impl Controllers {
             clients,
             &routing,
             metrics,
-            &mut health,
+            (&supervisor, &mut health),
             core_started.clone(),
         );
-        let flow_control = config
-            .limits
-            .priority_and_fairness
-            .then(|| start_flow_control(config, clients, metrics, core_started.clone()));
+        let flow_control = config.limits.priority_and_fairness.then(|| {
+            start_flow_control(
+                config,
+                clients,
+                metrics,
+                (&supervisor, &mut health),
+                core_started.clone(),
+            )
+        });
         let followers = core_release::Followers {
             discovery: discovery.clone(),
             flow_control: flow_control.clone(),
         };
-        tokio::spawn(
-            core_release::run(clients.core.clone(), core_started, followers)
-                .instrument(tracing::info_span!("core_release")),
+        let core = clients.core.clone();
+        supervisor.restarting(
+            &mut health,
+            "loop/core-release",
+            tracing::info_span!("core_release"),
+            move || core_release::run(core.clone(), core_started.clone(), followers.clone()),
+        );
+        let (core, started_tx) = (clients.core.clone(), core_started_tx);
+        supervisor.restarting(
+            &mut health,
+            "loop/core-readiness",
+            tracing::info_span!("core_readiness"),
+            move || core_readiness::run(core.clone(), core_check.clone(), started_tx.clone()),
         );
         let gateway = Arc::new(Gateway {
             core: clients.core.clone(),
@@ -139,10 +168,6 @@ impl Controllers {
             discovery,
             flow_control,
         });
-        tokio::spawn(
-            core_readiness::run(gateway.core.clone(), core_check, core_started_tx)
-                .instrument(tracing::info_span!("core_readiness")),
-        );
         Ok(Self {
             gateway,
             shutdown_check,
@@ -188,6 +213,7 @@ fn start_flow_control(
     config: &Config,
     clients: &Clients,
     metrics: &Metrics,
+    (supervisor, health): (&Supervisor, &mut Health),
     core_started: CoreStarted,
 ) -> Arc<FlowControl> {
     let limits = &config.limits;
@@ -202,14 +228,24 @@ fn start_flow_control(
     if matches!(config.apiservices.source, ApiServiceSource::Kube { .. }) {
         // The core's FlowSchemas are read once the core has started, as every other watch on it;
         // until then the built-in configuration is in force.
-        tokio::spawn(core_started.then_run(flowcontrol::source::run(
-            clients.kube(),
-            flow_control.clone(),
-        )));
+        let (kube, fc) = (clients.kube(), flow_control.clone());
+        supervisor.restarting(
+            health,
+            "loop/flowcontrol-source",
+            tracing::info_span!("flowcontrol_source"),
+            move || {
+                core_started
+                    .clone()
+                    .then_run(flowcontrol::source::run(kube.clone(), fc.clone()))
+            },
+        );
     }
-    tokio::spawn(
-        FlowControl::run_borrowing(Arc::downgrade(&flow_control))
-            .instrument(tracing::info_span!("flowcontrol_borrowing")),
+    let fc = Arc::downgrade(&flow_control);
+    supervisor.restarting(
+        health,
+        "loop/flowcontrol-borrowing",
+        tracing::info_span!("flowcontrol_borrowing"),
+        move || FlowControl::run_borrowing(fc.clone()),
     );
     flow_control
 }
@@ -221,36 +257,55 @@ fn start_discovery(
     clients: &Clients,
     routing: &Arc<Routing>,
     metrics: &Arc<Metrics>,
-    health: &mut Health,
+    (supervisor, health): (&Supervisor, &mut Health),
     core_started: CoreStarted,
 ) -> Arc<DiscoveryCache> {
     let discovery = Arc::new(DiscoveryCache::new(routing.clone()));
     let synced = Check::unhealthy("discovery controller not started yet");
     health.register(readiness::CHECK_NAME, health::READY, synced.clone());
-    let controller = DiscoveryController::new(
+    let (cache, core, routes, m) = (
         discovery.clone(),
         clients.core.clone(),
         routing.clone(),
         metrics.clone(),
+    );
+    let (refresh, started) = (
         config.apiservices.discovery_refresh_interval,
-        synced,
+        core_started.clone(),
     );
-    tokio::spawn(
-        core_started
-            .clone()
-            .then_run(controller.run())
-            .instrument(tracing::info_span!("discovery_controller")),
+    // Started again, a controller fetches everything anew; the snapshot it replaces stays
+    // served meanwhile.
+    supervisor.restarting(
+        health,
+        "loop/discovery-controller",
+        tracing::info_span!("discovery_controller"),
+        move || {
+            let controller = DiscoveryController::new(
+                cache.clone(),
+                core.clone(),
+                routes.clone(),
+                m.clone(),
+                refresh,
+                synced.clone(),
+            );
+            started.clone().then_run(controller.run())
+        },
     );
-    let openapi_v2 = OpenApiV2Controller::new(
+    let (cache, core, routes, m) = (
         discovery.clone(),
         clients.core.clone(),
         routing.clone(),
         metrics.clone(),
     );
-    tokio::spawn(
-        core_started
-            .then_run(openapi_v2.run())
-            .instrument(tracing::info_span!("openapi_v2")),
+    supervisor.restarting(
+        health,
+        "loop/openapi-v2",
+        tracing::info_span!("openapi_v2"),
+        move || {
+            let openapi_v2 =
+                OpenApiV2Controller::new(cache.clone(), core.clone(), routes.clone(), m.clone());
+            core_started.clone().then_run(openapi_v2.run())
+        },
     );
     discovery
 }

@@ -17,6 +17,7 @@ mod clients;
 mod controllers;
 mod shutdown;
 mod stack;
+mod supervisor;
 mod tls;
 
 use std::sync::Arc;

@@ -129,6 +129,7 @@ impl Followed {
 }
 
 /// Where the followed behaviours are put in force.
+#[derive(Clone)]
 pub struct Followers {
     pub discovery: Arc<DiscoveryCache>,
     pub flow_control: Option<Arc<FlowControl>>,

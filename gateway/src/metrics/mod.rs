@@ -90,6 +90,8 @@ pub struct Metrics {
     pub openapi_v2_regeneration_count: IntCounterVec,
     /// kube-aggregator's: seconds the last rebuild took, by reason.
     pub openapi_v2_regeneration_duration: prometheus::GaugeVec,
+    /// loop: times a supervised loop ended and was started again (`app::supervisor`).
+    pub loop_restarts: IntCounterVec,
     /// The request families' series by label set, resolved once (see [`series`]).
     series: series::SeriesCache,
 }
@@ -171,6 +173,7 @@ impl Metrics {
                 g
             },
             inflight_limit: gauge(&registry, "aggregation_gateway_max_inflight_requests", "The in-flight limit of apiserver_current_inflight_requests by request_kind (--max-requests-inflight, --max-mutating-requests-inflight); absent when unlimited", &["request_kind"]),
+            loop_restarts: counter(&registry, "aggregation_gateway_loop_restarts_total", "Times a long-running loop of the gateway ended (panicked or returned) and was started again, by loop", &["loop"]),
             registry,
             series: series::SeriesCache::default(),
         }

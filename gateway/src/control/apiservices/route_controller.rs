@@ -88,13 +88,22 @@ impl RouteController {
         }
     }
 
+    /// Rebuilds the table whenever an input changes, for as long as the process runs. An input
+    /// whose sender is gone (the `none` source sends its one empty set and is done) never
+    /// changes again, which is no reason to stop following the others.
     pub async fn run(mut self) {
+        let (mut sets, mut availability, mut identity) = (true, true, true);
         loop {
             self.rebuild();
             tokio::select! {
-                changed = self.sets.changed() => if changed.is_err() { return },
-                changed = self.availability.changed() => if changed.is_err() { return },
-                changed = self.factory.proxy_identity.changed() => if changed.is_err() { return },
+                changed = self.sets.changed(), if sets => sets = changed.is_ok(),
+                changed = self.availability.changed(), if availability => {
+                    availability = changed.is_ok();
+                }
+                changed = self.factory.proxy_identity.changed(), if identity => {
+                    identity = changed.is_ok();
+                }
+                else => std::future::pending::<()>().await,
             }
         }
     }

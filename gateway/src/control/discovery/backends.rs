@@ -123,6 +123,19 @@ pub fn remote_discovery(
     }
 }
 
+/// One view of a backend (issue 41): an APIService its availability check found unavailable is
+/// served `Stale` with its last resources, whatever its discovery fetch said, as kube-aggregator
+/// serves it (its discovery goes through the proxy, which refuses an unavailable APIService).
+pub fn seen_through_availability(
+    discovery: RemoteDiscovery,
+    availability: &Availability,
+) -> RemoteDiscovery {
+    match availability {
+        Availability::Unavailable { .. } => RemoteDiscovery::failed(discovery.resources),
+        Availability::Available | Availability::Unknown => discovery,
+    }
+}
+
 /// One backing Service and the remote APIServices pointing at it.
 #[derive(Default)]
 pub struct ServiceEntry {

@@ -31,7 +31,9 @@ use apiservice::model::{RegisteredAPIService, ServiceRef};
 use futures::FutureExt;
 use tracing::Instrument;
 
-use super::backends::{remote_discovery, BackendDiscovery, RemoteOpenApi, ServiceEntry};
+use super::backends::{
+    remote_discovery, seen_through_availability, BackendDiscovery, RemoteOpenApi, ServiceEntry,
+};
 use super::core::{CoreDocuments, CoreState, Refreshed};
 use super::core_watch::{unlisted, CoreWatchers, FollowUps, ListingRetry};
 use super::fetch::{fetch_root, FetchError, RootDocument, RootFetch, Source};
@@ -468,6 +470,20 @@ fn reconcile(state: &mut State, table: Arc<Routes>, queue: &mut WorkQueue<Key, O
     // OpenAPI owners hold backend handles, which a spec change replaces.
     state.openapi_dirty = true;
     state.table = Some(table);
+    // An availability check that failed turns the APIService `Stale` now, not after the fetch
+    // below, which a backend slow to answer may take its whole timeout over.
+    for entry in state.services.values() {
+        for (api, availability) in &entry.apiservices {
+            let Some(current) = state.remote.get(&api.name) else {
+                continue;
+            };
+            let next = seen_through_availability(current.clone(), availability);
+            if &next != current {
+                state.remote.insert(api.name.clone(), next);
+                state.discovery_dirty = true;
+            }
+        }
+    }
     for key in dirty_services {
         queue.queue().add(Key::Discovery(key.clone()));
         queue.queue().add(Key::OpenApi(key));
@@ -518,13 +534,14 @@ fn apply_discovery(
         entry.last_error = error;
     }
     let doc = entry.doc.clone();
-    for (api, _) in &entry.apiservices {
-        let next = remote_discovery(
+    for (api, availability) in &entry.apiservices {
+        let fetched = remote_discovery(
             discovery.as_ref().ok(),
             doc.as_deref(),
             &api.group_version(),
             state.remote.get(&api.name),
         );
+        let next = seen_through_availability(fetched, availability);
         if state.remote.get(&api.name) != Some(&next) {
             state.remote.insert(api.name.clone(), next);
             state.discovery_dirty = true;

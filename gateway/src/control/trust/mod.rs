@@ -28,7 +28,6 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta, PostParams};
 use kube::runtime::{watcher, WatchStreamExt};
-use tracing::Instrument;
 
 use apiservice::outage::Outage;
 use gateway_config::tls::Identity;
@@ -36,7 +35,6 @@ pub use merge::{merged, GatewayTrust};
 
 use crate::auth::x509::leaf_common_name;
 use crate::control::apiservices::ProxyIdentity;
-use crate::control::core_readiness::CoreStarted;
 use crate::workqueue::{Backoff, Next, WorkQueue};
 
 pub const NAMESPACE: &str = "kube-system";
@@ -174,20 +172,15 @@ pub async fn run(kube: kube::Client, mut sources: TrustSources) {
     }
 }
 
-/// Starts [`run`] in its own span once the core has started, unless there is nothing to publish.
-pub fn start(core_started: CoreStarted, kube: kube::Client, sources: TrustSources) {
+/// Whether [`run`] has anything to publish; says so once when it has not.
+pub fn has_anything_to_publish(sources: &TrustSources) -> bool {
     match sources.current() {
         Ok(trust) if trust.is_empty() => {
             tracing::info!("no client CA and no proxy client CA to publish in {NAMESPACE}/{NAME}");
-            return;
+            false
         }
-        _ => {}
+        _ => true,
     }
-    tokio::spawn(
-        core_started
-            .then_run(run(kube, sources))
-            .instrument(tracing::info_span!("authentication_configmap")),
-    );
 }
 
 async fn reconcile(api: &Api<ConfigMap>, sources: &TrustSources) -> Result<Written, TrustError> {
