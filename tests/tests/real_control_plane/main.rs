@@ -109,6 +109,8 @@ async fn session_against_the_real_control_plane() {
                 "protobuf requests and watches pass unchanged" => protobuf::passes_unchanged,
                 "120 watches of one client and a write beside them, as directly" =>
                     watches::a_hundred_watches_beside_a_write,
+                "watch-list (sendInitialEvents) streams the same events and bookmark, unbuffered" =>
+                    watches::watch_list_streams_as_directly,
                 "helm install, upgrade and uninstall of the chart" => chart::install_upgrade_uninstall,
                 "the chart's APIService CRD validates like kube-aggregator" => chart::apiservice_crd,
                 // Last: it kills sample-apiserver.

@@ -102,3 +102,79 @@ pub async fn a_hundred_watches_beside_a_write(real: &Real) {
         direct.0, direct.1, through.0, through.1
     );
 }
+
+/// The names of the objects a watch-list stream (`sendInitialEvents=true`) sends before the
+/// bookmark that ends its initial events, read from `base` within 10 s, and whether that
+/// bookmark arrived while the stream stayed open (a proxy that buffered the stream would hold it).
+async fn initial_events(real: &Real, base: &str, ca: &str) -> Vec<(String, String)> {
+    let client = http2_client(ca, None).unwrap();
+    let url = format!(
+        "{base}/api/v1/namespaces/default/configmaps?watch=1&sendInitialEvents=true\
+         &resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true&labelSelector=watchlist%3Dyes"
+    );
+    let opened = send_streaming(&client, real.admin_request(&url, "application/json"))
+        .await
+        .unwrap();
+    assert_eq!(opened.status(), StatusCode::OK, "{base}: watch-list");
+    let mut body = opened.into_body();
+    let mut buffered = Vec::new();
+    let mut events = Vec::new();
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(Ok(frame)) = body.frame().await {
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            buffered.extend_from_slice(&data);
+            while let Some(end) = buffered.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = buffered.drain(..=end).collect();
+                let event: serde_json::Value = serde_json::from_slice(&line).unwrap();
+                let kind = event["type"].as_str().unwrap_or_default().to_owned();
+                let object = &event["object"]["metadata"];
+                if kind == "BOOKMARK" {
+                    if object["annotations"]["k8s.io/initial-events-end"] == "true" {
+                        return;
+                    }
+                    continue;
+                }
+                events.push((kind, object["name"].as_str().unwrap_or_default().to_owned()));
+            }
+        }
+    })
+    .await;
+    assert!(
+        ended.is_ok(),
+        "{base}: no initial-events-end bookmark within 10 s; events so far: {events:?}"
+    );
+    events
+}
+
+/// Watch-list (KEP-3157, on by default in client-go's informers from 1.32): a watch that starts
+/// with the current state sends it as ADDED events, then a BOOKMARK annotated
+/// `k8s.io/initial-events-end`, on a stream that stays open. Through the gateway the same events
+/// arrive, and the bookmark too while the stream is open: nothing is buffered.
+pub async fn watch_list_streams_as_directly(real: &Real) {
+    let client = real.direct_client();
+    for i in 1..=3 {
+        let create = Request::post(format!(
+            "{}/api/v1/namespaces/default/configmaps",
+            real.plane.url
+        ))
+        .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(format!(
+            r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"watchlist-{i}","labels":{{"watchlist":"yes"}}}}}}"#
+        ))))
+        .unwrap();
+        let (status, _, body) = send(&client, create).await.unwrap();
+        assert_eq!(
+            status,
+            StatusCode::CREATED,
+            "{}",
+            String::from_utf8_lossy(&body)
+        );
+    }
+    let direct = initial_events(real, &real.plane.url, real.plane.pki.cluster_ca.cert_pem()).await;
+    let through = initial_events(real, &real.gateway.url(), &real.gateway.ca_pem().unwrap()).await;
+    assert_eq!(direct.len(), 3, "{direct:?}");
+    assert_eq!(through, direct);
+}
