@@ -120,7 +120,7 @@ async fn initial_events(real: &Real, base: &str, ca: &str) -> Vec<(String, Strin
     let mut buffered = Vec::new();
     let mut events = Vec::new();
     let ended = tokio::time::timeout(Duration::from_secs(10), async {
-        while let Some(Ok(frame)) = body.frame().await {
+        'stream: while let Some(Ok(frame)) = body.frame().await {
             let Ok(data) = frame.into_data() else {
                 continue;
             };
@@ -136,13 +136,23 @@ async fn initial_events(real: &Real, base: &str, ca: &str) -> Vec<(String, Strin
                     }
                     continue;
                 }
-                events.push((kind, object["name"].as_str().unwrap_or_default().to_owned()));
+                let name = match kind.as_str() {
+                    // An ERROR event's object is a Status: its message says what was wrong.
+                    "ERROR" => event["object"]["message"].as_str().unwrap_or_default(),
+                    _ => object["name"].as_str().unwrap_or_default(),
+                };
+                let error = kind == "ERROR";
+                events.push((kind, name.to_owned()));
+                if error {
+                    // The server ends the stream after an ERROR event.
+                    break 'stream;
+                }
             }
         }
     })
     .await;
     assert!(
-        ended.is_ok(),
+        ended.is_ok() || events.iter().any(|(kind, _)| kind == "ERROR"),
         "{base}: no initial-events-end bookmark within 10 s; events so far: {events:?}"
     );
     events
@@ -175,6 +185,15 @@ pub async fn watch_list_streams_as_directly(real: &Real) {
     }
     let direct = initial_events(real, &real.plane.url, real.plane.pki.cluster_ca.cert_pem()).await;
     let through = initial_events(real, &real.gateway.url(), &real.gateway.ca_pem().unwrap()).await;
-    assert_eq!(direct.len(), 3, "{direct:?}");
     assert_eq!(through, direct);
+    match direct.as_slice() {
+        // kube-apiserver serves watch-list only on an etcd that answers progress requests (3.4.31,
+        // 3.5.13 and newer; Debian's 3.4.23 does not): then both say so, as one ERROR event.
+        [(kind, message)] if kind == "ERROR" && message.contains("RequestWatchProgress") => {
+            eprintln!(
+                "real control plane: watch-list is off on this etcd, alike both ways: {message}"
+            );
+        }
+        events => assert_eq!(events.len(), 3, "{events:?}"),
+    }
 }
