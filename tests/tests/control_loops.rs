@@ -668,22 +668,18 @@ async fn an_http1_backend_nobody_calls_is_watched_killed_restarted_and_frozen() 
     let since = Instant::now();
     s.backend_mut("wardle").process.kill();
     let limit = Duration::from_secs(10);
-    let (stale, unavailable) = tokio::join!(
-        reaction("killed HTTP/1.1 backend -> Stale", since, limit, || alice
-            .flunders_discovered_as("Stale")),
-        reaction(
-            "killed HTTP/1.1 backend -> Available=False",
-            since,
-            limit,
-            || { condition_is(&s.core, "False") }
-        ),
-    );
-    assert_within("killed: Stale", stale, Duration::from_secs(2));
-    assert_within(
-        "killed: Available=False",
-        unavailable,
-        Duration::from_secs(2),
-    );
+    let stale = ("Stale", "False");
+    let (listed, condition) = discovery_and_condition(
+        "killed HTTP/1.1 backend",
+        since,
+        limit,
+        &alice,
+        &s.core,
+        stale,
+    )
+    .await;
+    assert_within("killed: Stale", listed, Duration::from_secs(2));
+    assert_within("killed: Available=False", condition, Duration::from_secs(2));
 
     let listen = format!("127.0.0.1:{port}");
     let backend = s
@@ -696,44 +692,56 @@ async fn an_http1_backend_nobody_calls_is_watched_killed_restarted_and_frozen() 
         .await;
     let since = Instant::now();
     *s.backend_mut("wardle") = backend;
-    let (current, available) = tokio::join!(
-        reaction(
-            "restarted HTTP/1.1 backend -> Current",
-            since,
-            limit,
-            || alice.flunders_discovered_as("Current")
-        ),
-        reaction(
-            "restarted HTTP/1.1 backend -> Available=True",
-            since,
-            limit,
-            || { condition_is(&s.core, "True") }
-        ),
-    );
-    assert_within("back: Current", current, Duration::from_secs(2));
-    assert_within("back: Available=True", available, Duration::from_secs(2));
+    let current = ("Current", "True");
+    let (listed, condition) = discovery_and_condition(
+        "restarted HTTP/1.1 backend",
+        since,
+        limit,
+        &alice,
+        &s.core,
+        current,
+    )
+    .await;
+    assert_within("back: Current", listed, Duration::from_secs(2));
+    assert_within("back: Available=True", condition, Duration::from_secs(2));
 
     tokio::time::sleep(Duration::from_secs(1)).await;
     let since = Instant::now();
     let stopped = Stopped::stop(s.backend("wardle").process.id());
     let limit = Duration::from_secs(20);
-    let (stale, unavailable) = tokio::join!(
-        reaction("frozen HTTP/1.1 backend -> Stale", since, limit, || alice
-            .flunders_discovered_as("Stale")),
-        reaction(
-            "frozen HTTP/1.1 backend -> Available=False",
-            since,
-            limit,
-            || { condition_is(&s.core, "False") }
-        ),
-    );
+    let (listed, condition) = discovery_and_condition(
+        "frozen HTTP/1.1 backend",
+        since,
+        limit,
+        &alice,
+        &s.core,
+        stale,
+    )
+    .await;
     drop(stopped);
-    assert_within("frozen: Stale", stale, Duration::from_secs(8));
-    assert_within(
-        "frozen: Available=False",
-        unavailable,
-        Duration::from_secs(8),
+    assert_within("frozen: Stale", listed, Duration::from_secs(8));
+    assert_within("frozen: Available=False", condition, Duration::from_secs(8));
+}
+
+/// The reactions to one change of aggregated `/apis` (flunders listed with `freshness`) and of
+/// the core's `Available` condition (`status`), timed together from `since`.
+async fn discovery_and_condition(
+    what: &str,
+    since: Instant,
+    limit: Duration,
+    alice: &User,
+    core: &FixtureCore,
+    (freshness, status): (&str, &str),
+) -> (Option<Duration>, Option<Duration>) {
+    let (listed, available) = (
+        format!("{what} -> {freshness}"),
+        format!("{what} -> Available={status}"),
     );
+    tokio::join!(
+        reaction(&listed, since, limit, || alice
+            .flunders_discovered_as(freshness)),
+        reaction(&available, since, limit, || condition_is(core, status)),
+    )
 }
 
 /// Issue 41, one view of a backend: one whose availability check fails (every `GET
