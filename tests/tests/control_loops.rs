@@ -789,8 +789,20 @@ async fn an_unavailable_apiservice_is_stale_in_discovery_within_a_second() {
 /// nothing noticed the restart and the old document stayed `Current`.
 #[tokio::test]
 async fn a_backend_restarted_with_slow_discovery_is_stale_within_seconds() {
-    let goaway = ["--goaway-after-requests", "1"];
-    let (mut s, alice) = quiet_wardle(&goaway).await;
+    restarted_with_slow_discovery(&["--goaway-after-requests", "1"]).await;
+}
+
+/// Issue 41, the same with a backend that speaks HTTP/1.1 only: its kept HTTP/1.1 connection
+/// closing is what notices the restart. Before: `Current` on the old document until the 30 s
+/// availability round.
+#[tokio::test]
+async fn an_http1_backend_restarted_with_slow_discovery_is_stale_within_seconds() {
+    restarted_with_slow_discovery(&["--http1-only"]).await;
+}
+
+/// The backend (started with `args`) restarted on its port with a 6 s discovery.
+async fn restarted_with_slow_discovery(args: &[&str]) {
+    let (mut s, alice) = quiet_wardle(args).await;
     let port = s.backend("wardle").addr.port();
     s.backend_mut("wardle").process.kill();
     let listen = format!("127.0.0.1:{port}");
@@ -799,11 +811,7 @@ async fn a_backend_restarted_with_slow_discovery_is_stale_within_seconds() {
         .start_backend(
             GROUP,
             "v1alpha1",
-            &[
-                &["--listen", &listen, "--discovery-delay-ms", "6000"],
-                &goaway[..],
-            ]
-            .concat(),
+            &[&["--listen", &listen, "--discovery-delay-ms", "6000"], args].concat(),
         )
         .await;
     let since = Instant::now();
