@@ -52,6 +52,7 @@ pub mod real;
 pub mod rebuild;
 pub mod report;
 pub mod setup;
+pub mod soak;
 pub mod throughput;
 pub mod watch;
 

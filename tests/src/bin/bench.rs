@@ -59,6 +59,13 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Sub {
+    /// A soak with faults on the fixtures (issue 41): mixed traffic while backends are killed,
+    /// frozen and restarted and APIServices come and go; fails on a lost or misrouted request.
+    Soak {
+        /// How long the traffic and the faults run.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+    },
     /// Internal: the static backend (prints `listening on ADDR`).
     #[command(hide = true)]
     ServeBackend {
@@ -84,8 +91,24 @@ fn main() -> Result<(), BoxError> {
             tls_key,
             static_file,
         }) => runtime.block_on(backend::serve(tls_cert, tls_key, static_file)),
+        Some(Sub::Soak { seconds }) => runtime.block_on(soak(Duration::from_secs(seconds))),
         None => runtime.block_on(run(cli)),
     }
+}
+
+async fn soak(length: Duration) -> Result<(), BoxError> {
+    raise_nofile_limit();
+    eprintln!("bench: soak with faults for {length:?}");
+    let report = e2e::bench::soak::run(length).await?;
+    println!("| soak (issue 41) | |\n|---|---|\n{}", report.table());
+    if report.lost > 0 || report.misrouted > 0 {
+        return Err(format!(
+            "{} request(s) lost and {} answered by the wrong backend",
+            report.lost, report.misrouted
+        )
+        .into());
+    }
+    Ok(())
 }
 
 async fn run(cli: Cli) -> Result<(), BoxError> {
