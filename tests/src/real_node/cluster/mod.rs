@@ -14,6 +14,10 @@
 //! Dropping the [`Cluster`] stops the Pods' containers through containerd before containerd
 //! itself, unmounts what the kubelet mounted, and then undoes the host changes ([`HostNetwork`]).
 
+mod front_door;
+
+pub use front_door::{CORE_PORT, GATEWAY};
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
