@@ -3,7 +3,9 @@
 //!
 //! [`Cluster::move_behind_gateway`] does on the running node what an operator does on a
 //! control-plane host: stop the components, start kube-apiserver again on `127.0.0.1:6444`
-//! (`--endpoint-reconciler-type=none`: its own address is no longer the one clients use), start
+//! (`--endpoint-reconciler-type=none`: its own address is no longer the one clients use;
+//! `--service-account-jwks-uri` on the gateway's address, or the OIDC discovery document sends
+//! relying parties to the loopback port), start
 //! the gateway as a host process on the node's address `10.200.0.1:6443`, pin the `kubernetes`
 //! Service's endpoints to the gateway, and start kube-controller-manager, kube-scheduler, the
 //! kubelet and kube-proxy again on their unchanged kubeconfigs, which name `10.200.0.1:6443`.
@@ -42,7 +44,13 @@ impl Cluster {
             "kube-controller-manager",
             "kube-apiserver",
         ]);
-        self.start_kube_apiserver("127.0.0.1", CORE_PORT, &["--endpoint-reconciler-type=none"])
+        // The discovery document's `jwks_uri` defaults to kube-apiserver's own address
+        // (`https://<advertise address>:<secure port>/openid/v1/jwks`), now a loopback port no
+        // relying party reaches: name the gateway's instead.
+        let jwks =
+            format!("--service-account-jwks-uri=https://{NODE_IP}:{APISERVER_PORT}/openid/v1/jwks");
+        let extra = ["--endpoint-reconciler-type=none", jwks.as_str()];
+        self.start_kube_apiserver("127.0.0.1", CORE_PORT, &extra)
             .await?;
         self.core_url = format!("https://127.0.0.1:{CORE_PORT}");
         let command = self.gateway_command(gateway);

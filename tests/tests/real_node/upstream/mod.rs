@@ -145,9 +145,10 @@ pub async fn run(node: &Node, e2e: &Path, focus: Focus, target: Target) -> Run {
         Target::Through { label, kubeconfig } => (label, kubeconfig),
     };
     let slug: String = label.chars().filter(char::is_ascii_alphanumeric).collect();
+    // Not in the cluster's directory: a run that failed something is kept past the session.
     let out = tempfile::Builder::new()
-        .prefix(&format!("e2e-{slug}-"))
-        .tempdir_in(cluster.dir())
+        .prefix(&format!("real-node-e2e-{slug}-"))
+        .tempdir()
         .unwrap();
     let started = Instant::now();
     let ginkgo = ginkgo_beside(e2e);
