@@ -31,6 +31,21 @@ pub struct ImageSpec {
     /// `uid:gid`.
     pub user: String,
     pub exposed: Vec<String>,
+    /// The image's CMD (none when empty).
+    pub cmd: Vec<String>,
+    /// More content, written after the defaults (so a `Text` of `/etc/passwd` replaces ours).
+    pub extras: Vec<Extra>,
+}
+
+/// Content of an image beyond its binaries.
+#[derive(Clone, Debug)]
+pub enum Extra {
+    /// A file with this text at an absolute path.
+    Text { path: String, text: String },
+    /// A symbolic link at `path` to `target`.
+    Link { path: String, target: String },
+    /// A host file copied as it is (no shared libraries), skipped when absent.
+    Optional { host: PathBuf, path: String },
 }
 
 impl ImageSpec {
@@ -47,6 +62,8 @@ impl ImageSpec {
             entrypoint: vec![path],
             user: format!("{uid}:{gid}"),
             exposed: Vec::new(),
+            cmd: Vec::new(),
+            extras: Vec::new(),
         }
     }
 
@@ -77,6 +94,8 @@ impl ImageSpec {
                     }
                 })
                 .collect(),
+            cmd: Vec::new(),
+            extras: Vec::new(),
         }
     }
 }
@@ -122,6 +141,9 @@ impl ImageLayout {
             &format!("root:x:0:\nnonroot:x:{gid}:\n"),
         )?;
         write(&root.join("etc/nsswitch.conf"), "hosts: files dns\n")?;
+        for extra in &spec.extras {
+            add_extra(&root, extra)?;
+        }
 
         // The layer: reproducible (sorted, epoch mtimes, root-owned), then gzip.
         let layer_tar = work.join("layer.tar");
@@ -164,7 +186,8 @@ impl ImageLayout {
             "os": "linux",
             "config": {
                 "User": spec.user,
-                "Entrypoint": spec.entrypoint,
+                "Entrypoint": (!spec.entrypoint.is_empty()).then_some(&spec.entrypoint),
+                "Cmd": (!spec.cmd.is_empty()).then_some(&spec.cmd),
                 "ExposedPorts": exposed,
                 "Env": ["PATH=/usr/local/bin:/usr/bin:/bin"],
                 "WorkingDir": "/",
@@ -311,6 +334,26 @@ fn copy_into(root: &Path, host: &Path, target: &str) -> Result<(), String> {
     // Follows symlinks (a library's soname link), keeps the mode.
     std::fs::copy(host, &to).map_err(|e| format!("copying {}: {e}", host.display()))?;
     Ok(())
+}
+
+fn add_extra(root: &Path, extra: &Extra) -> Result<(), String> {
+    let at = |path: &str| {
+        let to = root.join(path.trim_start_matches('/'));
+        if let Some(parent) = to.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| e.to_string())?;
+        }
+        Ok::<_, String>(to)
+    };
+    match extra {
+        Extra::Text { path, text } => write(&at(path)?, text),
+        Extra::Link { path, target } => {
+            let to = at(path)?;
+            let _ = std::fs::remove_file(&to);
+            std::os::unix::fs::symlink(target, &to).map_err(|e| format!("{path}: {e}"))
+        }
+        Extra::Optional { host, path } if host.is_file() => copy_into(root, host, path),
+        Extra::Optional { .. } => Ok(()),
+    }
 }
 
 fn set_mode(path: &Path, mode: u32) -> Result<(), String> {

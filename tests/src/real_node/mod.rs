@@ -22,13 +22,18 @@
 //! - [`cluster`]: the processes, in start order, and their teardown;
 //! - [`dns`]: cluster DNS records kept in step with the Services;
 //! - [`image`]: OCI images built from host binaries and imported into containerd (nothing can be
-//!   pulled here), the gateway's from the content the Dockerfile describes.
+//!   pulled here), the gateway's from the content the Dockerfile describes;
+//! - [`pod_start`]: Pod start latency, create → Running;
+//! - [`conformance_images`]: the images Kubernetes' conformance specs run, under the names the
+//!   given `e2e.test` asks for.
 
 pub mod cluster;
+pub mod conformance_images;
 pub mod dns;
 pub mod host;
 pub mod image;
 pub mod pki;
+pub mod pod_start;
 
 use std::path::{Path, PathBuf};
 

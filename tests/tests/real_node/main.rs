@@ -14,22 +14,30 @@
 //! installed with helm and checked as a user would ([`usage`]), operated on day 2 ([`day2`]),
 //! run through by the upstream e2e focus ([`upstream`]), and uninstalled.
 //!
+//! Last, the `front-door` shape ([`front_door`]) moves the node's own components behind a gateway
+//! on the node's address and runs the checks and the conformance focus again.
+//!
 //! `REAL_NODE_CHECKS=<text>` runs only the checks whose name contains the text;
 //! `REAL_NODE_SHAPES=<names>` (comma-separated: `cluster`, `native-sidecar`, `sidecar`,
-//! `crd-core`) only those shapes. Every difference from what a user expects is stated where it is
-//! checked.
+//! `crd-core`, `front-door`) only those shapes; `REAL_NODE_UPSTREAM=apimachinery|conformance`
+//! the upstream focus of every shape ([`upstream`]); `GINKGO` ginkgo's CLI when it is not beside
+//! `e2e.test`. Every difference from what a user expects is stated where it is checked.
 
 mod day2;
+mod front_door;
 mod shapes;
 mod upstream;
 mod usage;
 mod wardle;
 
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Instant;
 
 use e2e::real_node::{Cluster, NodeBinaries};
 
 use shapes::{Installed, Node, Shape};
+use upstream::{Focus, Run, Table, Target};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_on_a_real_node() {
@@ -45,61 +53,29 @@ async fn session_on_a_real_node() {
         "real node: node Ready, images imported and sample-apiserver running after {:.1?}",
         started.elapsed()
     );
-    let direct = match &binaries.e2e_test {
-        Some(e2e) => Some(upstream::run(&node, e2e, upstream::Target::Direct).await),
-        None => {
-            eprintln!("real node: E2E_TEST is not set; the upstream e2e tests are skipped");
-            None
-        }
-    };
-
-    let mut failures = Vec::new();
-    let mut tables = Vec::new();
-    for shape in Shape::selected() {
-        let label = format!("real node [{}]", shape.name);
-        let installed = match Installed::install(&node, shape).await {
-            Ok(installed) => installed,
-            Err(e) => {
-                eprintln!("{label}: install FAILED");
-                failures.push(format!("- [{}] install: {e}", shape.name));
-                continue;
-            }
-        };
-        if shape.first_answer_is_timed {
-            eprintln!(
-                "real node: first kubectl answer through the gateway {:.1?} after the start of \
-                 the session",
-                installed.first_answer.duration_since(started)
-            );
-        }
-        failures.extend(
-            usage::run(&label, &installed)
-                .await
-                .into_iter()
-                .map(|f| f.replacen("- ", &format!("- [{}] ", shape.name), 1)),
-        );
-        if let (Some(direct), Some(e2e)) = (&direct, &binaries.e2e_test) {
-            if shape.runs_upstream_e2e {
-                let through =
-                    upstream::run(&node, e2e, upstream::Target::Gateway(&installed)).await;
-                let table = upstream::Table::new(direct, &through);
-                eprintln!("{label}: upstream e2e, direct vs through the gateway:\n{table}");
-                if let Err(e) = table.verdict() {
-                    failures.push(format!("- [{}] upstream e2e: {e}", shape.name));
-                }
-                tables.push((shape.name, table));
-            }
-        }
-        if let Err(e) = installed.uninstall().await {
-            failures.push(format!("- [{}] helm uninstall: {e}", shape.name));
-        }
+    if binaries.e2e_test.is_none() {
+        eprintln!("real node: E2E_TEST is not set; the upstream e2e tests are skipped");
     }
-    for (shape, table) in &tables {
+    let mut session = Session {
+        node,
+        e2e: binaries.e2e_test.clone(),
+        direct: BTreeMap::new(),
+        failures: Vec::new(),
+        tables: Vec::new(),
+    };
+    for shape in Shape::selected() {
+        session.shape(shape).await;
+    }
+    if front_door::selected() {
+        session.front_door().await;
+    }
+    for (shape, table) in &session.tables {
         eprintln!("real node: upstream e2e table, shape {shape}:\n{table}");
     }
     eprintln!("real node: session took {:.1?}", started.elapsed());
+    let failures = &session.failures;
     if !failures.is_empty() {
-        eprintln!("{}", node.cluster.logs());
+        eprintln!("{}", session.node.cluster.logs());
     }
     assert!(
         failures.is_empty(),
@@ -107,4 +83,88 @@ async fn session_on_a_real_node() {
         failures.len(),
         failures.join("\n")
     );
+}
+
+/// What the shapes share: the node, the direct runs and what was found.
+struct Session {
+    node: Node,
+    e2e: Option<PathBuf>,
+    /// The direct runs, one per focus, each made before the first shape that needs it is
+    /// installed (so no gateway adds load to it).
+    direct: BTreeMap<Focus, Run>,
+    failures: Vec<String>,
+    tables: Vec<(&'static str, Table)>,
+}
+
+impl Session {
+    /// The direct run of `focus`, made now if it was not yet.
+    async fn direct(&mut self, focus: Focus) -> Option<&Run> {
+        let e2e = self.e2e.as_ref()?;
+        if !self.direct.contains_key(&focus) {
+            let run = upstream::run(&self.node, e2e, focus, Target::Direct).await;
+            self.direct.insert(focus, run);
+        }
+        self.direct.get(&focus)
+    }
+
+    /// Installs `shape`, checks it, runs its upstream focus through it, uninstalls it.
+    async fn shape(&mut self, shape: &'static Shape) {
+        let label = format!("real node [{}]", shape.name);
+        let focus = Focus::chosen(shape.upstream_focus);
+        if shape.runs_upstream_e2e {
+            self.direct(focus).await;
+        }
+        let node = &self.node;
+        let installed = match Installed::install(node, shape).await {
+            Ok(installed) => installed,
+            Err(e) => {
+                eprintln!("{label}: install FAILED");
+                self.failures
+                    .push(format!("- [{}] install: {e}", shape.name));
+                return;
+            }
+        };
+        if shape.first_answer_is_timed {
+            eprintln!(
+                "real node: first kubectl answer through the gateway {:.1?} after the start of \
+                 the session",
+                installed.first_answer.duration_since(node.cluster.started)
+            );
+        }
+        self.failures.extend(
+            usage::run(&label, &installed)
+                .await
+                .into_iter()
+                .map(|f| f.replacen("- ", &format!("- [{}] ", shape.name), 1)),
+        );
+        if let (Some(direct), Some(e2e)) = (self.direct.get(&focus), &self.e2e) {
+            if shape.runs_upstream_e2e {
+                let target = Target::gateway(node, &installed);
+                let through = upstream::run(node, e2e, focus, target).await;
+                let table = Table::new(direct, &through);
+                eprintln!("{label}: upstream e2e, direct vs through the gateway:\n{table}");
+                if let Err(e) = table.verdict() {
+                    self.failures
+                        .push(format!("- [{}] upstream e2e: {e}", shape.name));
+                }
+                self.tables.push((shape.name, table));
+            }
+        }
+        if let Err(e) = installed.uninstall().await {
+            self.failures
+                .push(format!("- [{}] helm uninstall: {e}", shape.name));
+        }
+    }
+
+    /// The front door, last: it moves the node's components behind a gateway for good.
+    async fn front_door(&mut self) {
+        let focus = Focus::chosen(Focus::Conformance);
+        self.direct(focus).await;
+        let direct = self.direct.get(&focus);
+        let (failures, table) = front_door::run(&mut self.node, self.e2e.as_deref(), direct).await;
+        self.failures.extend(failures);
+        if let Some(table) = table {
+            self.tables.push((front_door::NAME, table));
+        }
+    }
 }

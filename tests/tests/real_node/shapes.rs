@@ -14,10 +14,12 @@ use std::time::{Duration, Instant};
 
 use e2e::harness::{wait_until, Kubectl, KubectlVersion, Process};
 use e2e::helm::{chart_dir, helm};
+use e2e::real_node::conformance_images::Kind;
 use e2e::real_node::image::ImageSpec;
 use e2e::real_node::pki::NODE_IP;
 use e2e::real_node::Cluster;
 
+use crate::upstream::Focus;
 use crate::wardle;
 
 pub const RELEASE: &str = "edge";
@@ -28,9 +30,6 @@ pub const SERVICE_DNS: &str = "edge-aggregation-gateway.gateway-system.svc";
 pub const GATEWAY_IMAGE: &str = "localhost/aggregation-gateway:dev";
 pub const KUBE_APISERVER_IMAGE: &str = "localhost/kube-apiserver:v1.33.13";
 pub const FIXTURE_CORE_IMAGE: &str = "localhost/fixture-core:dev";
-const UPSTREAM_SAMPLE_APISERVER_IMAGE: &str =
-    "registry.k8s.io/e2e-test-images/sample-apiserver:1.29.2";
-const UPSTREAM_ETCD_IMAGE: &str = "registry.k8s.io/etcd:3.5.21-0";
 /// The fixture core's token for the gateway, and a user's.
 const FIXTURE_GATEWAY_TOKEN: &str = "fixture-gateway-token";
 pub const FIXTURE_USER_TOKEN: &str = "fixture-user-token";
@@ -42,6 +41,8 @@ pub struct Node {
     pub cluster: Cluster,
     /// A cluster-admin ServiceAccount's token (`gateway-system/e2e-admin`).
     pub admin_token: String,
+    /// The agnhost image `e2e.test` runs, when it is given.
+    pub agnhost: Option<String>,
     /// Helm's own files.
     helm_home: tempfile::TempDir,
 }
@@ -58,15 +59,24 @@ impl Node {
             ImageSpec::binary(&b.kube_apiserver, KUBE_APISERVER_IMAGE, 65532, 65532),
             ImageSpec::binary(&b.sample_apiserver, wardle::IMAGE, 65532, 65532),
             ImageSpec::binary(fixture_core, FIXTURE_CORE_IMAGE, 65532, 65532),
-            // What the upstream Aggregator test runs, under the names its manifest gives them
-            // (test/utils/image/manifest.go); root, as upstream's images run (:443, a data dir
-            // under /). Debian's etcd 3.4 stands in for the tag's 3.5.
-            ImageSpec::binary(&b.sample_apiserver, UPSTREAM_SAMPLE_APISERVER_IMAGE, 0, 0),
-            ImageSpec::binary(&b.etcd, UPSTREAM_ETCD_IMAGE, 0, 0),
         ] {
             cluster
                 .import_image(&spec)
                 .unwrap_or_else(|e| panic!("importing {}: {e}", spec.reference));
+        }
+        // What the upstream specs run (the Aggregator spec's sample-apiserver and etcd among
+        // them, as root as upstream's images run; Debian's etcd 3.4 stands in for the tag's
+        // 3.5/3.6), under the names the release's manifest gives them.
+        let mut agnhost = None;
+        if let Some(e2e) = &cluster.binaries.e2e_test {
+            let images = cluster
+                .import_conformance_images(e2e)
+                .unwrap_or_else(|e| panic!("importing the conformance images: {e}"));
+            eprintln!(
+                "real node: images e2e.test lists but no spec of the focus runs (not built): {}",
+                images.missing.join(" ")
+            );
+            agnhost = images.built(Kind::Agnhost).map(str::to_owned);
         }
         let admin = cluster.admin();
         admin.run_ok(&["create", "namespace", NAMESPACE]).await;
@@ -217,6 +227,7 @@ impl Node {
         Node {
             cluster,
             admin_token: token,
+            agnhost,
             helm_home: tempfile::tempdir().unwrap(),
         }
     }
@@ -269,6 +280,8 @@ pub struct Shape {
     pub core: Core,
     /// Kubernetes' e2e tests need the core to be this cluster (Pods, nodes): all but `crd-core`.
     pub runs_upstream_e2e: bool,
+    /// Which of them, unless `REAL_NODE_UPSTREAM` says ([`Focus::chosen`]).
+    pub upstream_focus: Focus,
     /// The first shape's first answer is the suite's "from nothing to kubectl" time.
     pub first_answer_is_timed: bool,
 }
@@ -276,24 +289,28 @@ pub struct Shape {
 pub const SHAPES: [Shape; 4] = [
     Shape {
         name: "cluster",
+        upstream_focus: Focus::Conformance,
         core: Core::Cluster,
         runs_upstream_e2e: true,
         first_answer_is_timed: true,
     },
     Shape {
         name: "native-sidecar",
+        upstream_focus: Focus::Apimachinery,
         core: Core::KubeApiserverSidecar { native: true },
         runs_upstream_e2e: true,
         first_answer_is_timed: false,
     },
     Shape {
         name: "sidecar",
+        upstream_focus: Focus::Apimachinery,
         core: Core::KubeApiserverSidecar { native: false },
         runs_upstream_e2e: true,
         first_answer_is_timed: false,
     },
     Shape {
         name: "crd-core",
+        upstream_focus: Focus::Apimachinery,
         core: Core::CrdFixture,
         runs_upstream_e2e: false,
         first_answer_is_timed: false,

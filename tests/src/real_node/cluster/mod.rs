@@ -14,12 +14,17 @@
 //! Dropping the [`Cluster`] stops the Pods' containers through containerd before containerd
 //! itself, unmounts what the kubelet mounted, and then undoes the host changes ([`HostNetwork`]).
 
+mod front_door;
+
+pub use front_door::{CORE_PORT, GATEWAY};
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
 
+use super::conformance_images::{listed_images, ConformanceImages, Sources, BUSYBOX};
 use super::host::{self, HostNetwork, CLUSTER_CIDR, POD_CIDR, SERVICE_CIDR};
 use super::image::{build_and_import, ImageSpec};
 use super::pki::{NodePki, FRONT_PROXY_CN, NODE_IP, NODE_NAME};
@@ -40,8 +45,11 @@ const READY_TIMEOUT: Duration = Duration::from_secs(120);
 /// A running one-node cluster; see the module docs.
 pub struct Cluster {
     pub pki: NodePki,
-    /// `https://10.200.0.1:6443`.
+    /// `https://10.200.0.1:6443`: the cluster's API endpoint, kube-apiserver's own address
+    /// until [`Cluster::move_behind_gateway`] puts the gateway there.
     pub url: String,
+    /// kube-apiserver's own address (`url`, or its loopback port behind the gateway).
+    pub core_url: String,
     /// `http://10.200.0.1:23379`.
     pub etcd_url: String,
     /// containerd's socket, for `ctr --address`.
@@ -78,6 +86,7 @@ impl Cluster {
         let pki = NodePki::new(&dir.path().join("pki"));
         let mut cluster = Cluster {
             url: format!("https://{NODE_IP}:{APISERVER_PORT}"),
+            core_url: format!("https://{NODE_IP}:{APISERVER_PORT}"),
             etcd_url: format!("http://{NODE_IP}:{ETCD_PORT}"),
             containerd: dir.path().join("containerd.sock"),
             pki,
@@ -155,6 +164,54 @@ impl Cluster {
         Ok(reference)
     }
 
+    /// Gives the image `from` the further name `to` in the node's containerd.
+    pub fn tag_image(&self, from: &str, to: &str) -> Result<(), String> {
+        let out = Command::new(self.binaries.host("ctr"))
+            .arg("--address")
+            .arg(&self.containerd)
+            .args(["-n", "k8s.io", "images", "tag", "--force", from, to])
+            .output()
+            .map_err(|e| format!("ctr images tag: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "ctr images tag {from} {to}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
+    }
+
+    /// Builds and imports the images the conformance specs of `e2e` run (see
+    /// [`super::conformance_images`]), each under every name `e2e.test --list-images` gives it;
+    /// returns what was built and which listed names were not.
+    pub fn import_conformance_images(&self, e2e: &Path) -> Result<ConformanceImages, String> {
+        let cp = &self.binaries.control_plane;
+        let sources = Sources {
+            agnhost: e2e.with_file_name("agnhost"),
+            busybox: PathBuf::from(BUSYBOX),
+            pause: self.binaries.pause.clone(),
+            sample_apiserver: cp.sample_apiserver.clone(),
+            etcd: cp.etcd.clone(),
+        };
+        for (host, package) in [
+            (&sources.agnhost, "build-e2e-test builds it beside e2e.test"),
+            (&sources.busybox, "Debian package busybox-static"),
+        ] {
+            if !host.is_file() {
+                return Err(format!("{} is missing ({package})", host.display()));
+            }
+        }
+        let plan = ConformanceImages::plan(&listed_images(e2e)?, &sources)?;
+        for (spec, tags) in &plan.builds {
+            self.import_image(spec)?;
+            for tag in tags {
+                self.tag_image(&spec.reference, tag)?;
+            }
+        }
+        Ok(plan)
+    }
+
     /// Every captured line of every component, for failure messages.
     pub fn logs(&self) -> String {
         self.processes.iter().map(Process::logs).collect()
@@ -220,6 +277,15 @@ impl Cluster {
             &format!("default={peer}"),
             "--listen-metrics-urls",
             "",
+            // kube-apiserver 1.34+ serves a watch without a resourceVersion (and one from a
+            // list's) from its watch cache only once the cache has caught up with etcd's current
+            // revision, which it learns from a progress notification it asks etcd for
+            // (RequestWatchProgress, etcd 3.5.13+). Debian's etcd 3.4 ignores the request, so a
+            // cache of a quiet resource never catches up and such a watch fails after 3 s with
+            // `Too large resource version` (504), directly as through any proxy; frequent
+            // periodic notifications stand in for the requested ones.
+            "--experimental-watch-progress-notify-interval",
+            "250ms",
         ]);
         let etcd = self.spawn("etcd", etcd)?;
         if etcd
@@ -233,16 +299,29 @@ impl Cluster {
             return Err(format!("etcd did not start:\n{}", etcd.logs()));
         }
 
+        self.start_kube_apiserver(NODE_IP, APISERVER_PORT, &[])
+            .await?;
+        self.start_controllers()
+    }
+
+    /// kube-apiserver on `bind:port` (with `extra` flags), as kubeadm configures it; waits for
+    /// its `/readyz`.
+    async fn start_kube_apiserver(
+        &mut self,
+        bind: &str,
+        port: u16,
+        extra: &[&str],
+    ) -> Result<(), String> {
         let p = &self.pki;
         let path = |p: &Path| p.display().to_string();
-        let mut kas = Command::new(&b.kube_apiserver);
+        let mut kas = Command::new(&self.binaries.control_plane.kube_apiserver);
         kas.args([
             "--etcd-servers",
-            &client,
+            &self.etcd_url,
             "--secure-port",
-            &APISERVER_PORT.to_string(),
+            &port.to_string(),
             "--bind-address",
-            NODE_IP,
+            bind,
             "--advertise-address",
             NODE_IP,
             "--tls-cert-file",
@@ -284,10 +363,16 @@ impl Cluster {
             &path(&p.front_proxy_client.cert),
             "--proxy-client-key-file",
             &path(&p.front_proxy_client.key),
-        ]);
+        ])
+        .args(extra);
         self.spawn("kube-apiserver", kas)?;
-        self.wait_apiserver_ready().await?;
+        self.wait_apiserver_ready(&format!("https://{bind}:{port}"))
+            .await
+    }
 
+    /// kube-controller-manager and kube-scheduler (no leader election).
+    fn start_controllers(&mut self) -> Result<(), String> {
+        let path = |p: &Path| p.display().to_string();
         let kcm_config =
             self.component_kubeconfig("controller-manager", &self.pki.controller_manager);
         let sched_config = self.component_kubeconfig("scheduler", &self.pki.scheduler);
@@ -338,9 +423,9 @@ impl Cluster {
         self.file("pki/ca.key", &self.pki.cluster_ca.key_pem())
     }
 
-    async fn wait_apiserver_ready(&self) -> Result<(), String> {
+    async fn wait_apiserver_ready(&self, base: &str) -> Result<(), String> {
         let client = self.admin_client();
-        let url = format!("{}/readyz", self.url);
+        let url = format!("{base}/readyz");
         let deadline = Instant::now() + READY_TIMEOUT;
         let mut last = String::from("no answer yet");
         while Instant::now() < deadline {

@@ -1,0 +1,374 @@
+//! The `front-door` shape (issue 38): the gateway as the cluster's API endpoint, every component
+//! behind it ([`e2e::real_node::Cluster::move_behind_gateway`]), run last in the session because
+//! it rebuilds the node's control plane.
+//!
+//! What must hold, checked as a user and as the node would see it: the node Ready again and its
+//! heartbeat Lease renewed through the gateway; the kubelet reaching the core as
+//! `system:node:<name>` in `system:nodes`, and the Node authorizer still refusing it a Secret no
+//! Pod of its node uses; Pods started; `kubectl exec -i`, `logs -f` and `port-forward`; a
+//! namespace with a Pod and a ConfigMap deleted to the end. Then the conformance focus with the
+//! whole cluster behind the gateway beside the direct run, Pod start latency (create → Running,
+//! median of 10) beside the same node without the gateway, and the gateway's CPU and memory.
+
+use std::path::Path;
+use std::time::Duration;
+
+use e2e::checks;
+use e2e::harness::{wait_until, Kubectl, KubectlVersion};
+use e2e::real_node::pki::NODE_NAME;
+use e2e::real_node::pod_start;
+use e2e::table::run_checks;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::shapes::Node;
+use crate::upstream::{self, Run, Table, Target};
+
+/// The shape's name in `REAL_NODE_SHAPES`.
+pub const NAME: &str = "front-door";
+/// Pods per latency figure.
+const PODS: usize = 10;
+
+/// Whether `REAL_NODE_SHAPES` selects the front door (it does by default).
+pub fn selected() -> bool {
+    let only = std::env::var("REAL_NODE_SHAPES").unwrap_or_default();
+    only.is_empty() || only.split(',').any(|s| s == NAME)
+}
+
+/// Moves the node behind the gateway, checks it, and runs `direct`'s focus through it. The
+/// latency without the gateway is measured first, on the same node.
+pub async fn run(
+    node: &mut Node,
+    e2e: Option<&Path>,
+    direct: Option<&Run>,
+) -> (Vec<String>, Option<Table>) {
+    let label = format!("real node [{NAME}]");
+    let mut failures = Vec::new();
+    let direct_start = start_latency(node, "front-door-direct", &mut failures).await;
+    let gateway = e2e::harness::ensure_release_gateway_built()
+        .unwrap_or_else(|e| panic!("building the gateway's release binary: {e}"));
+    if let Err(e) = node.cluster.move_behind_gateway(&gateway).await {
+        failures.push(format!(
+            "- [{NAME}] moving the node behind the gateway: {e}"
+        ));
+        return (failures, None);
+    }
+    let before = Usage::of(node);
+    failures.extend(
+        run_checks(
+            &label,
+            "REAL_NODE_CHECKS",
+            &*node,
+            checks![
+                "the node Ready behind the gateway, its heartbeat Lease renewed" => node_ready,
+                "the kubelet is system:node:<name> at the core; the Node authorizer still refuses it" =>
+                    node_identity,
+                "kubectl exec -i, logs -f and port-forward through the gateway" => streaming,
+                "a namespace with a Pod and a ConfigMap is deleted to the end" => namespace_deletion,
+            ],
+        )
+        .await
+        .into_iter()
+        .map(|f| f.replacen("- ", &format!("- [{NAME}] "), 1)),
+    );
+    let gateway_start = start_latency(node, "front-door-gateway", &mut failures).await;
+    eprintln!(
+        "{label}: Pod start (create → Running, median of {PODS}): {:.2} s directly, {:.2} s \
+         behind the gateway",
+        direct_start.as_secs_f64(),
+        gateway_start.as_secs_f64()
+    );
+    let table = match (e2e, direct) {
+        (Some(e2e), Some(direct)) => {
+            let target = Target::Through {
+                label: NAME.into(),
+                kubeconfig: node.cluster.admin_kubeconfig(),
+            };
+            let through = upstream::run(node, e2e, direct.focus, target).await;
+            let table = Table::new(direct, &through);
+            eprintln!(
+                "{label}: upstream e2e, direct vs the whole cluster behind the gateway:\n{table}"
+            );
+            if let Err(e) = table.verdict() {
+                failures.push(format!("- [{NAME}] upstream e2e: {e}"));
+            }
+            Some(table)
+        }
+        _ => None,
+    };
+    let after = Usage::of(node);
+    eprintln!("{label}: the gateway's {}", after.since(&before));
+    (failures, table)
+}
+
+async fn start_latency(node: &Node, namespace: &str, failures: &mut Vec<String>) -> Duration {
+    match pod_start::latencies(&node.cluster, namespace, PODS).await {
+        Ok(took) => {
+            let all: Vec<String> = took
+                .iter()
+                .map(|d| format!("{:.2}", d.as_secs_f64()))
+                .collect();
+            eprintln!(
+                "real node [{NAME}]: Pod start in {namespace}: {} s",
+                all.join(" ")
+            );
+            pod_start::median(&took)
+        }
+        Err(e) => {
+            failures.push(format!("- [{NAME}] Pods started in {namespace}: {e}"));
+            Duration::ZERO
+        }
+    }
+}
+
+/// The gateway process's CPU time and memory, from `/proc`.
+struct Usage {
+    cpu: Duration,
+    rss_kib: u64,
+    peak_kib: u64,
+}
+
+impl Usage {
+    fn of(node: &Node) -> Usage {
+        let pid = node
+            .cluster
+            .gateway_pid()
+            .expect("the front door's gateway runs");
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // After the command's closing parenthesis: state is field 3, utime 14, stime 15.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map_or(vec![], |(_, rest)| rest.split_whitespace().collect());
+        let ticks = |i: usize| {
+            fields
+                .get(i - 3)
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        // SAFETY of the call: sysconf has no preconditions.
+        let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).unwrap_or(100);
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let kib = |key: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+                .unwrap_or(0)
+        };
+        Usage {
+            cpu: Duration::from_millis((ticks(14) + ticks(15)) * 1000 / hz),
+            rss_kib: kib("VmRSS:"),
+            peak_kib: kib("VmHWM:"),
+        }
+    }
+
+    fn since(&self, before: &Usage) -> String {
+        format!(
+            "CPU {:.1} s over the checks and the e2e run (from {:.1} s to {:.1} s); RSS {} MiB \
+             (peak {} MiB; {} MiB at the start)",
+            (self.cpu.saturating_sub(before.cpu)).as_secs_f64(),
+            before.cpu.as_secs_f64(),
+            self.cpu.as_secs_f64(),
+            self.rss_kib / 1024,
+            self.peak_kib / 1024,
+            before.rss_kib / 1024
+        )
+    }
+}
+
+async fn node_ready(node: &Node) {
+    let admin = node.cluster.admin();
+    let ready = admin
+        .run_ok(&[
+            "get",
+            "node",
+            NODE_NAME,
+            "-o",
+            r#"jsonpath={.status.conditions[?(@.type=="Ready")].status}"#,
+        ])
+        .await;
+    assert_eq!(ready.stdout.trim(), "True", "the node is not Ready");
+    let renewed = || async {
+        admin
+            .run_ok(&[
+                "-n",
+                "kube-node-lease",
+                "get",
+                "lease",
+                NODE_NAME,
+                "-o",
+                "jsonpath={.spec.renewTime}",
+            ])
+            .await
+            .stdout
+    };
+    let first = renewed().await;
+    let moved = wait_until(Duration::from_secs(30), || async {
+        renewed().await != first
+    })
+    .await;
+    assert!(
+        moved,
+        "the node's Lease was not renewed in 30 s (still {first})"
+    );
+}
+
+/// kubectl as the kubelet: its kubeconfig's certificate, the cluster's API endpoint.
+fn kubelet_kubectl(node: &Node) -> Kubectl {
+    let c = &node.cluster;
+    Kubectl::new(&c.url, Some(&c.pki.cluster_ca_file), KubectlVersion::V1_33)
+        .and_then(|k| k.with_client_cert(&c.pki.kubelet_client.cert, &c.pki.kubelet_client.key))
+        .expect("a kubectl session as the kubelet")
+}
+
+async fn node_identity(node: &Node) {
+    let kubelet = kubelet_kubectl(node);
+    let whoami = kubelet.run_ok(&["auth", "whoami", "-o", "json"]).await;
+    let review: serde_json::Value = serde_json::from_str(&whoami.stdout).unwrap();
+    let user = &review["status"]["userInfo"];
+    assert_eq!(
+        user["username"],
+        format!("system:node:{NODE_NAME}"),
+        "{whoami}"
+    );
+    let groups = user["groups"].as_array().cloned().unwrap_or_default();
+    assert!(groups.iter().any(|g| g == "system:nodes"), "{whoami}");
+    // A Secret no Pod of this node mounts: the Node authorizer decides, by the node's name.
+    let refused = kubelet
+        .run(&["-n", "gateway-system", "get", "secret", "gateway-serving"])
+        .await;
+    assert!(
+        !refused.success(),
+        "the kubelet read a Secret it has no Pod for:\n{refused}"
+    );
+    let expected = format!("no relationship found between node '{NODE_NAME}' and this object");
+    assert!(
+        refused.stderr.contains(&expected),
+        "not the Node authorizer's refusal:\n{refused}"
+    );
+}
+
+/// An agnhost Pod that logs a line every 200 ms and serves HTTP on 8080.
+async fn streaming_pod(node: &Node, admin: &Kubectl) -> String {
+    let image = node
+        .agnhost
+        .clone()
+        .expect("E2E_TEST names an e2e.test whose agnhost is imported");
+    let pod = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: front-door-stream, namespace: default}}
+spec:
+  terminationGracePeriodSeconds: 0
+  containers:
+  - name: agnhost
+    image: {image}
+    imagePullPolicy: Never
+    command: ["/bin/sh", "-c", "(i=0; while true; do echo line $i; i=$((i+1)); sleep 0.2; done) & exec /agnhost netexec --http-port=8080"]
+"#
+    );
+    admin.apply_yaml(&pod).await;
+    admin
+        .run_ok(&[
+            "wait",
+            "--for=condition=Ready",
+            "pod/front-door-stream",
+            "--timeout=60s",
+        ])
+        .await;
+    "front-door-stream".into()
+}
+
+async fn streaming(node: &Node) {
+    let admin = node.cluster.admin();
+    let pod = streaming_pod(node, &admin).await;
+    let echoed = admin
+        .run_with_input(
+            &["exec", "-i", &pod, "--", "cat"],
+            "through the front door\n",
+        )
+        .await;
+    assert_eq!(echoed.stdout, "through the front door\n", "{echoed}");
+    let follow = admin.spawn(&["logs", "-f", &pod]).unwrap();
+    let seen = follow
+        .wait_for_line(|l| l.contains("line "), Duration::from_secs(10))
+        .await;
+    assert!(
+        seen.is_some(),
+        "logs -f printed nothing:\n{}",
+        follow.logs()
+    );
+    let first = follow.line_count();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        follow.line_count() > first + 3,
+        "logs -f stopped following:\n{}",
+        follow.logs()
+    );
+    drop(follow);
+    let forward = admin
+        .spawn(&["port-forward", &format!("pod/{pod}"), "18080:8080"])
+        .unwrap();
+    let listening = forward
+        .wait_for_line(|l| l.contains("Forwarding from"), Duration::from_secs(30))
+        .await;
+    assert!(
+        listening.is_some(),
+        "port-forward did not start:\n{}",
+        forward.logs()
+    );
+    let mut stream = tokio::net::TcpStream::connect("127.0.0.1:18080")
+        .await
+        .unwrap();
+    stream
+        .write_all(b"GET /hostname HTTP/1.0\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.ends_with(&pod), "port-forward answered:\n{answer}");
+    drop(forward);
+    admin.run_ok(&["delete", "pod", &pod, "--wait=false"]).await;
+}
+
+async fn namespace_deletion(node: &Node) {
+    let admin = node.cluster.admin();
+    let ns = "front-door-delete";
+    admin.run_ok(&["create", "namespace", ns]).await;
+    admin
+        .run_ok(&[
+            "-n",
+            ns,
+            "create",
+            "configmap",
+            "doomed",
+            "--from-literal=a=b",
+        ])
+        .await;
+    admin
+        .run_ok(&[
+            "-n",
+            ns,
+            "run",
+            "doomed",
+            "--image",
+            e2e::real_node::cluster::PAUSE_IMAGE,
+            "--image-pull-policy=Never",
+        ])
+        .await;
+    let started = std::time::Instant::now();
+    let deleted = admin
+        .run(&["delete", "namespace", ns, "--timeout=120s"])
+        .await;
+    assert!(deleted.success(), "deleting {ns}:\n{deleted}");
+    let gone = admin
+        .run(&["get", "namespace", ns, "--ignore-not-found", "-o", "name"])
+        .await;
+    assert!(
+        gone.stdout.trim().is_empty(),
+        "{ns} is still there:\n{gone}"
+    );
+    eprintln!(
+        "real node [{NAME}]: namespace {ns} deleted in {:.1?}",
+        started.elapsed()
+    );
+}
