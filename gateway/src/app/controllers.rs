@@ -62,6 +62,13 @@ impl Controllers {
     ) -> Result<Self, StartError> {
         let mut health = Health::new();
         let supervisor = Supervisor::new(metrics);
+        let published = metrics.clone();
+        supervisor.restarting(
+            &mut health,
+            "loop/inflight-metrics",
+            tracing::info_span!("inflight_metrics"),
+            move || published.clone().publish_inflight(),
+        );
         let core_check = Check::unhealthy("core server not checked yet");
         health.register("core-server", health::READY, core_check.clone());
         let shutdown_check = Check::healthy();

@@ -65,7 +65,6 @@ pub enum StartError {
 pub async fn run(config: Config) -> Result<(), StartError> {
     gateway_config::tls::install_crypto_provider();
     let metrics = metrics(&config.limits);
-    tokio::spawn(metrics.clone().publish_inflight());
 
     // 1. Configuration: the certificates, kept current from their files, and the socket.
     let serving = ServingTls::start(&config.serving, &config.authn, &metrics)?;
