@@ -61,22 +61,10 @@ impl Supervisor {
             let mut backoff = MIN_BACKOFF;
             loop {
                 let started = Instant::now();
-                let run = start();
-                let panics = hook.next();
-                let ended = tokio::spawn(
-                    async move {
-                        if panics {
-                            panic!("AGGREGATION_GATEWAY_TEST_PANIC asked this loop to panic");
-                        }
-                        run.await;
-                    }
-                    .instrument(span.clone()),
-                )
-                .await;
+                let why = run_once(start(), hook.next(), span.clone()).await;
                 if started.elapsed() >= STABLE {
                     backoff = MIN_BACKOFF;
                 }
-                let why = ending(ended);
                 tracing::error!(
                     r#loop = loop_label(name),
                     "the {} loop {why}; starting it again in {backoff:?}",
@@ -106,17 +94,7 @@ impl Supervisor {
         let restarts = self.restarts.with_label_values(&[loop_label(name)]);
         let panics = TestPanic::from_env(name).next();
         tokio::spawn(async move {
-            let ended = tokio::spawn(
-                async move {
-                    if panics {
-                        panic!("AGGREGATION_GATEWAY_TEST_PANIC asked this loop to panic");
-                    }
-                    run.await;
-                }
-                .instrument(span),
-            )
-            .await;
-            let why = ending(ended);
+            let why = run_once(run, panics, span).await;
             tracing::error!(
                 r#loop = loop_label(name),
                 "the {} loop {why}; it cannot be started again in this process: /livez fails so \
@@ -130,6 +108,25 @@ impl Supervisor {
             ));
         });
     }
+}
+
+/// Runs `run` in a task of its own (so its panic is caught), in `span`; how it ended, in words.
+/// `panics`: the test hook asks this run to panic instead.
+async fn run_once<Fut>(run: Fut, panics: bool, span: tracing::Span) -> String
+where
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let ended = tokio::spawn(
+        async move {
+            if panics {
+                panic!("AGGREGATION_GATEWAY_TEST_PANIC asked this loop to panic");
+            }
+            run.await;
+        }
+        .instrument(span),
+    )
+    .await;
+    ending(ended)
 }
 
 /// `discovery-controller` of `loop/discovery-controller`.
