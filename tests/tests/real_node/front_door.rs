@@ -3,23 +3,28 @@
 //! it rebuilds the node's control plane.
 //!
 //! What must hold, checked as a user and as the node would see it: the node Ready again and its
-//! heartbeat Lease renewed through the gateway; the kubelet reaching the core as
+//! heartbeat Lease renewed through the gateway; the kubelet's TLS bootstrap (its CSR made with a
+//! bootstrap token, approved and signed, the node on the issued certificate) and a rotation of
+//! that certificate through the gateway; the kubelet reaching the core as
 //! `system:node:<name>` in `system:nodes`, and the Node authorizer still refusing it a Secret no
 //! Pod of its node uses; Pods started; `kubectl exec -i`, `logs -f` and `port-forward`; a
 //! namespace with a Pod and a ConfigMap deleted to the end. Then the conformance focus with the
 //! whole cluster behind the gateway beside the direct run, Pod start latency (create → Running,
-//! median of 10) beside the same node without the gateway, and the gateway's CPU and memory.
+//! median of 10) beside the same node without the gateway, and the gateway's CPU and memory
+//! (per component with `REAL_NODE_USAGE_WINDOW`: [`crate::component_load`]).
 
 use std::path::Path;
 use std::time::Duration;
 
 use e2e::checks;
 use e2e::harness::{wait_until, Kubectl, KubectlVersion};
+use e2e::real_node::cluster::BOOTSTRAP_GROUP;
 use e2e::real_node::pki::NODE_NAME;
 use e2e::real_node::pod_start;
 use e2e::table::run_checks;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use crate::component_load::{self, Usage};
 use crate::shapes::Node;
 use crate::upstream::{self, Run, Table, Target};
 
@@ -60,6 +65,8 @@ pub async fn run(
             &*node,
             checks![
                 "the node Ready behind the gateway, its heartbeat Lease renewed" => node_ready,
+                "kubelet TLS bootstrap and a client certificate rotation through the gateway" =>
+                    tls_bootstrap,
                 "the kubelet is system:node:<name> at the core; the Node authorizer still refuses it" =>
                     node_identity,
                 "kubectl exec -i, logs -f and port-forward through the gateway" => streaming,
@@ -70,6 +77,13 @@ pub async fn run(
         .into_iter()
         .map(|f| f.replacen("- ", &format!("- [{NAME}] "), 1)),
     );
+    // The rest of the session on certificates that live a year again: a renewal every two
+    // minutes would have the kubelet drop its connections in the middle of the e2e run.
+    if let Err(e) = node.cluster.restart_controller_manager() {
+        failures.push(format!(
+            "- [{NAME}] restarting kube-controller-manager: {e}"
+        ));
+    }
     let gateway_start = start_latency(node, "front-door-gateway", &mut failures).await;
     eprintln!(
         "{label}: Pod start (create → Running, median of {PODS}): {:.2} s directly, {:.2} s \
@@ -97,6 +111,12 @@ pub async fn run(
     };
     let after = Usage::of(node);
     eprintln!("{label}: the gateway's {}", after.since(&before));
+    if let Some(window) = component_load::window() {
+        match component_load::run(node, window).await {
+            Ok(usage) => eprintln!("{label}: the gateway's CPU and memory per component:\n{usage}"),
+            Err(e) => failures.push(format!("- [{NAME}] usage per component: {e}")),
+        }
+    }
     (failures, table)
 }
 
@@ -117,61 +137,6 @@ async fn start_latency(node: &Node, namespace: &str, failures: &mut Vec<String>)
             failures.push(format!("- [{NAME}] Pods started in {namespace}: {e}"));
             Duration::ZERO
         }
-    }
-}
-
-/// The gateway process's CPU time and memory, from `/proc`.
-struct Usage {
-    cpu: Duration,
-    rss_kib: u64,
-    peak_kib: u64,
-}
-
-impl Usage {
-    fn of(node: &Node) -> Usage {
-        let pid = node
-            .cluster
-            .gateway_pid()
-            .expect("the front door's gateway runs");
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        // After the command's closing parenthesis: state is field 3, utime 14, stime 15.
-        let fields: Vec<&str> = stat
-            .rsplit_once(')')
-            .map_or(vec![], |(_, rest)| rest.split_whitespace().collect());
-        let ticks = |i: usize| {
-            fields
-                .get(i - 3)
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0)
-        };
-        // SAFETY of the call: sysconf has no preconditions.
-        let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).unwrap_or(100);
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-        let kib = |key: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(key))
-                .and_then(|v| v.split_whitespace().next()?.parse().ok())
-                .unwrap_or(0)
-        };
-        Usage {
-            cpu: Duration::from_millis((ticks(14) + ticks(15)) * 1000 / hz),
-            rss_kib: kib("VmRSS:"),
-            peak_kib: kib("VmHWM:"),
-        }
-    }
-
-    fn since(&self, before: &Usage) -> String {
-        format!(
-            "CPU {:.1} s over the checks and the e2e run (from {:.1} s to {:.1} s); RSS {} MiB \
-             (peak {} MiB; {} MiB at the start)",
-            (self.cpu.saturating_sub(before.cpu)).as_secs_f64(),
-            before.cpu.as_secs_f64(),
-            self.cpu.as_secs_f64(),
-            self.rss_kib / 1024,
-            self.peak_kib / 1024,
-            before.rss_kib / 1024
-        )
     }
 }
 
@@ -210,6 +175,129 @@ async fn node_ready(node: &Node) {
         moved,
         "the node's Lease was not renewed in 30 s (still {first})"
     );
+}
+
+/// The cluster's CertificateSigningRequests, as `(name, spec, status)`.
+async fn csrs(admin: &Kubectl) -> Vec<serde_json::Value> {
+    let listed = admin.run_ok(&["get", "csr", "-o", "json"]).await;
+    let list: serde_json::Value = serde_json::from_str(&listed.stdout).unwrap();
+    list["items"].as_array().cloned().unwrap_or_default()
+}
+
+/// Whether `csr` is approved by kube-controller-manager's csrapproving controller and signed.
+fn approved_and_issued(csr: &serde_json::Value) -> bool {
+    let approved = csr["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "Approved" && c["reason"] == "AutoApproved");
+    approved
+        && csr["status"]["certificate"]
+            .as_str()
+            .is_some_and(|c| !c.is_empty())
+}
+
+/// kubectl through the gateway with the kubelet's current issued certificate.
+fn issued_kubectl(node: &Node) -> Kubectl {
+    let c = &node.cluster;
+    let current = c.kubelet_cert_dir().join("kubelet-client-current.pem");
+    Kubectl::new(&c.url, Some(&c.pki.cluster_ca_file), KubectlVersion::V1_33)
+        .and_then(|k| k.with_client_cert(&current, &current))
+        .expect("a kubectl session with the kubelet's issued certificate")
+}
+
+async fn assert_node_identity(kubectl: &Kubectl) {
+    let whoami = kubectl.run_ok(&["auth", "whoami", "-o", "json"]).await;
+    let review: serde_json::Value = serde_json::from_str(&whoami.stdout).unwrap();
+    let user = &review["status"]["userInfo"];
+    assert_eq!(
+        user["username"],
+        format!("system:node:{NODE_NAME}"),
+        "{whoami}"
+    );
+    let groups = user["groups"].as_array().cloned().unwrap_or_default();
+    assert!(groups.iter().any(|g| g == "system:nodes"), "{whoami}");
+}
+
+async fn tls_bootstrap(node: &Node) {
+    let c = &node.cluster;
+    let token = c
+        .bootstrap_token
+        .as_deref()
+        .expect("the kubelet started with a bootstrap token");
+    let bootstrapper = format!("system:bootstrap:{}", &token[..6]);
+    let node_user = format!("system:node:{NODE_NAME}");
+    let admin = c.admin();
+    let by = |user: &str, csrs: &[serde_json::Value]| {
+        csrs.iter().find(|r| r["spec"]["username"] == user).cloned()
+    };
+    // The bootstrap CSR: created with the token, which the gateway reviewed and passed on, so
+    // kube-apiserver recorded the token's user and groups as the requester.
+    let all = csrs(&admin).await;
+    let first =
+        by(&bootstrapper, &all).unwrap_or_else(|| panic!("no CSR by {bootstrapper}: {all:#?}"));
+    assert_eq!(
+        first["spec"]["signerName"], "kubernetes.io/kube-apiserver-client-kubelet",
+        "{first:#}"
+    );
+    let groups = first["spec"]["groups"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    for group in ["system:bootstrappers", BOOTSTRAP_GROUP] {
+        assert!(
+            groups.iter().any(|g| g == group),
+            "{group} missing: {first:#}"
+        );
+    }
+    assert!(
+        approved_and_issued(&first),
+        "not approved and signed: {first:#}"
+    );
+    let current = c.kubelet_cert_dir().join("kubelet-client-current.pem");
+    let issued = std::fs::read_to_string(&current)
+        .unwrap_or_else(|e| panic!("the kubelet wrote no {}: {e}", current.display()));
+    assert_node_identity(&issued_kubectl(node)).await;
+
+    // The renewal: made with the issued certificate, so the core records the identity the
+    // gateway forwarded for it; approved as selfnodeclient.
+    let started = std::time::Instant::now();
+    let deadline = started + Duration::from_secs(240);
+    let renewal = loop {
+        let all = csrs(&admin).await;
+        let renewed = by(&node_user, &all).filter(approved_and_issued);
+        let rotated = std::fs::read_to_string(&current).is_ok_and(|pem| pem != issued);
+        if let (Some(renewal), true) = (renewed, rotated) {
+            break renewal;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no renewal by {node_user} within 240 s (certificates live {}): {all:#?}\n{}",
+            e2e::real_node::cluster::SIGNING_DURATION,
+            c.component_logs("kubelet")
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    };
+    eprintln!(
+        "real node [{NAME}]: kubelet TLS bootstrap: CSR {} of {bootstrapper} approved and signed, \
+         renewed by CSR {} of {node_user} {:.0?} into the check",
+        first["metadata"]["name"],
+        renewal["metadata"]["name"],
+        started.elapsed()
+    );
+    // The kubelet drops its connections once the rotated certificate is in use; its Lease
+    // renewed after that comes through the gateway on the new certificate.
+    let dropped = wait_until(Duration::from_secs(30), || async {
+        c.component_logs("kubelet")
+            .contains("shutting down client connections to start using new credentials")
+    })
+    .await;
+    assert!(
+        dropped,
+        "the kubelet did not switch to the rotated certificate"
+    );
+    assert_node_identity(&issued_kubectl(node)).await;
+    node_ready(node).await;
 }
 
 /// kubectl as the kubelet: its kubeconfig's certificate, the cluster's API endpoint.

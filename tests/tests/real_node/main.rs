@@ -21,8 +21,10 @@
 //! `REAL_NODE_SHAPES=<names>` (comma-separated: `cluster`, `native-sidecar`, `sidecar`,
 //! `crd-core`, `front-door`) only those shapes; `REAL_NODE_UPSTREAM=apimachinery|conformance`
 //! the upstream focus of every shape ([`upstream`]); `GINKGO` ginkgo's CLI when it is not beside
-//! `e2e.test`. Every difference from what a user expects is stated where it is checked.
+//! `e2e.test`; `REAL_NODE_USAGE_WINDOW=<seconds>` the front door's per-component measurement of
+//! the gateway's CPU and memory ([`component_load`]). Every difference from what a user expects is stated where it is checked.
 
+mod component_load;
 mod day2;
 mod front_door;
 mod shapes;

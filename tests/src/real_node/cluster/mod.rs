@@ -16,7 +16,7 @@
 
 mod front_door;
 
-pub use front_door::{CORE_PORT, GATEWAY};
+pub use front_door::{Component, BOOTSTRAP_GROUP, CORE_PORT, GATEWAY, SIGNING_DURATION};
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -42,6 +42,23 @@ pub const PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.10";
 /// How long each component may take to become ready on a busy 2-core machine.
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// How the kubelet proves who it is to the cluster's API endpoint.
+#[derive(Clone, Debug)]
+pub enum KubeletLogin {
+    /// A kubeconfig naming `server` with a client certificate; `rotate` turns on the kubelet's
+    /// client certificate rotation (`rotateCertificates`).
+    Certificate {
+        server: String,
+        cert: PathBuf,
+        key: PathBuf,
+        rotate: bool,
+    },
+    /// TLS bootstrap as kubeadm sets it up: a bootstrap kubeconfig naming `server` with a
+    /// bootstrap token; the kubelet asks for its certificate with a CSR, writes its own
+    /// kubeconfig and rotates the certificate before it expires.
+    Bootstrap { server: String, token: String },
+}
+
 /// A running one-node cluster; see the module docs.
 pub struct Cluster {
     pub pki: NodePki,
@@ -62,6 +79,8 @@ pub struct Cluster {
     host: Option<HostNetwork>,
     /// When [`Cluster::start`] began, for the suite's timings.
     pub started: Instant,
+    /// The bootstrap token (`<id>.<secret>`) the kubelet started with behind the front door.
+    pub bootstrap_token: Option<String>,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -96,11 +115,21 @@ impl Cluster {
             dns: tokio::spawn(async {}),
             host: Some(host),
             started,
+            bootstrap_token: None,
         };
         cluster.start_control_plane().await?;
         cluster.start_containerd(runc_wrapper).await?;
         cluster.start_dns()?;
-        cluster.start_kubelet_and_proxy()?;
+        let url = cluster.url.clone();
+        let p = &cluster.pki;
+        let login = KubeletLogin::Certificate {
+            server: url.clone(),
+            cert: p.kubelet_client.cert.clone(),
+            key: p.kubelet_client.key.clone(),
+            rotate: false,
+        };
+        cluster.start_kubelet(&login)?;
+        cluster.start_proxy(&url)?;
         cluster.wait_node_ready().await?;
         eprintln!(
             "real node: {NODE_NAME} Ready after {:.1?}",
@@ -241,15 +270,15 @@ impl Cluster {
         path
     }
 
-    /// A kubeconfig for a component presenting `cert`/`key`.
-    fn component_kubeconfig(&self, name: &str, files: &super::pki::Files) -> PathBuf {
+    /// A kubeconfig for a component naming `server` and presenting `cert`/`key`.
+    fn component_kubeconfig(&self, name: &str, server: &str, cert: &Path, key: &Path) -> PathBuf {
         let config = serde_json::json!({
             "apiVersion": "v1", "kind": "Config",
-            "clusters": [{"name": "c", "cluster": {"server": self.url,
+            "clusters": [{"name": "c", "cluster": {"server": server,
                 "certificate-authority": self.pki.cluster_ca_file.display().to_string()}}],
             "users": [{"name": "u", "user": {
-                "client-certificate": files.cert.display().to_string(),
-                "client-key": files.key.display().to_string()}}],
+                "client-certificate": cert.display().to_string(),
+                "client-key": key.display().to_string()}}],
             "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
             "current-context": "c",
         });
@@ -301,7 +330,9 @@ impl Cluster {
 
         self.start_kube_apiserver(NODE_IP, APISERVER_PORT, &[])
             .await?;
-        self.start_controllers()
+        let url = self.url.clone();
+        self.start_controller_manager(&url, &[])?;
+        self.start_scheduler(&url)
     }
 
     /// kube-apiserver on `bind:port` (with `extra` flags), as kubeadm configures it; waits for
@@ -370,13 +401,17 @@ impl Cluster {
             .await
     }
 
-    /// kube-controller-manager and kube-scheduler (no leader election).
-    fn start_controllers(&mut self) -> Result<(), String> {
+    /// kube-controller-manager on a kubeconfig naming `server`, without leader election, with
+    /// `extra` flags.
+    fn start_controller_manager(&mut self, server: &str, extra: &[&str]) -> Result<(), String> {
         let path = |p: &Path| p.display().to_string();
-        let kcm_config =
-            self.component_kubeconfig("controller-manager", &self.pki.controller_manager);
-        let sched_config = self.component_kubeconfig("scheduler", &self.pki.scheduler);
         let p = &self.pki;
+        let kcm_config = self.component_kubeconfig(
+            "controller-manager",
+            server,
+            &p.controller_manager.cert,
+            &p.controller_manager.key,
+        );
         let mut kcm = Command::new(&self.binaries.kube_controller_manager);
         kcm.arg("--kubeconfig")
             .arg(&kcm_config)
@@ -404,8 +439,17 @@ impl Cluster {
                 "--allocate-node-cidrs=false",
                 "--controllers",
                 "*,bootstrapsigner,tokencleaner",
-            ]);
+            ])
+            .args(extra);
         self.spawn("kube-controller-manager", kcm)?;
+        Ok(())
+    }
+
+    /// kube-scheduler on a kubeconfig naming `server`, without leader election.
+    fn start_scheduler(&mut self, server: &str) -> Result<(), String> {
+        let p = &self.pki;
+        let sched_config =
+            self.component_kubeconfig("scheduler", server, &p.scheduler.cert, &p.scheduler.key);
         let mut sched = Command::new(&self.binaries.kube_scheduler);
         sched
             .arg("--kubeconfig")
@@ -546,9 +590,39 @@ state = "{root}/state"
         Ok(())
     }
 
-    fn start_kubelet_and_proxy(&mut self) -> Result<(), String> {
-        let kubelet_kubeconfig = self.component_kubeconfig("kubelet", &self.pki.kubelet_client);
-        let proxy_kubeconfig = self.component_kubeconfig("proxy", &self.pki.proxy);
+    /// The kubelet, logging in as `login` says.
+    fn start_kubelet(&mut self, login: &KubeletLogin) -> Result<(), String> {
+        let cert_dir = self.kubelet_cert_dir();
+        // With a bootstrap kubeconfig the kubelet writes this file itself once its CSR is
+        // signed, and uses an existing one instead of bootstrapping: remove what an earlier
+        // start left.
+        let written = self.dir.path().join("kubelet/kubeconfig");
+        let (kubeconfig, bootstrap, rotate) = match login {
+            KubeletLogin::Certificate {
+                server,
+                cert,
+                key,
+                rotate,
+            } => (
+                self.component_kubeconfig("kubelet", server, cert, key),
+                None,
+                *rotate,
+            ),
+            KubeletLogin::Bootstrap { server, token } => {
+                let _ = std::fs::remove_file(&written);
+                let _ = std::fs::remove_dir_all(&cert_dir);
+                let config = serde_json::json!({
+                    "apiVersion": "v1", "kind": "Config",
+                    "clusters": [{"name": "c", "cluster": {"server": server,
+                        "certificate-authority": self.pki.cluster_ca_file.display().to_string()}}],
+                    "users": [{"name": "kubelet-bootstrap", "user": {"token": token}}],
+                    "contexts": [{"name": "c", "context": {"cluster": "c", "user": "kubelet-bootstrap"}}],
+                    "current-context": "c",
+                });
+                let file = self.file("kubelet/bootstrap.kubeconfig", &config.to_string());
+                (written, Some(file), true)
+            }
+        };
         let p = &self.pki;
         let config = format!(
             r#"apiVersion: kubelet.config.k8s.io/v1beta1
@@ -577,6 +651,7 @@ evictionHard: {{memory.available: "100Mi", nodefs.available: "1%", imagefs.avail
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
+rotateCertificates: {rotate}
 "#,
             ca = p.cluster_ca_file.display(),
             cert = p.kubelet_serving.cert.display(),
@@ -589,11 +664,30 @@ serializeImagePulls: false
             .arg("--config")
             .arg(&config)
             .arg("--kubeconfig")
-            .arg(&kubelet_kubeconfig)
+            .arg(&kubeconfig)
+            .arg("--cert-dir")
+            .arg(&cert_dir)
             .arg("--root-dir")
             .arg(self.dir.path().join("kubelet/root"))
             .args(["--hostname-override", NODE_NAME, "--node-ip", NODE_IP]);
+        if let Some(bootstrap) = bootstrap {
+            kubelet.arg("--bootstrap-kubeconfig").arg(bootstrap);
+        }
         self.spawn("kubelet", kubelet)?;
+        Ok(())
+    }
+
+    /// The kubelet's client certificates once it has its own: `kubelet-client-current.pem`
+    /// (certificate and key), the newest of those it rotated through.
+    pub fn kubelet_cert_dir(&self) -> PathBuf {
+        self.dir.path().join("kubelet/pki")
+    }
+
+    /// kube-proxy on a kubeconfig naming `server`.
+    fn start_proxy(&mut self, server: &str) -> Result<(), String> {
+        let p = &self.pki;
+        let proxy_kubeconfig =
+            self.component_kubeconfig("proxy", server, &p.proxy.cert, &p.proxy.key);
         let proxy_config = format!(
             r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
