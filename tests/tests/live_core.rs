@@ -513,7 +513,11 @@ async fn a_core_watch_that_panics_is_started_again() {
         count("following the core's APIServices with a watch") == 2
     })
     .await;
-    assert!(restarted, "never started again:\n{}", gateway.process.logs());
+    assert!(
+        restarted,
+        "never started again:\n{}",
+        gateway.process.logs()
+    );
     assert_eq!(
         count("the watch of the core's apiservices ended; starting it again"),
         1,

@@ -92,22 +92,24 @@ pub async fn run(length: Duration) -> Result<SoakReport, BoxError> {
         "default",
         shared.clone(),
     )));
-    for group in [ALPHA, BETA] {
+    let flunder_watches = [
+        (ALPHA, "alpha's flunders (HTTP/2)"),
+        (BETA, "beta's flunders (HTTP/1.1)"),
+    ];
+    for (group, name) in flunder_watches {
         let url = format!("{base}{}?watch=1", flunders(group));
-        tasks.push(tokio::spawn(super::watches(
-            clients[0].clone(),
-            url,
-            false,
-            shared.clone(),
-        )));
+        let watch = super::watches(clients[0].clone(), name, url, false, shared.clone());
+        tasks.push(tokio::spawn(watch));
     }
     let url = format!("{base}/api/v1/namespaces/default/configmaps?watch=1");
-    tasks.push(tokio::spawn(super::watches(
+    let watch = super::watches(
         clients[2].clone(),
+        "the core's ConfigMaps",
         url,
         true,
         shared.clone(),
-    )));
+    );
+    tasks.push(tokio::spawn(watch));
 
     let started = Instant::now();
     let mut faults: BTreeMap<&'static str, u64> = BTreeMap::new();
@@ -147,9 +149,7 @@ pub async fn run(length: Duration) -> Result<SoakReport, BoxError> {
         lost: t.lost,
         misrouted: t.misrouted,
         faults,
-        watch_ends_clean: t.watch_ends_clean,
-        watch_ends_error: t.watch_ends_error,
-        watch_stalls: t.watch_stalls,
+        watch_ends: t.watch_ends,
         rss_start,
         rss_end,
         fds_start,

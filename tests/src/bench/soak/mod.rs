@@ -45,10 +45,8 @@ pub struct SoakReport {
     pub lost: u64,
     pub misrouted: u64,
     pub faults: BTreeMap<&'static str, u64>,
-    /// Watch streams that ended: cleanly (end of stream) and with a transport error.
-    pub watch_ends_clean: u64,
-    pub watch_ends_error: u64,
-    pub watch_stalls: u64,
+    /// By watch: how its streams ended.
+    pub watch_ends: BTreeMap<&'static str, WatchEnds>,
     pub rss_start: u64,
     pub rss_end: u64,
     pub fds_start: usize,
@@ -61,15 +59,22 @@ pub struct SoakReport {
     pub samples: BTreeMap<u16, String>,
 }
 
+/// How one watch's streams ended: cleanly (end of stream), with a transport error (a reset
+/// stream, a closed connection, no answer), or stalled.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct WatchEnds {
+    pub clean: u64,
+    pub error: u64,
+    pub stalled: u64,
+}
+
 #[derive(Default)]
 struct Tally {
     requests: u64,
     answers: BTreeMap<u16, u64>,
     lost: u64,
     misrouted: u64,
-    watch_ends_clean: u64,
-    watch_ends_error: u64,
-    watch_stalls: u64,
+    watch_ends: BTreeMap<&'static str, WatchEnds>,
     samples: BTreeMap<u16, String>,
 }
 
@@ -223,11 +228,18 @@ async fn mutations(client: HttpClient, base: String, namespace: &'static str, sh
     }
 }
 
-/// A watch on `url`, opened again whenever it ends, until stopped. With `stalls`, what it
-/// watches keeps changing: a stream open [`STALL_LIMIT`] without a frame has stalled (counted,
-/// and opened again).
-async fn watches(client: HttpClient, url: String, stalls: bool, shared: Shared) {
+/// A watch on `url` (called `name` in the report), opened again whenever it ends, until stopped.
+/// With `stalls`, what it watches keeps changing: a stream open [`STALL_LIMIT`] without a frame
+/// has stalled (counted, and opened again).
+async fn watches(
+    client: HttpClient,
+    name: &'static str,
+    url: String,
+    stalls: bool,
+    shared: Shared,
+) {
     let (tally, stop) = shared;
+    tally.lock().unwrap().watch_ends.entry(name).or_default();
     while !stop.load(Ordering::Relaxed) {
         let req = Request::get(&url)
             .body(Full::new(Bytes::new()))
@@ -235,7 +247,13 @@ async fn watches(client: HttpClient, url: String, stalls: bool, shared: Shared) 
         let Ok(Ok(resp)) =
             tokio::time::timeout(ANSWER_LIMIT, harness::send_streaming(&client, req)).await
         else {
-            tally.lock().unwrap().watch_ends_error += 1;
+            tally
+                .lock()
+                .unwrap()
+                .watch_ends
+                .entry(name)
+                .or_default()
+                .error += 1;
             tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
         };
@@ -259,10 +277,11 @@ async fn watches(client: HttpClient, url: String, stalls: bool, shared: Shared) 
             }
         };
         let mut t = tally.lock().unwrap();
+        let ends = t.watch_ends.entry(name).or_default();
         match ended {
-            Some(true) => t.watch_ends_clean += 1,
-            Some(false) => t.watch_ends_error += 1,
-            None => t.watch_stalls += 1,
+            Some(true) => ends.clean += 1,
+            Some(false) => ends.error += 1,
+            None => ends.stalled += 1,
         }
     }
 }
@@ -307,14 +326,12 @@ impl SoakReport {
         for (fault, n) in &self.faults {
             out.push_str(&format!("| fault: {fault} | {n} |\n"));
         }
-        out.push_str(&format!(
-            "| watch streams ended: end of stream / transport error | {} / {} |\n",
-            self.watch_ends_clean, self.watch_ends_error
-        ));
-        out.push_str(&format!(
-            "| watches stalled (open, no event for 15 s while ConfigMaps changed) | {} |\n",
-            self.watch_stalls
-        ));
+        for (name, ends) in &self.watch_ends {
+            out.push_str(&format!(
+                "| watch of {name}: streams ended at end of stream / with a transport error / stalled | {} / {} / {} |\n",
+                ends.clean, ends.error, ends.stalled
+            ));
+        }
         out.push_str(&format!(
             "| gateway RSS start → end | {:.1} → {:.1} MB |\n",
             mb(self.rss_start),
@@ -348,8 +365,11 @@ impl SoakReport {
         if self.misrouted > 0 {
             failures.push(format!("{} answered by the wrong backend", self.misrouted));
         }
-        if self.watch_stalls > 0 {
-            failures.push(format!("{} watch(es) stalled", self.watch_stalls));
+        let stalls: u64 = self.watch_ends.values().map(|e| e.stalled).sum();
+        if stalls > 0 {
+            failures.push(format!(
+                "{stalls} watch stream(s) stalled (open, no event for 15 s while ConfigMaps changed)"
+            ));
         }
         failures
     }

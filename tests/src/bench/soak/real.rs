@@ -23,6 +23,8 @@ use crate::real::{ControlPlane, RealBinaries, SampleApiserver};
 
 /// The time between faults.
 const FAULT_PERIOD: Duration = Duration::from_secs(5);
+/// How often the soak says how it goes.
+const PROGRESS_PERIOD: Duration = Duration::from_secs(300);
 /// How long a rotated certificate may take to be in use (the reload interval is 2 s).
 const RELOAD_LIMIT: Duration = Duration::from_secs(10);
 const SOAK_USER: &str = "soak";
@@ -151,25 +153,33 @@ pub async fn run(length: Duration) -> Result<SoakReport, BoxError> {
         shared.clone(),
     )));
     let url = format!("{base}{flunders}?watch=1");
-    tasks.push(tokio::spawn(super::watches(
-        clients[0].clone(),
-        url,
-        false,
-        shared.clone(),
-    )));
+    let watch = super::watches(clients[0].clone(), "flunders", url, false, shared.clone());
+    tasks.push(tokio::spawn(watch));
     let url = format!("{base}/api/v1/namespaces/default/configmaps?watch=1");
-    tasks.push(tokio::spawn(super::watches(
-        clients[2].clone(),
-        url,
-        true,
-        shared.clone(),
-    )));
+    let watch = super::watches(clients[2].clone(), "ConfigMaps", url, true, shared.clone());
+    tasks.push(tokio::spawn(watch));
 
     let started = Instant::now();
     let mut faults: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut core_down = Duration::ZERO;
     let mut turn = 0usize;
+    let mut progress = Instant::now();
     while started.elapsed() < length {
+        if progress.elapsed() >= PROGRESS_PERIOD {
+            progress = Instant::now();
+            let (requests, lost, misrouted) = {
+                let t = shared.0.lock().unwrap();
+                (t.requests, t.lost, t.misrouted)
+            };
+            let tasks = super::runtime_tasks(&operator, &base).await;
+            eprintln!(
+                "bench: {:.0} s: {requests} requests, {lost} lost, {misrouted} misrouted; gateway \
+                 RSS {:.1} MB, {} fds, {tasks:?} tasks",
+                started.elapsed().as_secs_f64(),
+                rss_bytes(pid).unwrap_or(0) as f64 / 1e6,
+                super::open_fds(pid),
+            );
+        }
         tokio::time::sleep(FAULT_PERIOD).await;
         let fault = match turn % 6 {
             0 => {
@@ -228,9 +238,7 @@ pub async fn run(length: Duration) -> Result<SoakReport, BoxError> {
         lost: t.lost,
         misrouted: t.misrouted,
         faults,
-        watch_ends_clean: t.watch_ends_clean,
-        watch_ends_error: t.watch_ends_error,
-        watch_stalls: t.watch_stalls,
+        watch_ends: t.watch_ends,
         rss_start,
         rss_end,
         fds_start,
