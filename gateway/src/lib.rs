@@ -50,6 +50,7 @@ pub mod metrics;
 pub mod otel;
 pub mod request_info;
 pub mod status;
+pub mod test_hook;
 pub mod workqueue;
 
 /// Helpers shared by the unit tests of several modules.

@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use e2e::harness::{self, FixtureCore, Gateway};
+use e2e::harness::{self, FixtureCore, Gateway, GatewayOptions};
 use e2e::scenario::{self, available_condition, core_client, json_or_null, Scenario, WARDLE_GROUP};
 use http::StatusCode;
 use serde_json::Value;
@@ -354,4 +354,62 @@ async fn assert_unled_but_serving(s: &Scenario, texts: &[&str]) {
 fn scenario_config(s: &Scenario) -> std::path::PathBuf {
     s.pki
         .gateway_config(&[("wardle", "api", s.backend("wardle"))], "")
+}
+
+/// Issue 41: the leader elector runs under the supervisor. Made to panic in its first run (the
+/// debug builds' test hook), it is logged once and counted, started again after its backoff, and
+/// then campaigns and takes the Lease; at SIGTERM it still releases it (a loop asked to stop is
+/// not started again). Before: the elector's task died with the panic, no replica ever led (no
+/// APIService status written), and `/readyz` said ok.
+#[tokio::test]
+async fn a_leader_elector_that_panics_is_started_again_and_leads() {
+    let core = FixtureCore::start(&[]).await.unwrap();
+    let mut gateway = Gateway::start(
+        GatewayOptions::new(core.url())
+            .args(ELECTION)
+            .env("AGGREGATION_GATEWAY_TEST_PANIC", "leader-election:1"),
+    )
+    .await
+    .unwrap();
+    let id = identity(&gateway).await;
+    let leads = harness::wait_until(Duration::from_secs(10), || async {
+        holder(&core).await == id
+    })
+    .await;
+    assert!(leads, "never took the Lease:\n{}", gateway.process.logs());
+    let ended: Vec<String> = gateway
+        .process
+        .lines()
+        .into_iter()
+        .map(|l| l.text)
+        .filter(|l| l.contains("the leader-election loop panicked"))
+        .collect();
+    assert_eq!(ended.len(), 1, "one line per end: {ended:#?}");
+    let metrics = scenario::metrics(&gateway).await;
+    for series in [
+        r#"aggregation_gateway_loop_restarts_total{loop="leader-election"} 1"#,
+        r#"leader_election_master_status{name="aggregation-gateway"} 1"#,
+    ] {
+        assert!(metrics.contains(series), "no {series}:\n{metrics}");
+    }
+
+    gateway.process.signal("TERM").unwrap();
+    assert!(
+        gateway
+            .process
+            .wait_exit(Duration::from_secs(10))
+            .await
+            .is_some(),
+        "did not exit:\n{}",
+        gateway.process.logs()
+    );
+    assert_eq!(holder(&core).await, "", "the Lease was not released");
+    assert!(
+        gateway
+            .process
+            .logs()
+            .contains("leader election: released the Lease"),
+        "{}",
+        gateway.process.logs()
+    );
 }

@@ -482,3 +482,53 @@ async fn a_local_apiservice_is_listed_only_once_the_core_lists_its_resources() {
         gateway.process.logs()
     );
 }
+
+/// Issue 41: a watcher of the core that keeps discovery fresh is never gone silently. The
+/// APIService watch made to panic once it is synced (the debug builds' test hook) gives back its
+/// share of "watching" as it unwinds, is logged once, and is started again at the next fetch of
+/// the core's discovery; CRDs created on the core then still reach merged discovery within a
+/// second. Before: the watchers were spawned and forgotten, and one that ended left discovery
+/// believing it was watched (the core resynced every 30 s only).
+#[tokio::test]
+async fn a_core_watch_that_panics_is_started_again() {
+    let core = FixtureCore::start(&["--crds"])
+        .await
+        .expect("fixture core starts");
+    let gateway = Gateway::start(
+        GatewayOptions::new(core.url())
+            .args(["--apiservice-source", "none"])
+            .env("AGGREGATION_GATEWAY_TEST_PANIC", "core-watch/apiservices:1"),
+    )
+    .await
+    .expect("gateway starts");
+    let count = |text: &str| {
+        gateway
+            .process
+            .lines()
+            .iter()
+            .filter(|l| l.text.contains(text))
+            .count()
+    };
+    let restarted = harness::wait_until(Duration::from_secs(10), || async {
+        count("following the core's APIServices with a watch") == 2
+    })
+    .await;
+    assert!(
+        restarted,
+        "never started again:\n{}",
+        gateway.process.logs()
+    );
+    assert_eq!(
+        count("the watch of the core's apiservices ended; starting it again"),
+        1,
+        "{}",
+        gateway.process.logs()
+    );
+    let lags = lags_of_crds_created_on_the_core(&core, &gateway).await;
+    for (what, lag) in &lags {
+        assert!(
+            *lag < Duration::from_secs(1),
+            "{what} /apis listed a new CRD group {lag:?} after the core: {lags:?}"
+        );
+    }
+}

@@ -1,12 +1,12 @@
 //! Step 2, clients: the core server's client (with the proxy client certificate it presents for
-//! certificate users, followed as it rotates), the kube client that rides on its transport, and
-//! the authenticator (TokenReview and SubjectAccessReview on the core, client CAs watched).
+//! certificate users; the controllers follow its rotations), the kube client that rides on its
+//! transport, and the authenticator (TokenReview and SubjectAccessReview on the core, client CAs
+//! watched).
 
 use std::sync::Arc;
 
 use gateway_config::Config;
 use tokio::sync::watch;
-use tracing::Instrument;
 
 use super::tls::ProxyIdentityReload;
 use super::StartError;
@@ -28,15 +28,10 @@ impl Clients {
         drain: watch::Receiver<bool>,
     ) -> Result<Self, StartError> {
         // The core gets the proxy client certificate too: certificate users reach it as
-        // X-Remote-*. One reloading source feeds the core and every remote backend.
-        let identity = proxy_identity.receiver();
-        let first = identity.borrow().clone();
+        // X-Remote-*. One reloading source feeds the core and every remote backend; the loop
+        // that follows its rotations runs with the controllers.
+        let first = proxy_identity.receiver().borrow().clone();
         let core = Arc::new(CoreBackend::new(&config.core, first.as_deref(), drain).await?);
-        tokio::spawn(
-            core.clone()
-                .follow_proxy_identity(identity)
-                .instrument(tracing::info_span!("proxy_identity")),
-        );
         let (authenticator, ca_watch) =
             crate::auth::start(config, kube_client::client(core.clone()))?;
         Ok(Self {

@@ -18,7 +18,6 @@ use std::sync::Arc;
 use gateway_config::{ApiServiceSource, Config};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tracing::Instrument;
 
 use super::apiservices::{self, ApiServiceExtras};
 use super::clients::Clients;
@@ -69,6 +68,15 @@ impl Controllers {
             tracing::info_span!("inflight_metrics"),
             move || published.clone().publish_inflight(),
         );
+        // Every run follows the receiver as it was at start: one restarted after a rotation it
+        // missed sees that rotation as a change and applies it at once.
+        let (core, identity) = (clients.core.clone(), proxy_identity.clone());
+        supervisor.restarting(
+            &mut health,
+            "loop/proxy-identity",
+            tracing::info_span!("proxy_identity"),
+            move || core.clone().follow_proxy_identity(identity.clone()),
+        );
         let core_check = Check::unhealthy("core server not checked yet");
         health.register("core-server", health::READY, core_check.clone());
         let shutdown_check = Check::healthy();
@@ -103,11 +111,16 @@ impl Controllers {
         }
 
         // Asked for by validation only with the kube source, the one that writes status.
-        let (leader, leadership) =
-            match start_leader_election(config, clients, metrics, &core_started, &mut health) {
-                Some((leader, leadership)) => (Some(leader), Some(leadership)),
-                None => (None, None),
-            };
+        let (leader, leadership) = match start_leader_election(
+            config,
+            clients,
+            metrics,
+            &core_started,
+            (&supervisor, &mut health),
+        ) {
+            Some((leader, leadership)) => (Some(leader), Some(leadership)),
+            None => (None, None),
+        };
         let reachable = config.apiservices.readyz_reachable.then(|| {
             let check = Check::healthy();
             health.register(
@@ -189,7 +202,7 @@ fn start_leader_election(
     clients: &Clients,
     metrics: &Metrics,
     core_started: &CoreStarted,
-    health: &mut Health,
+    (supervisor, health): (&Supervisor, &mut Health),
 ) -> Option<(Leader, Leadership)> {
     let settings = config.leader_election.clone()?;
     let gauge = metrics
@@ -203,11 +216,17 @@ fn start_leader_election(
     );
     let (elector, leadership) = LeaderElector::new(clients.kube(), settings, gauge, check);
     let (stop, stop_rx) = watch::channel(false);
-    let task = tokio::spawn(
-        core_started
-            .clone()
-            .then_run(elector.run(stop_rx))
-            .instrument(tracing::info_span!("leader_election")),
+    let started = core_started.clone();
+    let task = supervisor.restarting_until(
+        health,
+        "loop/leader-election",
+        tracing::info_span!("leader_election"),
+        Some(stop_rx.clone()),
+        move || {
+            started
+                .clone()
+                .then_run(elector.restarted().run(stop_rx.clone()))
+        },
     );
     Some((Leader { stop, task }, leadership))
 }

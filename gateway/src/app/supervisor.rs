@@ -16,12 +16,15 @@ use std::future::Future;
 use std::time::Duration;
 
 use prometheus::IntCounterVec;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::handlers::health::{self, Health};
 use crate::health_check::Check;
 use crate::metrics::Metrics;
+use crate::test_hook::TestPanic;
 
 /// The first wait before a loop that ended is started again; it doubles up to [`MAX_BACKOFF`].
 const MIN_BACKOFF: Duration = Duration::from_secs(1);
@@ -48,20 +51,41 @@ impl Supervisor {
         health: &mut Health,
         name: &'static str,
         span: tracing::Span,
-        mut start: F,
+        start: F,
     ) where
+        F: FnMut() -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.restarting_until(health, name, span, None, start);
+    }
+
+    /// [`Self::restarting`], for a loop that returns when `stop` turns true: a run that ends
+    /// once it has is the loop's end, not started again. The handle ends with it.
+    pub fn restarting_until<F, Fut>(
+        &self,
+        health: &mut Health,
+        name: &'static str,
+        span: tracing::Span,
+        stop: Option<watch::Receiver<bool>>,
+        mut start: F,
+    ) -> JoinHandle<()>
+    where
         F: FnMut() -> Fut + Send + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
         let check = Check::healthy();
         health.register(name, health::READY, check.clone());
         let restarts = self.restarts.with_label_values(&[loop_label(name)]);
-        let mut hook = TestPanic::from_env(name);
+        let mut hook = TestPanic::from_env(loop_label(name));
+        let stopped = move || stop.as_ref().is_some_and(|stop| *stop.borrow());
         tokio::spawn(async move {
             let mut backoff = MIN_BACKOFF;
             loop {
                 let started = Instant::now();
-                let why = run_once(start(), hook.next(), span.clone()).await;
+                let why = run_once(start(), hook.panics_now(), span.clone()).await;
+                if stopped() {
+                    return;
+                }
                 if started.elapsed() >= STABLE {
                     backoff = MIN_BACKOFF;
                 }
@@ -79,7 +103,7 @@ impl Supervisor {
                 backoff = (backoff * 2).min(MAX_BACKOFF);
                 check.pass();
             }
-        });
+        })
     }
 
     /// Runs `run`, a loop that cannot be made again in this process: when it ends, that is
@@ -92,7 +116,7 @@ impl Supervisor {
         let check = Check::healthy();
         health.register(name, health::ALL, check.clone());
         let restarts = self.restarts.with_label_values(&[loop_label(name)]);
-        let panics = TestPanic::from_env(name).next();
+        let panics = TestPanic::from_env(loop_label(name)).panics_now();
         tokio::spawn(async move {
             let why = run_once(run, panics, span).await;
             tracing::error!(
@@ -148,35 +172,6 @@ fn ending(ended: Result<(), tokio::task::JoinError>) -> String {
             format!("panicked ({message})")
         }
         Err(_) => "was cancelled".to_owned(),
-    }
-}
-
-/// The debug builds' hook: how many of a loop's first runs panic.
-struct TestPanic {
-    remaining: u32,
-}
-
-impl TestPanic {
-    fn from_env(name: &str) -> Self {
-        let remaining = if cfg!(debug_assertions) {
-            std::env::var("AGGREGATION_GATEWAY_TEST_PANIC")
-                .ok()
-                .and_then(|v| {
-                    let (target, times) = v.rsplit_once(':')?;
-                    (target == loop_label(name)).then(|| times.parse().ok())?
-                })
-                .unwrap_or(0)
-        } else {
-            0
-        };
-        Self { remaining }
-    }
-
-    /// Whether the next run panics.
-    fn next(&mut self) -> bool {
-        let panics = self.remaining > 0;
-        self.remaining = self.remaining.saturating_sub(1);
-        panics
     }
 }
 

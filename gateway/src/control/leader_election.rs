@@ -180,14 +180,37 @@ impl LeaderElector {
             master_status,
             observed: None,
             last_error: None,
-            outage: Outage::new(
-                "leader election",
-                "a leader stops writing APIService status at its renew deadline",
-            ),
+            outage: Self::outage(),
             check,
             refused: None,
         };
         (elector, leadership)
+    }
+
+    /// An elector for the same replica (its identity, its [`Leadership`]) that has observed
+    /// nothing yet: what runs again after a run ended. A replica that led keeps its Lease: its
+    /// first renewal under the same identity succeeds.
+    pub fn restarted(&self) -> Self {
+        Self {
+            api: self.api.clone(),
+            client: self.client.clone(),
+            settings: self.settings.clone(),
+            identity: self.identity.clone(),
+            leadership: self.leadership.clone(),
+            master_status: self.master_status.clone(),
+            observed: None,
+            last_error: None,
+            outage: Self::outage(),
+            check: self.check.clone(),
+            refused: None,
+        }
+    }
+
+    fn outage() -> Outage {
+        Outage::new(
+            "leader election",
+            "a leader stops writing APIService status at its renew deadline",
+        )
     }
 
     pub fn identity(&self) -> &str {

@@ -6,6 +6,7 @@
 pub mod inflight;
 pub mod known_resources;
 pub mod request_labels;
+mod runtime;
 mod series;
 
 use std::sync::Arc;
@@ -147,6 +148,9 @@ fn histogram(
 impl Metrics {
     pub fn new() -> Self {
         let registry = Registry::new();
+        registry
+            .register(Box::new(runtime::RuntimeCollector::new()))
+            .expect("metric registered once");
         let inflight = gauge(&registry, "apiserver_current_inflight_requests", "Maximal number of currently used inflight request limit of this apiserver per request kind in last second.", &["request_kind"]);
         Self {
             requests: counter(&registry, "apiserver_request_total", "Counter of apiserver requests broken out for each verb, dry run value, group, version, resource, scope, component, and HTTP response code.", &["verb", "dry_run", "group", "version", "resource", "subresource", "scope", "component", "code", "system_client"]),

@@ -17,7 +17,7 @@ use super::pki::{RealPki, ADMIN_TOKEN};
 use super::ports::free_port;
 use super::RealBinaries;
 use crate::harness::{
-    get, http1_client, HarnessError, HttpClient, Kubectl, KubectlVersion, Process,
+    get, http1_client, GatewayOptions, HarnessError, HttpClient, Kubectl, KubectlVersion, Process,
 };
 
 /// How long etcd and kube-apiserver may take to become ready on a busy 2-core machine.
@@ -32,6 +32,8 @@ pub struct ControlPlane {
     pub url: String,
     pub kube_apiserver: Process,
     pub etcd: Process,
+    /// kube-apiserver's binary and flags, to start it again as it was ([`Self::restart_kube_apiserver`]).
+    kube_apiserver_command: (std::path::PathBuf, Vec<String>),
 }
 
 impl std::fmt::Debug for ControlPlane {
@@ -52,9 +54,8 @@ impl ControlPlane {
         let (etcd, etcd_url) = etcd;
         let port = free_port();
         let url = format!("https://127.0.0.1:{port}");
-        let mut cmd = Command::new(&binaries.kube_apiserver);
         let file = |p: &std::path::Path| p.display().to_string();
-        cmd.args([
+        let args: Vec<String> = [
             "--etcd-servers",
             &etcd_url,
             "--secure-port",
@@ -104,17 +105,55 @@ impl ControlPlane {
             "--proxy-client-key-file",
             &file(&pki.apiserver_proxy_client.1),
             "--enable-aggregator-routing=false",
-        ]);
-        let kube_apiserver = Process::spawn("kube-apiserver", cmd)?;
+        ]
+        .into_iter()
+        .map(Into::into)
+        .collect();
+        let kube_apiserver_command = (binaries.kube_apiserver.clone(), args);
+        let kube_apiserver = spawn_kube_apiserver(&kube_apiserver_command)?;
         let plane = ControlPlane {
             pki,
             etcd_url,
             url,
             kube_apiserver,
             etcd,
+            kube_apiserver_command,
         };
         plane.wait_ready().await?;
         Ok(plane)
+    }
+
+    /// Kills kube-apiserver (SIGKILL: no graceful shutdown, as when its node fails) and starts it
+    /// again with the same flags on the same port; returns once its `/readyz` passes, with how
+    /// long it was gone.
+    pub async fn restart_kube_apiserver(&mut self) -> Result<Duration, HarnessError> {
+        let killed = Instant::now();
+        self.kube_apiserver.kill();
+        self.kube_apiserver = spawn_kube_apiserver(&self.kube_apiserver_command)?;
+        self.wait_ready().await?;
+        Ok(killed.elapsed())
+    }
+
+    /// Options for a gateway in front of this kube-apiserver: it trusts the cluster CA, reaches
+    /// the core as `admin`, takes the cluster's client certificates, and presents the front-proxy
+    /// client certificate kube-apiserver's `--requestheader-allowed-names` names.
+    pub fn gateway_options(&self) -> GatewayOptions {
+        let pki = &self.pki;
+        let path = |p: &std::path::Path| p.display().to_string();
+        GatewayOptions::new(self.url.clone()).args([
+            "--core-ca-file".to_owned(),
+            path(&pki.cluster_ca_file),
+            "--core-client-cert-file".to_owned(),
+            path(&pki.admin_files.0),
+            "--core-client-key-file".to_owned(),
+            path(&pki.admin_files.1),
+            "--client-ca-file".to_owned(),
+            path(&pki.cluster_ca_file),
+            "--proxy-client-cert-file".to_owned(),
+            path(&pki.gateway_proxy_client.0),
+            "--proxy-client-key-file".to_owned(),
+            path(&pki.gateway_proxy_client.1),
+        ])
     }
 
     async fn wait_ready(&self) -> Result<(), HarnessError> {
@@ -164,6 +203,14 @@ impl ControlPlane {
     pub fn logs(&self) -> String {
         self.etcd.logs() + &self.kube_apiserver.logs()
     }
+}
+
+fn spawn_kube_apiserver(
+    (binary, args): &(std::path::PathBuf, Vec<String>),
+) -> Result<Process, HarnessError> {
+    let mut cmd = Command::new(binary);
+    cmd.args(args);
+    Process::spawn("kube-apiserver", cmd)
 }
 
 async fn start_etcd(

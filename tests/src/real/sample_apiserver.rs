@@ -116,6 +116,8 @@ pub struct SampleApiserver {
     pub process: Process,
     /// Its secure port on 127.0.0.1 (also the port of Service `wardle/api` and the APIService).
     pub port: u16,
+    /// Its binary and flags, to start it again as it was ([`Self::restart`]).
+    command: (std::path::PathBuf, Vec<std::ffi::OsString>),
 }
 
 impl SampleApiserver {
@@ -149,32 +151,49 @@ impl SampleApiserver {
             &kubeconfig(&plane.url, plane.pki.cluster_ca.cert_pem(), &token),
         );
         let (cert, key) = &plane.pki.wardle_serving;
-        let mut cmd = Command::new(&binaries.sample_apiserver);
-        cmd.args([
+        let mut args: Vec<std::ffi::OsString> = [
             "--secure-port",
             &port.to_string(),
             "--bind-address",
             "127.0.0.1",
             "--etcd-servers",
             &plane.etcd_url,
-        ])
-        .arg("--tls-cert-file")
-        .arg(cert)
-        .arg("--tls-private-key-file")
-        .arg(key)
-        .arg("--cert-dir")
-        .arg(plane.pki.dir().join("sample-apiserver"));
+        ]
+        .into_iter()
+        .map(Into::into)
+        .collect();
+        args.extend([
+            "--tls-cert-file".into(),
+            cert.into(),
+            "--tls-private-key-file".into(),
+            key.into(),
+            "--cert-dir".into(),
+            plane.pki.dir().join("sample-apiserver").into(),
+        ]);
         for flag in [
             "--kubeconfig",
             "--authentication-kubeconfig",
             "--authorization-kubeconfig",
         ] {
-            cmd.arg(flag).arg(&kubeconfig);
+            args.extend([flag.into(), kubeconfig.clone().into()]);
         }
-        let process = Process::spawn("sample-apiserver", cmd)?;
-        let server = SampleApiserver { process, port };
+        let command = (binaries.sample_apiserver.clone(), args);
+        let process = spawn(&command)?;
+        let server = SampleApiserver {
+            process,
+            port,
+            command,
+        };
         server.wait_ready(plane).await?;
         Ok(server)
+    }
+
+    /// Kills sample-apiserver (SIGKILL) and starts it again with the same flags on the same
+    /// port; returns once its `/readyz` passes.
+    pub async fn restart(&mut self, plane: &ControlPlane) -> Result<(), HarnessError> {
+        self.process.kill();
+        self.process = spawn(&self.command)?;
+        self.wait_ready(plane).await
     }
 
     async fn wait_ready(&self, plane: &ControlPlane) -> Result<(), HarnessError> {
@@ -219,6 +238,14 @@ impl SampleApiserver {
             self.port
         )
     }
+}
+
+fn spawn(
+    (binary, args): &(std::path::PathBuf, Vec<std::ffi::OsString>),
+) -> Result<Process, HarnessError> {
+    let mut cmd = Command::new(binary);
+    cmd.args(args);
+    Process::spawn("sample-apiserver", cmd)
 }
 
 /// A kubeconfig for `server` trusting `ca_pem` and presenting `token`. JSON is YAML.

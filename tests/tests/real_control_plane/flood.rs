@@ -18,7 +18,7 @@ use http::{Request, StatusCode};
 use http_body_util::Full;
 use serde_json::json;
 
-use crate::session::{gateway_options, Real};
+use crate::session::Real;
 
 const FLOW_SCHEMA_UID: &str = "x-kubernetes-pf-flowschema-uid";
 const PRIORITY_LEVEL_UID: &str = "x-kubernetes-pf-prioritylevel-uid";
@@ -120,7 +120,7 @@ pub async fn a_flood_starves_no_one(real: &Real) {
             &format!("system:serviceaccounts:{NAMESPACE}"),
         ],
     );
-    let gateway = Gateway::start(gateway_options(&real.plane).args(GATEWAY_LIMITS))
+    let gateway = Gateway::start(real.plane.gateway_options().args(GATEWAY_LIMITS))
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let client = |ca_pem: &str, user: &CertifiedPair| http1_client(ca_pem, Some(user)).unwrap();

@@ -10,7 +10,7 @@ use e2e::harness::{wait_until, Gateway};
 use http::StatusCode;
 use serde_json::Value;
 
-use crate::session::{gateway_options, Real};
+use crate::session::Real;
 
 const LEASE: &str = "ha-check";
 const LEASE_DURATION: Duration = Duration::from_secs(3);
@@ -40,7 +40,7 @@ async fn holder(real: &Real) -> Option<String> {
 }
 
 async fn replica(real: &Real) -> Gateway {
-    Gateway::start(gateway_options(&real.plane).args([
+    Gateway::start(real.plane.gateway_options().args([
         format!("--leader-elect-resource-name={LEASE}"),
         "--leader-elect-lease-duration=3s".to_owned(),
         "--leader-elect-renew-deadline=2s".to_owned(),

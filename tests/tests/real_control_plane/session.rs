@@ -4,8 +4,7 @@
 use std::time::Duration;
 
 use e2e::harness::{
-    get, http1_client, http2_client, wait_until, Gateway, GatewayOptions, HttpClient, Kubectl,
-    KubectlVersion,
+    get, http1_client, http2_client, wait_until, Gateway, HttpClient, Kubectl, KubectlVersion,
 };
 use e2e::real::pki::{ADMIN_TOKEN, ALICE_TOKEN};
 use e2e::real::sample_apiserver::WARDLE_GROUP;
@@ -43,7 +42,9 @@ impl Real {
             .unwrap_or_else(|e| panic!("{e}"));
         let file_gateway = start_file_gateway(&plane, &sample).await;
         let gateway = Gateway::start(
-            gateway_options(&plane).args(["--apiservice-availability-interval", "5s"]),
+            plane
+                .gateway_options()
+                .args(["--apiservice-availability-interval", "5s"]),
         )
         .await
         .unwrap_or_else(|e| panic!("{e}"));
@@ -209,30 +210,6 @@ pub fn kubectl_for(gateway: &Gateway, token: &str) -> Kubectl {
     .unwrap()
 }
 
-/// The gateway's flags for this control plane: the core is kube-apiserver (its CA, the admin
-/// client certificate as the gateway's own identity there), users' client certificates from the
-/// cluster CA, bearer tokens through TokenReview, and the proxy client certificate from the
-/// front-proxy CA with a CN kube-apiserver's `--requestheader-allowed-names` lists, so
-/// sample-apiserver trusts it through `extension-apiserver-authentication`.
-pub fn gateway_options(plane: &ControlPlane) -> GatewayOptions {
-    let pki = &plane.pki;
-    let path = |p: &std::path::Path| p.display().to_string();
-    GatewayOptions::new(plane.url.clone()).args([
-        "--core-ca-file".to_owned(),
-        path(&pki.cluster_ca_file),
-        "--core-client-cert-file".to_owned(),
-        path(&pki.admin_files.0),
-        "--core-client-key-file".to_owned(),
-        path(&pki.admin_files.1),
-        "--client-ca-file".to_owned(),
-        path(&pki.cluster_ca_file),
-        "--proxy-client-cert-file".to_owned(),
-        path(&pki.gateway_proxy_client.0),
-        "--proxy-client-key-file".to_owned(),
-        path(&pki.gateway_proxy_client.1),
-    ])
-}
-
 async fn start_file_gateway(plane: &ControlPlane, sample: &SampleApiserver) -> Gateway {
     let dir = plane.pki.dir().join("file-apiservices");
     std::fs::create_dir_all(&dir).unwrap();
@@ -246,7 +223,8 @@ async fn start_file_gateway(plane: &ControlPlane, sample: &SampleApiserver) -> G
         ),
     );
     Gateway::start(
-        gateway_options(plane)
+        plane
+            .gateway_options()
             .config(config)
             .args(["--apiservice-source", "file", "--apiservice-dir"])
             .args([dir.display().to_string()])

@@ -13,7 +13,7 @@ use e2e::real::sample_apiserver::WARDLE_GROUP;
 use e2e::scenario::path_arg;
 use http::StatusCode;
 
-use crate::session::{gateway_options, Real};
+use crate::session::Real;
 
 /// Starts a file-source gateway presenting a proxy client certificate from `ca`, with the trust
 /// controller on or off.
@@ -43,7 +43,7 @@ async fn gateway_with_own_ca(real: &Real, ca: &TestCa, manage: bool) -> Gateway 
     )
     .unwrap();
     // The session's flags without its proxy pair (a flag may be given once), then this gateway's.
-    let mut options = gateway_options(&real.plane);
+    let mut options = real.plane.gateway_options();
     let keep: Vec<String> = options
         .args
         .chunks(2)

@@ -31,7 +31,10 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tracing::Instrument;
+
+use crate::test_hook::TestPanic;
 
 const APIEXTENSIONS: (&str, &str, &str) =
     ("apiextensions.k8s.io", "v1", "customresourcedefinitions");
@@ -52,12 +55,16 @@ pub struct Signals {
     pub healthy: u8,
 }
 
-/// Which watchers run; each starts once, the first time the core's discovery lists its resource.
+/// Which watchers run; each starts the first time the core's discovery lists its resource, and
+/// again after a fetch of the core's discovery finds that it ended (a panic, a stream that
+/// ended): a watcher is never gone silently.
 pub struct CoreWatchers {
     client: Client,
     tx: watch::Sender<Signals>,
-    crds: bool,
-    apiservices: bool,
+    crds: Option<JoinHandle<()>>,
+    apiservices: Option<JoinHandle<()>>,
+    /// The debug builds' hook: `core-watch/apiservices:<n>` panics its first `n` runs.
+    apiservices_panics: TestPanic,
 }
 
 // === impl CoreWatchers ===
@@ -68,8 +75,9 @@ impl CoreWatchers {
         let watchers = Self {
             client,
             tx,
-            crds: false,
-            apiservices: false,
+            crds: None,
+            apiservices: None,
+            apiservices_panics: TestPanic::from_env("core-watch/apiservices"),
         };
         (watchers, rx)
     }
@@ -79,32 +87,62 @@ impl CoreWatchers {
     /// the other runs still misses every change the refused one would have reported, so anything
     /// short of all of them means the 1 s poll.
     pub fn watching(&self) -> bool {
-        let started = u8::from(self.crds) + u8::from(self.apiservices);
+        let started = u8::from(self.crds.is_some()) + u8::from(self.apiservices.is_some());
         started > 0 && self.tx.borrow().healthy >= started
     }
 
-    /// Starts the watchers the core's discovery says it can serve and that do not run yet.
+    /// Starts the watchers the core's discovery says it can serve and that do not run: never
+    /// started, or ended since (logged once, then started again).
     pub fn start_served(&mut self, core: &CoreDiscovery) {
-        if !self.crds && serves_watch(core, APIEXTENSIONS) {
-            self.crds = true;
+        if serves_watch(core, APIEXTENSIONS) && needs_start(&mut self.crds, APIEXTENSIONS) {
             tracing::info!("following the core's CustomResourceDefinitions with a watch");
             let outage = Arc::new(Outage::new("CustomResourceDefinition watch", POLLED));
             let api = Api::<CustomResourceDefinition>::all(outage.client(self.client.clone()));
-            tokio::spawn(follow_crds(api, self.tx.clone(), outage).instrument(
-                tracing::info_span!("core_watch", resource = APIEXTENSIONS.2),
+            self.crds = Some(tokio::spawn(
+                follow_crds(api, self.tx.clone(), outage).instrument(tracing::info_span!(
+                    "core_watch",
+                    resource = APIEXTENSIONS.2
+                )),
             ));
         }
-        if !self.apiservices && serves_watch(core, APIREGISTRATION) {
-            self.apiservices = true;
+        if serves_watch(core, APIREGISTRATION)
+            && needs_start(&mut self.apiservices, APIREGISTRATION)
+        {
             tracing::info!("following the core's APIServices with a watch");
             let outage = Arc::new(Outage::new("APIService watch for discovery", POLLED));
             let api = Api::<APIService>::all(outage.client(self.client.clone()));
-            tokio::spawn(
-                follow(api, self.tx.clone(), outage, |_: &Store<APIService>, _| {}).instrument(
-                    tracing::info_span!("core_watch", resource = APIREGISTRATION.2),
-                ),
-            );
+            let panics = self.apiservices_panics.panics_now();
+            self.apiservices = Some(tokio::spawn(
+                follow(
+                    api,
+                    self.tx.clone(),
+                    outage,
+                    |_: &Store<APIService>, _| {},
+                    panics,
+                )
+                .instrument(tracing::info_span!(
+                    "core_watch",
+                    resource = APIREGISTRATION.2
+                )),
+            ));
         }
+    }
+}
+
+/// Whether the watcher in `slot` is to be started: it never was, or it has ended (said once
+/// here; until it runs again the core's discovery is polled).
+fn needs_start(slot: &mut Option<JoinHandle<()>>, (_, _, resource): (&str, &str, &str)) -> bool {
+    match slot {
+        None => true,
+        Some(task) if task.is_finished() => {
+            tracing::error!(
+                resource,
+                "the watch of the core's {resource} ended; starting it again"
+            );
+            *slot = None;
+            true
+        }
+        Some(_) => false,
     }
 }
 
@@ -125,20 +163,26 @@ async fn follow_crds(
     tx: watch::Sender<Signals>,
     outage: Arc<Outage>,
 ) {
-    follow(api, tx, outage, |store, signals| {
-        signals.established = Arc::new(established_versions(store));
-    })
+    follow(
+        api,
+        tx,
+        outage,
+        |store, signals| signals.established = Arc::new(established_versions(store)),
+        false,
+    )
     .await
 }
 
 /// Runs one watcher until the controller is gone: a reflector over `api`, and after its first
 /// complete list and every later change, `update` plus a new revision on `tx`. Errors are
-/// retried with kube-rs' default backoff and logged once per outage.
+/// retried with kube-rs' default backoff and logged once per outage. `panics` (the test hook):
+/// panic as soon as this watcher counts as healthy.
 async fn follow<K>(
     api: Api<K>,
     tx: watch::Sender<Signals>,
     outage: Arc<Outage>,
     update: impl Fn(&Store<K>, &mut Signals),
+    panics: bool,
 ) where
     K: kube::Resource<DynamicType = ()>
         + Clone
@@ -154,7 +198,10 @@ async fn follow<K>(
         .reflect(writer);
     let mut events = std::pin::pin!(events);
     let mut synced = false;
-    let mut healthy = false;
+    let mut healthy = Healthy {
+        tx: &tx,
+        counted: false,
+    };
     loop {
         let event = tokio::select! {
             event = events.next() => event,
@@ -171,8 +218,8 @@ async fn follow<K>(
             Ok(watcher::Event::Init | watcher::Event::InitApply(_)) | Err(_) => false,
         };
         let now_healthy = synced && !outage.is_down();
-        if changed || now_healthy != healthy {
-            let was = std::mem::replace(&mut healthy, now_healthy);
+        if changed || now_healthy != healthy.counted {
+            let was = std::mem::replace(&mut healthy.counted, now_healthy);
             tx.send_modify(|signals| {
                 signals.revision += 1;
                 match (was, now_healthy) {
@@ -181,6 +228,28 @@ async fn follow<K>(
                     _ => {}
                 }
                 update(&store, signals);
+            });
+            assert!(
+                !(panics && healthy.counted),
+                "AGGREGATION_GATEWAY_TEST_PANIC asked this watch to panic"
+            );
+        }
+    }
+}
+
+/// A watcher's share of [`Signals::healthy`], taken back however the watcher ends (a panic
+/// included): the controller then polls the core's discovery until it runs again.
+struct Healthy<'a> {
+    tx: &'a watch::Sender<Signals>,
+    counted: bool,
+}
+
+impl Drop for Healthy<'_> {
+    fn drop(&mut self) {
+        if self.counted {
+            self.tx.send_modify(|signals| {
+                signals.revision += 1;
+                signals.healthy = signals.healthy.saturating_sub(1);
             });
         }
     }
