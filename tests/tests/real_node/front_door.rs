@@ -22,6 +22,7 @@ use e2e::real_node::cluster::BOOTSTRAP_GROUP;
 use e2e::real_node::pki::NODE_NAME;
 use e2e::real_node::pod_start;
 use e2e::table::run_checks;
+use k8s_openapi::jiff::Timestamp;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::component_load::{self, Usage};
@@ -177,24 +178,64 @@ async fn node_ready(node: &Node) {
     );
 }
 
-/// The cluster's CertificateSigningRequests, as `(name, spec, status)`.
+/// The cluster's CertificateSigningRequests.
 async fn csrs(admin: &Kubectl) -> Vec<serde_json::Value> {
     let listed = admin.run_ok(&["get", "csr", "-o", "json"]).await;
     let list: serde_json::Value = serde_json::from_str(&listed.stdout).unwrap();
     list["items"].as_array().cloned().unwrap_or_default()
 }
 
-/// Whether `csr` is approved by kube-controller-manager's csrapproving controller and signed.
-fn approved_and_issued(csr: &serde_json::Value) -> bool {
-    let approved = csr["status"]["conditions"]
+/// When `csr`'s `Approved` condition was set by kube-controller-manager's csrapproving
+/// controller (`AutoApproved`), if it was.
+fn auto_approved_at(csr: &serde_json::Value) -> Option<Timestamp> {
+    csr["status"]["conditions"]
         .as_array()
         .into_iter()
         .flatten()
-        .any(|c| c["type"] == "Approved" && c["reason"] == "AutoApproved");
-    approved
-        && csr["status"]["certificate"]
-            .as_str()
-            .is_some_and(|c| !c.is_empty())
+        .find(|c| c["type"] == "Approved" && c["reason"] == "AutoApproved")
+        .and_then(|c| timestamp(&c["lastUpdateTime"]))
+}
+
+fn timestamp(value: &serde_json::Value) -> Option<Timestamp> {
+    value.as_str()?.parse().ok()
+}
+
+/// Seconds from `from` to `to`, as the API's one-second timestamps allow.
+fn seconds(from: Timestamp, to: Timestamp) -> i64 {
+    to.as_second() - from.as_second()
+}
+
+/// The certificates (their base64 DER, without line breaks) of a PEM text.
+fn certificates(pem: &str) -> Vec<String> {
+    pem.split("-----BEGIN CERTIFICATE-----")
+        .skip(1)
+        .filter_map(|rest| rest.split_once("-----END CERTIFICATE-----"))
+        .map(|(body, _)| body.split_whitespace().collect())
+        .collect()
+}
+
+/// The certificate `csr` was issued, as PEM, once kube-controller-manager signed it.
+fn issued_pem(csr: &serde_json::Value) -> Option<String> {
+    use base64::Engine as _;
+    let encoded = csr["status"]["certificate"].as_str()?;
+    let pem = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .ok()?;
+    String::from_utf8(pem).ok().filter(|p| !p.is_empty())
+}
+
+/// Whether `csr` is approved by kube-controller-manager's csrapproving controller and signed.
+fn approved_and_issued(csr: &serde_json::Value) -> bool {
+    auto_approved_at(csr).is_some() && issued_pem(csr).is_some()
+}
+
+/// Whether `csr` issued the (first) certificate of `pem`, the kubelet's current file.
+fn issued_this(csr: &serde_json::Value, pem: &str) -> bool {
+    let (Some(issued), Some(current)) = (issued_pem(csr), certificates(pem).into_iter().next())
+    else {
+        return false;
+    };
+    certificates(&issued).contains(&current)
 }
 
 /// kubectl through the gateway with the kubelet's current issued certificate.
@@ -219,6 +260,11 @@ async fn assert_node_identity(kubectl: &Kubectl) {
     assert!(groups.iter().any(|g| g == "system:nodes"), "{whoami}");
 }
 
+/// What the kubelet logs each time its client certificate changes (`pkg/kubelet/certificate/
+/// transport.go`): once when the bootstrap's certificate first appears, then at every rotation.
+const CERTIFICATE_SWITCH: &str =
+    "Certificate rotation detected, shutting down client connections to start using new credentials";
+
 async fn tls_bootstrap(node: &Node) {
     let c = &node.cluster;
     let token = c
@@ -228,14 +274,14 @@ async fn tls_bootstrap(node: &Node) {
     let bootstrapper = format!("system:bootstrap:{}", &token[..6]);
     let node_user = format!("system:node:{NODE_NAME}");
     let admin = c.admin();
-    let by = |user: &str, csrs: &[serde_json::Value]| {
-        csrs.iter().find(|r| r["spec"]["username"] == user).cloned()
-    };
     // The bootstrap CSR: created with the token, which the gateway reviewed and passed on, so
     // kube-apiserver recorded the token's user and groups as the requester.
     let all = csrs(&admin).await;
-    let first =
-        by(&bootstrapper, &all).unwrap_or_else(|| panic!("no CSR by {bootstrapper}: {all:#?}"));
+    let first = all
+        .iter()
+        .find(|r| r["spec"]["username"] == bootstrapper.as_str())
+        .cloned()
+        .unwrap_or_else(|| panic!("no CSR by {bootstrapper}: {all:#?}"));
     assert_eq!(
         first["spec"]["signerName"], "kubernetes.io/kube-apiserver-client-kubelet",
         "{first:#}"
@@ -254,50 +300,105 @@ async fn tls_bootstrap(node: &Node) {
         approved_and_issued(&first),
         "not approved and signed: {first:#}"
     );
+    let first_created = timestamp(&first["metadata"]["creationTimestamp"]).expect("created");
+    let first_approved = auto_approved_at(&first).expect("approved");
+    let name = |csr: &serde_json::Value| csr["metadata"]["name"].as_str().unwrap_or("?").to_owned();
     let current = c.kubelet_cert_dir().join("kubelet-client-current.pem");
-    let issued = std::fs::read_to_string(&current)
-        .unwrap_or_else(|e| panic!("the kubelet wrote no {}: {e}", current.display()));
+    let read_current = || {
+        std::fs::read_to_string(&current)
+            .unwrap_or_else(|e| panic!("the kubelet wrote no {}: {e}", current.display()))
+    };
+    let issued = read_current();
     assert_node_identity(&issued_kubectl(node)).await;
 
-    // The renewal: made with the issued certificate, so the core records the identity the
-    // gateway forwarded for it; approved as selfnodeclient.
+    // The renewal: a CSR made with the issued certificate, so the core records the identity the
+    // gateway forwarded for it; approved as selfnodeclient; its certificate the kubelet's
+    // current one. The kubelet logged the switch once already, when the bootstrap's certificate
+    // appeared: a rotation is one more.
+    let switches = || {
+        c.component_logs("kubelet")
+            .matches(CERTIFICATE_SWITCH)
+            .count()
+    };
+    let switched_before = switches();
     let started = std::time::Instant::now();
     let deadline = started + Duration::from_secs(240);
-    let renewal = loop {
-        let all = csrs(&admin).await;
-        let renewed = by(&node_user, &all).filter(approved_and_issued);
-        let rotated = std::fs::read_to_string(&current).is_ok_and(|pem| pem != issued);
-        if let (Some(renewal), true) = (renewed, rotated) {
-            break renewal;
+    let (renewal, replaced, rotated_after) = loop {
+        let pem = read_current();
+        if pem != issued {
+            let all = csrs(&admin).await;
+            let of = |pem: &str| all.iter().find(|r| issued_this(r, pem)).cloned();
+            let renewal = of(&pem)
+                .unwrap_or_else(|| panic!("no CSR issued the kubelet's new certificate: {all:#?}"));
+            let replaced = of(&issued)
+                .unwrap_or_else(|| panic!("no CSR issued the kubelet's certificate: {all:#?}"));
+            break (renewal, replaced, started.elapsed());
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "no renewal by {node_user} within 240 s (certificates live {}): {all:#?}\n{}",
+            "no rotation of the kubelet's certificate within 240 s (certificates live {}): {:#?}\n{}",
             e2e::real_node::cluster::SIGNING_DURATION,
+            csrs(&admin).await,
             c.component_logs("kubelet")
         );
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
     };
-    eprintln!(
-        "real node [{NAME}]: kubelet TLS bootstrap: CSR {} of {bootstrapper} approved and signed, \
-         renewed by CSR {} of {node_user} {:.0?} into the check",
-        first["metadata"]["name"],
-        renewal["metadata"]["name"],
-        started.elapsed()
+    assert_eq!(
+        renewal["spec"]["username"],
+        node_user.as_str(),
+        "{renewal:#}"
     );
-    // The kubelet drops its connections once the rotated certificate is in use; its Lease
-    // renewed after that comes through the gateway on the new certificate.
+    assert_eq!(
+        renewal["spec"]["signerName"], "kubernetes.io/kube-apiserver-client-kubelet",
+        "{renewal:#}"
+    );
+    let renewal_groups = renewal["spec"]["groups"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        renewal_groups.iter().any(|g| g == "system:nodes"),
+        "{renewal:#}"
+    );
+    assert!(approved_and_issued(&renewal), "{renewal:#}");
+    let renewal_created = timestamp(&renewal["metadata"]["creationTimestamp"]).expect("created");
+    let renewal_approved = auto_approved_at(&renewal).expect("approved");
+    let replaced_approved = auto_approved_at(&replaced).expect("approved");
+    // The kubelet drops its connections once it uses the rotated certificate (it looks every
+    // 10 s); its Lease renewed after that comes through the gateway on the new certificate.
     let dropped = wait_until(Duration::from_secs(30), || async {
-        c.component_logs("kubelet")
-            .contains("shutting down client connections to start using new credentials")
+        switches() > switched_before
     })
     .await;
     assert!(
         dropped,
-        "the kubelet did not switch to the rotated certificate"
+        "the kubelet did not switch to the rotated certificate ({switched_before} switches \
+         logged before the rotation, {} now)",
+        switches()
     );
+    let switched_after = started.elapsed();
     assert_node_identity(&issued_kubectl(node)).await;
     node_ready(node).await;
+    eprintln!(
+        "real node [{NAME}]: kubelet TLS bootstrap through the gateway: CSR {} of {bootstrapper} \
+         approved {} s after it was made; renewal CSR {} of {node_user} made {} s after the \
+         approval of {} (the certificate it replaced{}), approved {} s after it was made; the \
+         rotated certificate seen on disk {:.0?} and the kubelet's switch to it {:.0?} into the \
+         check",
+        name(&first),
+        seconds(first_created, first_approved),
+        name(&renewal),
+        seconds(replaced_approved, renewal_created),
+        name(&replaced),
+        if name(&replaced) == name(&first) {
+            ": the bootstrap's"
+        } else {
+            ", an earlier renewal"
+        },
+        seconds(renewal_created, renewal_approved),
+        rotated_after,
+        switched_after,
+    );
 }
 
 /// kubectl as the kubelet: its kubeconfig's certificate, the cluster's API endpoint.
