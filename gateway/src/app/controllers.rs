@@ -16,6 +16,7 @@
 use std::sync::Arc;
 
 use gateway_config::{ApiServiceSource, Config};
+use gateway_flowcontrol::FlowControl;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -28,7 +29,7 @@ use crate::control::core_readiness::{self, CoreStarted};
 use crate::control::core_release;
 use crate::control::discovery::openapi_v2::OpenApiV2Controller;
 use crate::control::discovery::{readiness, DiscoveryCache, DiscoveryController};
-use crate::control::flowcontrol::{self, FlowControl};
+use crate::control::flowcontrol;
 use crate::control::leader_election::{self, LeaderElector, Leadership};
 use crate::control::trust;
 use crate::handlers::health::{self, Health};

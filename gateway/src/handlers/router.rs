@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use apiservice::route_table::Lookup;
+use gateway_flowcontrol::FlowControl;
 use http::{header, HeaderValue, Method};
 use tower::Service;
 
@@ -15,7 +16,6 @@ use crate::body::BoxFuture;
 use crate::body::{full, BoxError, Request, Response};
 use crate::control::apiservices::{Routes, Routing, Target};
 use crate::control::discovery::DiscoveryCache;
-use crate::control::flowcontrol::FlowControl;
 use crate::error::GatewayError;
 use crate::extensions::{RequestContext, RoutedTo, WatchInitialization};
 use crate::handlers::apiservice_printing;

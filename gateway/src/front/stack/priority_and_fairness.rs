@@ -17,7 +17,8 @@
 //!   `RequestDelegated`: a watch held by an aggregated server that has not answered, or by a
 //!   caller that never sends its body, must not hold seats here). The seats ride in the
 //!   request as an [`WatchInitialization`] for that. The watch then counts, for as long as it
-//!   streams, among the watches a write may wake (see `flowcontrol::watch_tracker`);
+//!   streams, among the watches a write may wake (see
+//!   `gateway_flowcontrol::request::watch_tracker`);
 //! * exec, attach, port-forward, log, proxy and what an APIService declares long-running: not
 //!   seen at all, as kube does not track them.
 //!
@@ -37,6 +38,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::future::Either;
+use gateway_flowcontrol::request::list_sizes::ListKey;
+use gateway_flowcontrol::request::watch_tracker::Registration;
+use gateway_flowcontrol::{self as flowcontrol, FlowControl, Outcome, Schema, Seat, Waiting};
 use http::header::HeaderName;
 use http::{HeaderMap, StatusCode};
 use http_body::Frame;
@@ -46,9 +50,6 @@ use tower::{Layer, Service};
 use super::take_inner;
 use super::timeout;
 use crate::body::{self, BoxError, BoxFuture, Request, Response};
-use crate::control::flowcontrol::list_sizes::ListKey;
-use crate::control::flowcontrol::watch_tracker::Registration;
-use crate::control::flowcontrol::{self, FlowControl, Outcome, Schema, Seat, Waiting};
 use crate::error::Terminated;
 use crate::extensions::WatchInitialization;
 use crate::identity::UserInfo;

@@ -3,9 +3,9 @@ use std::collections::HashMap;
 use prometheus::Registry;
 
 use super::*;
-use crate::control::flowcontrol::metrics::Metrics;
-use crate::control::flowcontrol::model::Queuing;
-use crate::control::flowcontrol::shuffle_shard::hash_flow_id;
+use crate::fairqueuing::shuffle_shard::hash_flow_id;
+use crate::metrics::Metrics;
+use crate::model::Queuing;
 
 fn metrics() -> (Arc<Metrics>, Arc<LevelMetrics>) {
     let m = Metrics::new(&Registry::new());

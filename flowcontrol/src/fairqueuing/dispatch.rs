@@ -14,11 +14,11 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::{Instant, Sleep};
 
-use super::metrics::{LevelMetrics, RejectReason};
-use super::model::LimitResponse;
-use super::queueset::{Admitted, Description, Finished, QueueSet, Started};
-use super::retry_after::RetryAfter;
-use super::seats::WorkEstimate;
+use crate::fairqueuing::queueset::{Admitted, Description, Finished, QueueSet, Started};
+use crate::metrics::{LevelMetrics, RejectReason};
+use crate::model::LimitResponse;
+use crate::request::seats::WorkEstimate;
+use crate::retry_after::RetryAfter;
 
 /// One priority level's live state. It outlives configurations: a level that keeps its name
 /// keeps its queues (and the requests in them) across changes of its spec.

@@ -27,14 +27,14 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::identity::UserInfo;
-use crate::request_info::RequestInfo;
+use gateway_request::identity::UserInfo;
+use gateway_request::request_info::RequestInfo;
 
-use super::integrator::{Integrator, Results};
-use super::metrics::{DispatchReading, FlowMetrics, LevelMetrics, RejectReason};
-use super::model::{Distinguisher, LimitResponse};
-use super::seats::{CompletedWork, SeatSeconds, WorkEstimate};
-use super::shuffle_shard::{Dealer, Hand};
+use crate::fairqueuing::integrator::{Integrator, Results};
+use crate::fairqueuing::shuffle_shard::{Dealer, Hand};
+use crate::metrics::{DispatchReading, FlowMetrics, LevelMetrics, RejectReason};
+use crate::model::{Distinguisher, LimitResponse};
+use crate::request::seats::{CompletedWork, SeatSeconds, WorkEstimate};
 
 pub use dump::{Counts, QueueDump, RequestDump};
 pub use queue::QueueSum;

@@ -6,7 +6,7 @@ use http::Method;
 use prometheus::Registry;
 
 use super::*;
-use crate::request_info::parse;
+use gateway_request::request_info::parse;
 
 fn flow_control(limit: u32) -> FlowControl {
     let fc = FlowControl::new(limit, Duration::from_secs(15), &Registry::new());
