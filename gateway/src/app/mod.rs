@@ -99,12 +99,7 @@ pub async fn run(config: Config) -> Result<(), StartError> {
 
     // 5. The listener, until a signal; then shutdown.
     serving.log_started(socket.address, controllers.gateway.core.url());
-    let settings = ListenerSettings {
-        header_read_timeout: config.limits.header_read_timeout,
-        max_header_bytes: config.limits.max_header_bytes,
-        http2_max_streams: config.serving.http2_max_streams,
-        max_connections: config.serving.max_client_connections,
-    };
+    let settings = listener_settings(&config);
     let server = tokio::spawn(
         listener::serve(
             socket.listener,
@@ -121,6 +116,16 @@ pub async fn run(config: Config) -> Result<(), StartError> {
     // What watched files and fed certificates lives until here.
     drop((serving, proxy_identity, clients));
     Ok(())
+}
+
+/// What the listener takes of the configuration: the limits on a client's connection.
+fn listener_settings(config: &Config) -> ListenerSettings {
+    ListenerSettings {
+        header_read_timeout: config.limits.header_read_timeout,
+        max_header_bytes: config.limits.max_header_bytes,
+        http2_max_streams: config.serving.http2_max_streams,
+        max_connections: config.serving.max_client_connections,
+    }
 }
 
 /// The metrics registry, with the configured in-flight limits published (kube's older filter
