@@ -43,6 +43,11 @@ pub struct SoakReport {
     /// By status code.
     pub answers: BTreeMap<u16, u64>,
     pub lost: u64,
+    /// Answers whose body broke off after the status line (the server behind died mid-answer,
+    /// as a client of that server directly sees too).
+    pub cut: u64,
+    /// The first lost requests: what, when (seconds into the soak) and why.
+    pub lost_samples: Vec<String>,
     pub misrouted: u64,
     pub faults: BTreeMap<&'static str, u64>,
     /// By watch: how its streams ended.
@@ -73,12 +78,67 @@ struct Tally {
     requests: u64,
     answers: BTreeMap<u16, u64>,
     lost: u64,
+    cut: u64,
+    lost_samples: Vec<String>,
     misrouted: u64,
     watch_ends: BTreeMap<&'static str, WatchEnds>,
     samples: BTreeMap<u16, String>,
 }
 
+/// How many lost requests the report describes.
+const LOST_SAMPLES: usize = 10;
+
+/// How one request ended.
+enum Ending {
+    Answered(StatusCode, Bytes),
+    /// The status line came, the body broke off.
+    Cut(StatusCode),
+    /// No status line within [`ANSWER_LIMIT`], or the connection failed before one.
+    Lost(String),
+}
+
+/// Sends `req` and reads the whole answer, within [`ANSWER_LIMIT`] for the status line and as
+/// long again for the body.
+async fn exchange(client: &HttpClient, req: Request<Full<Bytes>>) -> Ending {
+    let resp = match tokio::time::timeout(ANSWER_LIMIT, harness::send_streaming(client, req)).await
+    {
+        Err(_) => return Ending::Lost(format!("no status line within {ANSWER_LIMIT:?}")),
+        Ok(Err(e)) => return Ending::Lost(e.to_string()),
+        Ok(Ok(resp)) => resp,
+    };
+    let status = resp.status();
+    match tokio::time::timeout(ANSWER_LIMIT, resp.into_body().collect()).await {
+        Ok(Ok(body)) => Ending::Answered(status, body.to_bytes()),
+        Ok(Err(_)) | Err(_) => Ending::Cut(status),
+    }
+}
+
 impl Tally {
+    /// Counts how a request for `what`, sent at `at` into the soak, ended; the body of a
+    /// complete answer.
+    fn ended(&mut self, what: &str, at: Duration, ending: Ending) -> Option<(StatusCode, Bytes)> {
+        self.requests += 1;
+        match ending {
+            Ending::Answered(status, body) => {
+                self.answered(status, &body);
+                Some((status, body))
+            }
+            Ending::Cut(status) => {
+                *self.answers.entry(status.as_u16()).or_default() += 1;
+                self.cut += 1;
+                None
+            }
+            Ending::Lost(why) => {
+                self.lost += 1;
+                if self.lost_samples.len() < LOST_SAMPLES {
+                    self.lost_samples
+                        .push(format!("{what} at {:.1} s: {why}", at.as_secs_f64()));
+                }
+                None
+            }
+        }
+    }
+
     fn answered(&mut self, status: StatusCode, body: &[u8]) {
         *self.answers.entry(status.as_u16()).or_default() += 1;
         if !matches!(status.as_u16(), 200 | 201) {
@@ -89,7 +149,8 @@ impl Tally {
     }
 }
 
-type Shared = (Arc<Mutex<Tally>>, Arc<AtomicBool>);
+/// The tally, the stop flag, and when the soak's traffic started.
+type Shared = (Arc<Mutex<Tally>>, Arc<AtomicBool>, Instant);
 
 /// One request of the traffic's round, and what a right answer to it is.
 #[derive(Clone)]
@@ -173,7 +234,7 @@ async fn traffic(
     first: usize,
     shared: Shared,
 ) {
-    let (tally, stop) = shared;
+    let (tally, stop, started) = shared;
     let mut i = first;
     while !stop.load(Ordering::Relaxed) {
         let probe = &probes[i % probes.len()];
@@ -182,17 +243,13 @@ async fn traffic(
             .header("accept", probe.accept)
             .body(Full::new(Bytes::new()))
             .expect("a valid request");
-        let answer = tokio::time::timeout(ANSWER_LIMIT, harness::send(&client, req)).await;
+        let at = started.elapsed();
+        let ending = exchange(&client, req).await;
         let mut t = tally.lock().unwrap();
-        t.requests += 1;
-        match answer {
-            Ok(Ok((status, _, body))) => {
-                t.answered(status, &body);
-                if probe.misrouted(status, &body) {
-                    t.misrouted += 1;
-                }
+        if let Some((status, body)) = t.ended(&format!("GET {}", probe.path), at, ending) {
+            if probe.misrouted(status, &body) {
+                t.misrouted += 1;
             }
-            _ => t.lost += 1,
         }
     }
 }
@@ -200,7 +257,7 @@ async fn traffic(
 /// ConfigMaps created and deleted one after the other in `namespace` until stopped: the
 /// mutations of the traffic, and the events its ConfigMap watch waits for.
 async fn mutations(client: HttpClient, base: String, namespace: &'static str, shared: Shared) {
-    let (tally, stop) = shared;
+    let (tally, stop, started) = shared;
     let url = format!("{base}/api/v1/namespaces/{namespace}/configmaps");
     let mut n = 0u64;
     while !stop.load(Ordering::Relaxed) {
@@ -215,14 +272,10 @@ async fn mutations(client: HttpClient, base: String, namespace: &'static str, sh
         let delete = Request::delete(format!("{url}/{name}"))
             .body(Full::new(Bytes::new()))
             .expect("a valid request");
-        for req in [create, delete] {
-            let answer = tokio::time::timeout(ANSWER_LIMIT, harness::send(&client, req)).await;
-            let mut t = tally.lock().unwrap();
-            t.requests += 1;
-            match answer {
-                Ok(Ok((status, _, body))) => t.answered(status, &body),
-                _ => t.lost += 1,
-            }
+        for (what, req) in [("POST a ConfigMap", create), ("DELETE a ConfigMap", delete)] {
+            let at = started.elapsed();
+            let ending = exchange(&client, req).await;
+            tally.lock().unwrap().ended(what, at, ending);
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -238,7 +291,7 @@ async fn watches(
     stalls: bool,
     shared: Shared,
 ) {
-    let (tally, stop) = shared;
+    let (tally, stop, _) = shared;
     tally.lock().unwrap().watch_ends.entry(name).or_default();
     while !stop.load(Ordering::Relaxed) {
         let req = Request::get(&url)
@@ -316,9 +369,16 @@ impl SoakReport {
             out.push_str(&format!("| answered {code} | {n} |\n"));
         }
         out.push_str(&format!(
-            "| lost (no answer within 15 s) | {} |\n",
+            "| lost (no status line within 15 s, or the connection failed before one) | {} |\n",
             self.lost
         ));
+        out.push_str(&format!(
+            "| answers cut after their status line (the server behind died mid-answer) | {} |\n",
+            self.cut
+        ));
+        for sample in &self.lost_samples {
+            out.push_str(&format!("| lost: {} |  |\n", sample.replace('|', "\\|")));
+        }
         out.push_str(&format!(
             "| answered by the wrong backend | {} |\n",
             self.misrouted

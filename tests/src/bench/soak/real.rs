@@ -120,6 +120,7 @@ pub async fn run(length: Duration) -> Result<SoakReport, BoxError> {
     let shared = (
         Arc::new(Mutex::new(Tally::default())),
         Arc::new(AtomicBool::new(false)),
+        Instant::now(),
     );
     let probes = vec![
         Probe::list(
@@ -236,6 +237,8 @@ pub async fn run(length: Duration) -> Result<SoakReport, BoxError> {
         requests: t.requests,
         answers: t.answers,
         lost: t.lost,
+        cut: t.cut,
+        lost_samples: t.lost_samples,
         misrouted: t.misrouted,
         faults,
         watch_ends: t.watch_ends,
