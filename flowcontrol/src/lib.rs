@@ -29,6 +29,7 @@
 //! only on the configuration (sorted schemas, the index, metric series, header values, seat
 //! limits) is computed when the configuration changes.
 
+pub mod admission;
 pub mod bootstrap;
 pub mod classifier;
 pub mod conc_alloc;
@@ -47,12 +48,12 @@ use std::time::Duration;
 use gateway_request::identity::UserInfo;
 use gateway_request::request_info::RequestInfo;
 
+pub use admission::Admission;
 pub use controller::{Controller, Schema, Summary};
 pub use fairqueuing::dispatch::{Seat, Waiting};
 pub use metrics::RejectReason;
 pub use request::width::Estimate;
 
-use fairqueuing::dispatch::Admission;
 use fairqueuing::queueset::Description;
 use model::Distinguisher;
 use request::width;
@@ -85,19 +86,14 @@ pub struct Decision {
     /// Where it was classified (for the response headers and the log).
     pub schema: Arc<Schema>,
     pub estimate: Estimate,
-    pub outcome: Outcome,
+    pub admission: Admission<Seat, Waiting, Refusal>,
 }
 
-pub enum Outcome {
-    /// Seats taken: serve it, and drop the seat when it is done.
-    Run(Seat),
-    /// Queued: await the seat (or the refusal).
-    Wait(Waiting),
-    /// Refused: answer 429 with this `Retry-After`.
-    Reject {
-        reason: RejectReason,
-        retry_after: i64,
-    },
+/// Why a request was refused, and the `Retry-After` its 429 carries.
+#[derive(Debug)]
+pub struct Refusal {
+    pub reason: RejectReason,
+    pub retry_after: i64,
 }
 
 impl FlowControl {
@@ -199,22 +195,22 @@ impl FlowControl {
             user: user.clone(),
             info: info.clone(),
         });
-        let outcome =
+        let admission =
             match schema
                 .level
                 .start(hash, estimate.work, description, self.wait_limit(timeout))
             {
-                Admission::Run(seat) => Outcome::Run(seat),
-                Admission::Wait(waiting) => Outcome::Wait(waiting),
-                Admission::Reject(reason) => Outcome::Reject {
+                Admission::Run(seat) => Admission::Run(seat),
+                Admission::Wait(waiting) => Admission::Wait(waiting),
+                Admission::Reject(reason) => Admission::Reject(Refusal {
                     reason,
                     retry_after: schema.level.retry_after.refused(),
-                },
+                }),
             };
         Decision {
             schema,
             estimate,
-            outcome,
+            admission,
         }
     }
 

@@ -3,7 +3,7 @@ use std::time::Duration;
 use prometheus::Registry;
 
 use super::*;
-use crate::fairqueuing::dispatch::Admission;
+use crate::admission::Admission;
 use crate::fairqueuing::queueset::Description;
 use crate::request::seats::WorkEstimate;
 use gateway_request::identity::UserInfo;

@@ -77,7 +77,7 @@ pub fn start(
         resolver,
         drain: extras.drain,
         failures: Some(availability.rechecks()),
-        reject_forwarding_redirect: api.reject_forwarding_redirect,
+        reject_forwarding_redirect: api.aggregator_reject_forwarding_redirect,
     };
     let inputs = (set_rx, results_rx);
     start_route_controller(routing, inputs, factory, metrics, (supervisor, health));

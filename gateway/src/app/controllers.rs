@@ -14,9 +14,10 @@
 //! core's `/readyz` has passed ([`CoreStarted`]): a kube-apiserver that is still starting refuses
 //! them with 403.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
-use gateway_config::{ApiServiceSource, Config};
+use gateway_config::{ApiServiceConfig, ApiServiceSource, LeaderElection, Limits, TrustConfig};
 use gateway_flowcontrol::FlowControl;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -93,9 +94,19 @@ impl Loops {
     }
 }
 
+/// What the controllers take of the configuration, each part as its flags name it.
+pub struct ControllerSettings<'a> {
+    pub apiservices: &'a ApiServiceConfig,
+    pub trust: &'a TrustConfig,
+    /// `--client-ca-file`, published in the trust ConfigMap.
+    pub client_ca_file: Option<PathBuf>,
+    pub leader_election: Option<LeaderElection>,
+    pub limits: &'a Limits,
+}
+
 impl Controllers {
     pub fn start(
-        config: &Config,
+        settings: ControllerSettings<'_>,
         clients: &Clients,
         proxy_identity: ProxyIdentity,
         metrics: &Arc<Metrics>,
@@ -110,11 +121,16 @@ impl Controllers {
         loops.check("apiservice-sources-synced", health::READY, synced);
 
         start_publishers(clients, &proxy_identity, &mut loops);
-        if config.trust.manage {
-            start_trust(config, clients, &proxy_identity, &mut loops);
+        if settings.trust.manage {
+            let files = (
+                settings.client_ca_file,
+                settings.trust.proxy_client_ca_file.clone(),
+            );
+            start_trust(files, clients, &proxy_identity, &mut loops);
         }
         // Asked for by validation only with the kube source, the one that writes status.
-        let (leader, leadership) = start_leader_election(config, clients, &mut loops).unzip();
+        let (leader, leadership) =
+            start_leader_election(settings.leader_election, clients, &mut loops).unzip();
         let extras = ApiServiceExtras {
             leadership,
             reachable: None,
@@ -122,16 +138,18 @@ impl Controllers {
             drain,
         };
         start_apiservices(
-            config,
+            settings.apiservices,
             clients,
             proxy_identity,
             (&routing, extras),
             &mut loops,
         )?;
 
-        let discovery = start_discovery(config, clients, &routing, &mut loops);
-        let flow_control = (config.limits.priority_and_fairness)
-            .then(|| start_flow_control(config, clients, &mut loops));
+        let refresh = settings.apiservices.discovery_refresh_interval;
+        let discovery = start_discovery(refresh, clients, &routing, &mut loops);
+        let source = &settings.apiservices.source;
+        let flow_control = (settings.limits.priority_and_fairness)
+            .then(|| start_flow_control(settings.limits, source, clients, &mut loops));
         let followers = core_release::Followers {
             discovery: discovery.clone(),
             flow_control: flow_control.clone(),
@@ -157,13 +175,12 @@ impl Controllers {
 /// The APIService source, the route and availability controllers and Service resolution
 /// (`apiservices::start`), with the `aggregated-apiservice-reachable` check when asked for.
 fn start_apiservices(
-    config: &Config,
+    api: &ApiServiceConfig,
     clients: &Clients,
     proxy_identity: ProxyIdentity,
     (routing, mut extras): (&Arc<Routing>, ApiServiceExtras),
     loops: &mut Loops,
 ) -> Result<(), StartError> {
-    let api = &config.apiservices;
     extras.reachable = api.readyz_reachable.then(|| {
         let name = "aggregated-apiservice-reachable";
         loops.check(name, health::READY_ONLY, Check::healthy())
@@ -206,14 +223,14 @@ fn start_publishers(clients: &Clients, proxy_identity: &ProxyIdentity, loops: &m
 /// `kube-system/extension-apiserver-authentication` kept up to date with the gateway's client
 /// CA and proxy identity, once the core has started, when there is anything to publish.
 fn start_trust(
-    config: &Config,
+    (client_ca_file, proxy_client_ca_file): (Option<PathBuf>, Option<PathBuf>),
     clients: &Clients,
     proxy_identity: &ProxyIdentity,
     loops: &mut Loops,
 ) {
     let sources = trust::TrustSources {
-        client_ca_file: config.authn.client_ca_file.clone(),
-        proxy_client_ca_file: config.trust.proxy_client_ca_file.clone(),
+        client_ca_file,
+        proxy_client_ca_file,
         proxy_identity: proxy_identity.clone(),
     };
     if !trust::has_anything_to_publish(&sources) {
@@ -258,11 +275,11 @@ fn start_core_loops(
 
 /// The Lease on the core that decides which replica writes APIService status, when configured.
 fn start_leader_election(
-    config: &Config,
+    settings: Option<LeaderElection>,
     clients: &Clients,
     loops: &mut Loops,
 ) -> Option<(Leader, Leadership)> {
-    let settings = config.leader_election.clone()?;
+    let settings = settings?;
     let gauge = loops
         .metrics
         .leader_election_master_status
@@ -293,17 +310,21 @@ fn start_leader_election(
 /// APIService source, the core's FlowSchemas and PriorityLevelConfigurations as they change (the
 /// `file` and `none` sources keep the built-in one: their core need not be kube-apiserver); and
 /// the loop that lends seats between levels.
-fn start_flow_control(config: &Config, clients: &Clients, loops: &mut Loops) -> Arc<FlowControl> {
-    let limits = &config.limits;
+fn start_flow_control(
+    limits: &Limits,
+    source: &ApiServiceSource,
+    clients: &Clients,
+    loops: &mut Loops,
+) -> Arc<FlowControl> {
     let flow_control = Arc::new(FlowControl::new(
         limits
-            .max_readonly_inflight
-            .saturating_add(limits.max_mutating_inflight),
+            .max_requests_inflight
+            .saturating_add(limits.max_mutating_requests_inflight),
         limits.request_timeout / 4,
         loops.metrics.registry(),
     ));
     flowcontrol::source::use_built_in(&flow_control);
-    if matches!(config.apiservices.source, ApiServiceSource::Kube { .. }) {
+    if matches!(source, ApiServiceSource::Kube { .. }) {
         // The core's FlowSchemas are read once the core has started, as every other watch on it;
         // until then the built-in configuration is in force.
         let (kube, fc) = (clients.kube(), flow_control.clone());
@@ -332,7 +353,7 @@ fn start_flow_control(config: &Config, clients: &Clients, loops: &mut Loops) -> 
 /// The discovery controller (merged discovery and OpenAPI v3) and the OpenAPI v2 loop, with the
 /// readiness check that waits for the first discovery of the APIServices.
 fn start_discovery(
-    config: &Config,
+    refresh: std::time::Duration,
     clients: &Clients,
     routing: &Arc<Routing>,
     loops: &mut Loops,
@@ -346,10 +367,7 @@ fn start_discovery(
         routing.clone(),
         loops.metrics.clone(),
     );
-    let (refresh, started) = (
-        config.apiservices.discovery_refresh_interval,
-        loops.core_started.clone(),
-    );
+    let started = loops.core_started.clone();
     // Started again, a controller fetches everything anew; the snapshot it replaces stays
     // served meanwhile.
     loops.supervisor.restarting(
