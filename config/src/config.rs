@@ -21,7 +21,7 @@ pub struct Config {
     pub core: CoreConfig,
     pub apiservices: ApiServiceConfig,
     pub limits: Limits,
-    pub shutdown_delay: Duration,
+    pub shutdown_delay_duration: Duration,
     pub shutdown_timeout: Duration,
     /// `None`: every replica writes APIService status (one replica, or no kube source).
     pub leader_election: Option<LeaderElection>,
@@ -122,7 +122,7 @@ pub struct ApiServiceConfig {
     pub endpoint_routing: bool,
     /// `--aggregator-reject-forwarding-redirect`: a remote backend's 3xx with a `Location`
     /// becomes a 502 instead of reaching the client.
-    pub reject_forwarding_redirect: bool,
+    pub aggregator_reject_forwarding_redirect: bool,
     pub availability_interval: Duration,
     pub discovery_refresh_interval: Duration,
     pub static_services: Vec<StaticService>,
@@ -148,13 +148,13 @@ pub struct Limits {
     /// Priority and Fairness shares out; otherwise each applies on its own.
     pub priority_and_fairness: bool,
     /// 0 = unlimited (without priority and fairness).
-    pub max_readonly_inflight: u32,
-    pub max_mutating_inflight: u32,
+    pub max_requests_inflight: u32,
+    pub max_mutating_requests_inflight: u32,
     pub request_timeout: Duration,
     /// 0 = unlimited.
     pub max_request_body_bytes: u64,
     /// For requests proxied to remote APIServices; 0 = unlimited (the backend decides).
-    pub max_remote_request_body_bytes: u64,
+    pub apiservice_max_request_body_bytes: u64,
     pub header_read_timeout: Duration,
     pub max_header_bytes: u32,
 }

@@ -510,6 +510,50 @@ mod tests {
         assert!(help.contains("config/example.yaml"), "{help}");
     }
 
+    /// The default a flag's help states is the one the gateway applies: each flag given its
+    /// documented default validates to the configuration no flag gives. (The example config and
+    /// the chart's values are checked against the same defaults: `example_config_is_valid_and_
+    /// matches_defaults`, and the chart's `its_defaults_are_the_gateways`.)
+    #[test]
+    fn every_documented_default_is_the_applied_default() {
+        let defaults = format!("{:?}", Options::default().validate().unwrap());
+        let mut checked = 0;
+        for arg in Cli::command().get_arguments() {
+            let (Some(long), Some(help)) = (arg.get_long(), arg.get_help()) else {
+                continue;
+            };
+            let help = help.to_string();
+            // The flag's own default closes its help; one inside the text is a file field's.
+            let Some(value) = help
+                .trim_end()
+                .trim_end_matches('.')
+                .strip_suffix(']')
+                .and_then(|h| h.rsplit_once("[default: "))
+                .map(|(_, value)| value)
+            else {
+                continue;
+            };
+            // A default described in words ("rustls' secure set") is not a value to pass.
+            if value.contains(' ') {
+                continue;
+            }
+            let flag = format!("--{long}={value}");
+            let cli = Cli::try_parse_from(["gw", flag.as_str()])
+                .unwrap_or_else(|e| panic!("{flag}: the documented default does not parse: {e}"));
+            let given = cli
+                .options
+                .validate()
+                .unwrap_or_else(|e| panic!("{flag}: the documented default is refused: {e}"));
+            assert_eq!(
+                format!("{given:?}"),
+                defaults,
+                "{flag}: the help's default is not the one applied"
+            );
+            checked += 1;
+        }
+        assert!(checked >= 40, "only {checked} flags state a default");
+    }
+
     #[test]
     fn bool_flags_take_an_optional_value() {
         let cli = Cli::try_parse_from(["gw", "--enable-aggregator-routing"]).unwrap();
@@ -524,7 +568,7 @@ mod tests {
                 .validate()
                 .unwrap()
                 .apiservices
-                .reject_forwarding_redirect
+                .aggregator_reject_forwarding_redirect
         };
         assert!(validated(&["gw"]));
         assert!(!validated(&[

@@ -16,8 +16,12 @@ pub enum GatewayError {
         #[source]
         source: BoxError,
     },
-    #[error("{api_service}: backend unavailable: {reason}")]
-    BackendUnavailable { api_service: String, reason: String },
+    #[error("{api_service}: backend unavailable: {cause}")]
+    BackendUnavailable {
+        api_service: String,
+        #[source]
+        cause: Unreachable,
+    },
     #[error("{api_service}: the backend attempted to redirect this request ({status} with a Location), which is not permitted (--aggregator-reject-forwarding-redirect)")]
     BackendRedirect { api_service: String, status: u16 },
     #[error("the request has been made before all known HTTP paths have been installed, please try again")]
@@ -40,6 +44,32 @@ pub enum GatewayError {
     ShuttingDown,
     #[error("{0}")]
     Internal(String),
+}
+
+/// Why no backend of an aggregated APIService answered: kept typed, as the error's source,
+/// until [`GatewayError::into_response`] words it (the words are kube-aggregator's where it has
+/// them).
+#[derive(Debug, thiserror::Error)]
+pub enum Unreachable {
+    /// The APIService takes no requests: its spec is broken, or its availability check failed.
+    #[error("{0}")]
+    NotAvailable(String),
+    /// Its Service did not resolve (not present, no port, no ready endpoint).
+    #[error(transparent)]
+    Resolve(#[from] apiservice::resolve::ResolveError),
+    /// No endpoint could be picked, or the one picked has no valid address.
+    #[error("{0}")]
+    Pick(#[source] BoxError),
+    /// The backend did not answer within one of the gateway's own bounds.
+    #[error("{what} did not answer within {}s", .after.as_secs())]
+    Timeout { what: String, after: Duration },
+    /// No connection or stream could be had within its wait (every stream busy, connecting
+    /// failed for the requests before this one).
+    #[error("{0}")]
+    Pool(#[source] BoxError),
+    /// The request failed in transport: connect or TLS refused, the connection reset or closed.
+    #[error("error trying to reach service: {}", chain(.0.as_ref()))]
+    Transport(#[source] BoxError),
 }
 
 /// `a: b: c` from an error and its sources, the way Go errors read in kube's messages.

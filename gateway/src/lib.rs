@@ -16,8 +16,14 @@
 //! 5. [`backend`]: the clients requests are proxied with: the core server and remote APIServices
 //!    (pools, retries, balancing, probes), and the proxying written once ([`backend::proxy`]).
 //! 6. The bottom, plain files and [`auth`]: the types and decisions every layer shares: bodies,
-//!    request extensions, kube's request attributes, identity and authentication, errors and
-//!    Statuses, metrics, tracing export, logging, memory, the work queue, health checks.
+//!    request extensions, authentication, errors and Statuses, metrics, tracing export, logging,
+//!    memory, the work queue, health checks.
+//!
+//! Beneath this crate, as crates of their own so that Cargo holds their layering: API Priority
+//! and Fairness (`gateway-flowcontrol`; its configuration's watch stays in
+//! [`control::flowcontrol`]), and the ground floor both stand on (`gateway-request`: kube's
+//! request attributes ([`request_info`]), the caller's identity ([`identity`]) and
+//! apimachinery's name rules), re-exported here under their old names.
 
 // 1. Wiring.
 pub mod app;
@@ -43,12 +49,12 @@ pub mod extensions;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod health_check;
-pub mod identity;
+pub use gateway_request::identity;
 pub mod logging;
 pub mod memory;
 pub mod metrics;
 pub mod otel;
-pub mod request_info;
+pub use gateway_request::request_info;
 pub mod status;
 pub mod test_hook;
 pub mod workqueue;
@@ -56,19 +62,7 @@ pub mod workqueue;
 /// Helpers shared by the unit tests of several modules.
 #[cfg(test)]
 pub(crate) mod test_util {
-    use http::{HeaderMap, HeaderName, HeaderValue};
-
-    /// A header map from name/value pairs, in order, repeated names appended.
-    pub fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.append(
-                HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                HeaderValue::from_str(v).unwrap(),
-            );
-        }
-        h
-    }
+    pub use gateway_request::test_util::headers;
 
     /// A TLS server config with a fresh self-signed certificate for `name`, offering `alpn`,
     /// and the roots that trust it.

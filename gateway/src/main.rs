@@ -14,6 +14,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const EXIT_CONFIG: u8 = 64;
 
 fn main() -> ExitCode {
+    // One rustls crypto provider for the process, before any TLS configuration is built.
+    gateway_config::tls::install_crypto_provider();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if !e.use_stderr() => {

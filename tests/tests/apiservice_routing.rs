@@ -11,7 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use e2e::certs::CertifiedPair;
 use e2e::harness::{self, Gateway, GatewayOptions, Kubectl};
-use e2e::scenario::{self, get_as, json_or_null, ApiService, Scenario};
+use e2e::scenario::{self, get_as, json_or_null, recorded_header, ApiService, Scenario};
 use http::{Request, StatusCode};
 use http_body_util::Full;
 use serde_json::{json, Value};
@@ -25,21 +25,6 @@ const AGGREGATED: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGrou
 fn discovery_for_authenticated() -> Value {
     json!({"group": "system:authenticated", "verbs": ["get"],
            "nonResourceURLs": ["/api", "/api/*", "/apis", "/apis/*", "/openapi", "/openapi/*"]})
-}
-
-/// Every value of header `name` in a request the fixture recorded (`[[name, value], ...]`).
-fn header_values(request: &Value, name: &str) -> Vec<String> {
-    request["headers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|pair| {
-            pair[0]
-                .as_str()
-                .is_some_and(|n| n.eq_ignore_ascii_case(name))
-        })
-        .filter_map(|pair| pair[1].as_str().map(str::to_owned))
-        .collect()
 }
 
 /// The resource names of `group` in an aggregated discovery document.
@@ -129,7 +114,7 @@ async fn the_backend_sees_the_authenticated_caller_not_the_identity_it_claims() 
 #[tokio::test]
 async fn an_anonymous_caller_is_system_anonymous_at_the_backend() {
     let (s, _, _) = applied_wardle().await;
-    let anonymous = harness::http1_client(&s.gateway.ca_pem().unwrap(), None).unwrap();
+    let anonymous = s.gateway.http1_client(None);
     let (_, _, body) = harness::get(&anonymous, &format!("{}{IDENTITY}", s.gateway.url()))
         .await
         .unwrap();
@@ -140,7 +125,7 @@ async fn an_anonymous_caller_is_system_anonymous_at_the_backend() {
 #[tokio::test]
 async fn objects_are_created_on_the_backend_as_the_caller() {
     let (s, alice, _) = applied_wardle().await;
-    let client = harness::http1_client(&s.gateway.ca_pem().unwrap(), Some(&alice)).unwrap();
+    let client = s.gateway.http1_client(Some(&alice));
     let (status, _, body) = harness::send(
         &client,
         Request::post(format!("{}{FLUNDERS}", s.gateway.url()))
@@ -232,7 +217,7 @@ async fn a_stopped_backend_flips_the_condition_and_requests_fail_fast_with_a_sta
     assert!(body["message"].as_str().unwrap().contains(NAME), "{body}");
     // Anyone, anonymous callers included, learns which APIService failed and why, never where
     // its backend lives.
-    let anonymous = harness::http1_client(&s.gateway.ca_pem().unwrap(), None).unwrap();
+    let anonymous = s.gateway.http1_client(None);
     let (status, _, body) = harness::get(&anonymous, &format!("{}{FLUNDERS}", s.gateway.url()))
         .await
         .unwrap();
@@ -343,7 +328,7 @@ async fn before_the_first_sync_unclaimed_groups_get_503_with_retry_after() {
     let gateway = Gateway::start(GatewayOptions::new(format!("http://127.0.0.1:{port}")))
         .await
         .unwrap();
-    let client = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
+    let client = gateway.http1_client(None);
     let (status, headers, body) = harness::get(
         &client,
         &format!("{}/apis/metrics.k8s.io/v1beta1/pods", gateway.url()),
@@ -473,8 +458,8 @@ async fn probes_and_discovery_reach_an_authorizing_backend_as_the_aggregator() {
     let requests = pki.backend_requests(backend, "wardle").await;
     let identity = |r: &Value| {
         (
-            header_values(r, "x-remote-user"),
-            header_values(r, "x-remote-group"),
+            recorded_header(r, "x-remote-user"),
+            recorded_header(r, "x-remote-group"),
             r["clientCN"].clone(),
         )
     };

@@ -261,7 +261,7 @@ struct Poller {
 
 impl Poller {
     fn start(gateway: &Gateway, user: &CertifiedPair, path: &str) -> Poller {
-        let client = harness::http2_client(&gateway.ca_pem().unwrap(), Some(user)).unwrap();
+        let client = gateway.http2_client(Some(user));
         let url = format!("{}{path}", gateway.url());
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
         let task = tokio::spawn(async move {

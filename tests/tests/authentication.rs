@@ -8,7 +8,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use e2e::certs::{CertifiedPair, TestCa};
 use e2e::harness;
-use e2e::scenario::{self, json_or_null, path_arg, Scenario, WARDLE_GROUP};
+use e2e::scenario::{
+    self, json_or_null, path_arg, recorded, recorded_header, recorded_header_names, Scenario,
+    WARDLE_GROUP,
+};
 use http::StatusCode;
 use http_body_util::Full;
 use serde_json::{json, Value};
@@ -105,7 +108,7 @@ async fn get_http1(
     path: &str,
     headers: &[(&str, &str)],
 ) -> (StatusCode, Value) {
-    let client = harness::http1_client(&s.gateway.ca_pem().unwrap(), cert).unwrap();
+    let client = s.gateway.http1_client(cert);
     let mut req = http::Request::get(format!("{}{path}", s.gateway.url()));
     for (k, v) in headers {
         req = req.header(*k, *v);
@@ -133,21 +136,6 @@ fn groups(identity: &Value) -> Vec<String> {
         .unwrap_or(&Vec::new())
         .iter()
         .filter_map(|g| g.as_str().map(str::to_owned))
-        .collect()
-}
-
-/// The value of header `name` in a recorded request (`[[name, value], ...]`), all values joined.
-fn header(request: &Value, name: &str) -> Vec<String> {
-    request["headers"]
-        .as_array()
-        .unwrap_or(&Vec::new())
-        .iter()
-        .filter(|pair| {
-            pair[0]
-                .as_str()
-                .is_some_and(|n| n.eq_ignore_ascii_case(name))
-        })
-        .filter_map(|pair| pair[1].as_str().map(str::to_owned))
         .collect()
 }
 
@@ -185,9 +173,15 @@ async fn a_token_user_reaches_the_core_with_their_own_token_and_no_forged_header
     let (status, body) = get(&s, None, "/api/v1/namespaces/default/configmaps", &FORGED).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let list = recorded_by_core(&s, "/api/v1/namespaces/default/configmaps").await;
-    assert_eq!(header(&list, "authorization"), ["Bearer alice-token"]);
+    assert_eq!(
+        recorded_header(&list, "authorization"),
+        ["Bearer alice-token"]
+    );
     for h in ["x-remote-user", "x-remote-group", "x-remote-extra-scopes"] {
-        assert!(header(&list, h).is_empty(), "{h} reached the core: {list}");
+        assert!(
+            recorded_header(&list, h).is_empty(),
+            "{h} reached the core: {list}"
+        );
     }
 }
 
@@ -224,7 +218,7 @@ async fn impersonation_the_core_does_not_allow_is_refused_and_reaches_nobody() {
     assert!(
         requests
             .iter()
-            .all(|r| header(r, "impersonate-user").is_empty()
+            .all(|r| recorded_header(r, "impersonate-user").is_empty()
                 && r["path"] != "/api/v1/namespaces/default/configmaps"),
         "a refused impersonation reached the core: {requests:?}"
     );
@@ -263,9 +257,12 @@ async fn impersonation_allowed_by_the_core_passes_through_to_the_core() {
     let (status, body) = get(&s, None, "/api/v1/namespaces", &AS_CAROL).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let list = recorded_by_core(&s, "/api/v1/namespaces").await;
-    assert_eq!(header(&list, "impersonate-user"), ["carol"]);
-    assert_eq!(header(&list, "impersonate-group"), ["qa"]);
-    assert_eq!(header(&list, "authorization"), ["Bearer alice-token"]);
+    assert_eq!(recorded_header(&list, "impersonate-user"), ["carol"]);
+    assert_eq!(recorded_header(&list, "impersonate-group"), ["qa"]);
+    assert_eq!(
+        recorded_header(&list, "authorization"),
+        ["Bearer alice-token"]
+    );
 }
 
 /// One attribute not allowed refuses the whole request, and groups without a user is
@@ -415,9 +412,13 @@ async fn a_token_in_the_websocket_subprotocol_authenticates_and_is_not_forwarded
     );
     let requests = s.pki.backend_requests(backend, "wardle").await;
     let upgrade = recorded(&requests, exec);
-    assert_eq!(header(upgrade, "x-remote-user"), ["alice"], "{upgrade}");
     assert_eq!(
-        header(upgrade, "sec-websocket-protocol"),
+        recorded_header(upgrade, "x-remote-user"),
+        ["alice"],
+        "{upgrade}"
+    );
+    assert_eq!(
+        recorded_header(upgrade, "sec-websocket-protocol"),
         ["v5.channel.k8s.io"],
         "{upgrade}"
     );
@@ -438,9 +439,12 @@ async fn a_token_in_the_websocket_subprotocol_authenticates_and_is_not_forwarded
     let head = websocket_handshake(&s, pod_exec, &protocols).await;
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
     let exec = recorded_by_core(&s, pod_exec).await;
-    assert_eq!(header(&exec, "authorization"), ["Bearer alice-token"]);
     assert_eq!(
-        header(&exec, "sec-websocket-protocol"),
+        recorded_header(&exec, "authorization"),
+        ["Bearer alice-token"]
+    );
+    assert_eq!(
+        recorded_header(&exec, "sec-websocket-protocol"),
         ["v5.channel.k8s.io"]
     );
 
@@ -488,9 +492,9 @@ async fn a_user_certificate_reaches_the_core_as_request_headers_set_by_the_gatew
     .await;
     assert_eq!(status, StatusCode::OK);
     let list = recorded_by_core(&s, "/api/v1/namespaces").await;
-    assert_eq!(header(&list, "x-remote-user"), ["dave"]);
+    assert_eq!(recorded_header(&list, "x-remote-user"), ["dave"]);
     assert_eq!(
-        header(&list, "x-remote-group"),
+        recorded_header(&list, "x-remote-group"),
         ["dev", "system:authenticated"]
     );
 }
@@ -534,14 +538,18 @@ async fn a_front_proxys_uid_goes_on_in_x_remote_uid_to_backends_and_the_core() {
     assert_eq!(status, StatusCode::OK, "{identity}");
     assert_eq!(identity["user"], "frank", "{identity}");
     assert_eq!(identity["uid"], "f-1", "{identity}");
-    assert_eq!(header(&identity, "x-remote-uid"), ["f-1"], "{identity}");
+    assert_eq!(
+        recorded_header(&identity, "x-remote-uid"),
+        ["f-1"],
+        "{identity}"
+    );
 
     scenario::clear_core_requests(&s.core).await;
     let (status, body) = get(&s, Some(&proxy), "/api/v1/namespaces", &frank).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let list = recorded_by_core(&s, "/api/v1/namespaces").await;
-    assert_eq!(header(&list, "x-remote-user"), ["frank"], "{list}");
-    assert_eq!(header(&list, "x-remote-uid"), ["f-1"], "{list}");
+    assert_eq!(recorded_header(&list, "x-remote-user"), ["frank"], "{list}");
+    assert_eq!(recorded_header(&list, "x-remote-uid"), ["f-1"], "{list}");
 
     // A token user's UID comes from the TokenReview; whatever UID header she adds is dropped.
     let (status, identity) = get(
@@ -555,7 +563,11 @@ async fn a_front_proxys_uid_goes_on_in_x_remote_uid_to_backends_and_the_core() {
     )
     .await;
     assert_eq!(status, StatusCode::OK, "{identity}");
-    assert_eq!(header(&identity, "x-remote-uid"), ["a-1"], "{identity}");
+    assert_eq!(
+        recorded_header(&identity, "x-remote-uid"),
+        ["a-1"],
+        "{identity}"
+    );
 }
 
 /// Certificates that vouch for nobody: one row each. A request-header CA certificate whose CN
@@ -609,7 +621,7 @@ async fn a_certificate_with_several_common_names_is_named_by_the_last_one() {
     let (status, _) = get(&s, Some(&two_names), "/api/v1/namespaces", &[]).await;
     assert_eq!(status, StatusCode::OK);
     let list = recorded_by_core(&s, "/api/v1/namespaces").await;
-    assert_eq!(header(&list, "x-remote-user"), ["dave"]);
+    assert_eq!(recorded_header(&list, "x-remote-user"), ["dave"]);
 
     // Front proxies: allowed only when the last CN is an allowed name.
     let rows: [(&str, &[&str], StatusCode); 2] = [
@@ -637,26 +649,14 @@ async fn a_certificate_with_several_common_names_is_named_by_the_last_one() {
 /// Header names of a recorded request that a non-Go server (WSGI, Rack, nginx) would read as
 /// identity headers although they are spelled with `_`.
 fn underscore_identity_headers(request: &Value) -> Vec<String> {
-    request["headers"]
-        .as_array()
-        .unwrap_or(&Vec::new())
-        .iter()
-        .filter_map(|pair| pair[0].as_str())
+    recorded_header_names(request)
+        .into_iter()
         .filter(|n| n.contains('_'))
         .filter(|n| {
             let n = n.to_ascii_lowercase().replace('_', "-");
             n.starts_with("x-remote-") || n.starts_with("impersonate-")
         })
-        .map(str::to_owned)
         .collect()
-}
-
-/// The request the core recorded for `path`.
-fn recorded<'a>(requests: &'a [Value], path: &str) -> &'a Value {
-    requests
-        .iter()
-        .find(|r| r["path"] == path)
-        .unwrap_or_else(|| panic!("the core never saw {path}: {requests:?}"))
 }
 
 // ---- headers that must not reach the next hop -------------------------------------------------
@@ -684,9 +684,9 @@ async fn identity_headers_named_in_connection_still_reach_the_core() {
     let (status, body) = get_http1(&s, Some(&dave), "/api/v1/namespaces", &HOSTILE).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let list = recorded_by_core(&s, "/api/v1/namespaces").await;
-    assert_eq!(header(&list, "x-remote-user"), ["dave"], "{list}");
+    assert_eq!(recorded_header(&list, "x-remote-user"), ["dave"], "{list}");
     assert_eq!(
-        header(&list, "x-remote-group"),
+        recorded_header(&list, "x-remote-group"),
         ["dev", "system:authenticated"],
         "{list}"
     );
@@ -728,16 +728,12 @@ const PEER_ROUTING: Headers = &[
 
 /// Names in a recorded request that read (case and `_` aside) as one of [`PEER_ROUTING`].
 fn peer_routing_headers(request: &Value) -> Vec<String> {
-    request["headers"]
-        .as_array()
-        .unwrap_or(&Vec::new())
-        .iter()
-        .filter_map(|pair| pair[0].as_str())
+    recorded_header_names(request)
+        .into_iter()
         .filter(|n| {
             let n = n.to_ascii_lowercase().replace('_', "-");
             n == "x-kubernetes-peer-proxied" || n == "x-kubernetes-apiserver-rerouted"
         })
-        .map(str::to_owned)
         .collect()
 }
 
@@ -824,12 +820,23 @@ async fn in_impersonate_mode_the_core_sees_the_caller_not_the_gateway() {
     assert_eq!(status, StatusCode::OK, "{body}");
     let list = recorded_by_core(&s, "/api/v1/namespaces").await;
     // The gateway's own token, so the core must be told whom it acts for.
-    assert_eq!(header(&list, "authorization"), ["Bearer gateway-token"]);
-    assert_eq!(header(&list, "impersonate-user"), ["alice"], "{list}");
-    assert_eq!(header(&list, "impersonate-group"), ["dev"], "{list}");
-    assert_eq!(header(&list, "impersonate-uid"), ["a-1"], "{list}");
     assert_eq!(
-        header(&list, "impersonate-extra-scopes"),
+        recorded_header(&list, "authorization"),
+        ["Bearer gateway-token"]
+    );
+    assert_eq!(
+        recorded_header(&list, "impersonate-user"),
+        ["alice"],
+        "{list}"
+    );
+    assert_eq!(
+        recorded_header(&list, "impersonate-group"),
+        ["dev"],
+        "{list}"
+    );
+    assert_eq!(recorded_header(&list, "impersonate-uid"), ["a-1"], "{list}");
+    assert_eq!(
+        recorded_header(&list, "impersonate-extra-scopes"),
         ["read"],
         "{list}"
     );
@@ -883,7 +890,7 @@ async fn without_anonymous_auth_only_health_answers_strangers() {
     }
     // Only reading a probe is exempt: anything else there would go on to the core.
     scenario::clear_core_requests(&s.core).await;
-    let client = harness::http2_client(&s.gateway.ca_pem().unwrap(), None).unwrap();
+    let client = s.gateway.http2_client(None);
     let refused = [
         ("POST", "/healthz"),
         ("DELETE", "/readyz/ping"),
@@ -968,7 +975,7 @@ async fn token_reviews_are_cached_both_ways() {
 async fn a_burst_with_one_unknown_token_is_reviewed_once() {
     let (s, _) = start(&[]).await;
     scenario::clear_core_requests(&s.core).await;
-    let client = harness::http2_client(&s.gateway.ca_pem().unwrap(), None).unwrap();
+    let client = s.gateway.http2_client(None);
     let url = format!("{}/api/v1/namespaces", s.gateway.url());
     let burst = (0..40).map(|_| {
         let req = http::Request::get(&url)

@@ -13,7 +13,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use e2e::certs::CertifiedPair;
-use e2e::harness::{self, FixtureCore, Gateway, HttpClient};
+use e2e::harness::{self, assert_within, FixtureCore, Gateway, HttpClient, Stopped};
 use e2e::scenario::{self, available_condition, create_on_core, ApiService, Pki, Scenario};
 use http::StatusCode;
 use serde_json::Value;
@@ -53,19 +53,6 @@ where
     }
 }
 
-/// Fails unless `took` is a reaction within `bound`.
-fn assert_within(what: &str, took: Option<Duration>, bound: Duration) {
-    match took {
-        Some(took) => assert!(
-            took <= bound,
-            "{what}: took {} ms, more than {} ms",
-            took.as_millis(),
-            bound.as_millis()
-        ),
-        None => panic!("{what}: not seen at all"),
-    }
-}
-
 /// A user's own HTTP/2 connection to the gateway, reused across polls so that a poll measures
 /// the gateway and not a TLS handshake.
 struct User {
@@ -76,7 +63,7 @@ struct User {
 impl User {
     fn new(gateway: &Gateway, user: &CertifiedPair) -> User {
         User {
-            client: harness::http2_client(&gateway.ca_pem().unwrap(), Some(user)).unwrap(),
+            client: gateway.http2_client(Some(user)),
             base: gateway.url(),
         }
     }
@@ -162,31 +149,6 @@ async fn wait_for_condition(core: &FixtureCore, name: &str, want: (&str, &str), 
         "{name}: Available is {:?}, not {want:?}",
         available_condition(core, name).await
     );
-}
-
-/// Resumes a process stopped with SIGSTOP when dropped, so a failing test leaves nothing stopped.
-struct Stopped(u32);
-
-impl Stopped {
-    fn stop(pid: u32) -> Stopped {
-        signal("STOP", pid);
-        Stopped(pid)
-    }
-}
-
-impl Drop for Stopped {
-    fn drop(&mut self) {
-        signal("CONT", self.0);
-    }
-}
-
-fn signal(name: &str, pid: u32) {
-    let status = std::process::Command::new("kill")
-        .arg(format!("-{name}"))
-        .arg(pid.to_string())
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill -{name} {pid}: {status}");
 }
 
 /// With the file source, a manifest for a new APIService is routed and discovered as soon as it

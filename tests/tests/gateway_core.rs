@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use e2e::harness::{self, FixtureCore, Gateway, GatewayOptions};
-use e2e::scenario::core_and_gateway;
+use e2e::scenario::{core_and_gateway, recorded_header};
 use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use serde_json::Value;
@@ -127,10 +127,10 @@ async fn open_configmap_watch(
 #[tokio::test]
 async fn raw_watch_events_arrive_without_buffering() {
     let (core, gateway) = core_and_gateway(&[]).await;
-    let client = harness::http2_client(&gateway.ca_pem().unwrap(), None).unwrap();
+    let client = gateway.http2_client(None);
     let mut body = open_configmap_watch(&gateway, &client).await;
     // Create an object directly on the core; the event must come through the open stream.
-    let direct = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
+    let direct = gateway.http1_client(None);
     let created = harness::send(
         &direct,
         Request::post(format!(
@@ -200,10 +200,7 @@ async fn upgraded_connections_echo_both_ways() {
 #[tokio::test]
 async fn headers_path_and_bodies_pass_through_over_http1_and_http2() {
     let (_core, gateway) = core_and_gateway(&[]).await;
-    for client in [
-        harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap(),
-        harness::http2_client(&gateway.ca_pem().unwrap(), None).unwrap(),
-    ] {
+    for client in [gateway.http1_client(None), gateway.http2_client(None)] {
         let req = Request::builder()
             .method(Method::PUT)
             .uri(format!("{}/fixture/echo?b=2&a=1&a=%2F", gateway.url()))
@@ -222,7 +219,7 @@ async fn headers_path_and_bodies_pass_through_over_http1_and_http2() {
             echo["query"], "b=2&a=1&a=%2F",
             "query must be preserved byte for byte"
         );
-        let header = |name: &str| echoed_header(&echo, name);
+        let header = |name: &str| recorded_header(&echo, name);
         assert_eq!(header("x-custom"), ["kept"]);
         assert_eq!(header("audit-id"), ["1234"]);
         assert_eq!(
@@ -246,10 +243,7 @@ async fn headers_path_and_bodies_pass_through_over_http1_and_http2() {
 #[tokio::test]
 async fn forwarded_for_and_a_new_audit_id_on_every_request_of_a_connection() {
     let (_core, gateway) = core_and_gateway(&[]).await;
-    for client in [
-        harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap(),
-        harness::http2_client(&gateway.ca_pem().unwrap(), None).unwrap(),
-    ] {
+    for client in [gateway.http1_client(None), gateway.http2_client(None)] {
         let mut ids = Vec::new();
         for _ in 0..3 {
             let req = Request::builder()
@@ -259,7 +253,7 @@ async fn forwarded_for_and_a_new_audit_id_on_every_request_of_a_connection() {
             let (status, headers, body) = harness::send(&client, req).await.unwrap();
             assert_eq!(status, StatusCode::OK);
             let echo: Value = serde_json::from_slice(&body).unwrap();
-            let header = |name: &str| echoed_header(&echo, name);
+            let header = |name: &str| recorded_header(&echo, name);
             assert_eq!(header("x-forwarded-for"), ["127.0.0.1"]);
             let id = headers["audit-id"].to_str().unwrap().to_owned();
             assert_eq!(id.len(), 36, "{id}");
@@ -290,7 +284,7 @@ async fn gateway_without_core() -> (String, Gateway) {
 #[tokio::test]
 async fn core_down_is_a_503_status_naming_the_core() {
     let (core_url, gateway) = gateway_without_core().await;
-    let client = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
+    let client = gateway.http1_client(None);
     let (status, headers, body) =
         harness::get(&client, &format!("{}/api/v1/namespaces", gateway.url()))
             .await
@@ -337,7 +331,7 @@ async fn core_down_is_a_503_status_naming_the_core() {
 #[tokio::test]
 async fn core_down_fails_the_core_server_readiness_check() {
     let (_, gateway) = gateway_without_core().await;
-    let client = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
+    let client = gateway.http1_client(None);
     let (ready, _, text) = harness::get(&client, &format!("{}/readyz?verbose", gateway.url()))
         .await
         .unwrap();
@@ -367,7 +361,7 @@ async fn core_down_fails_the_core_server_readiness_check() {
 #[tokio::test]
 async fn readyz_fails_at_once_on_sigterm_while_serving_continues() {
     let (_core, mut gateway) = core_and_gateway(&["--shutdown-delay-duration", "3s"]).await;
-    let client = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
+    let client = gateway.http1_client(None);
     let readyz = format!("{}/readyz", gateway.url());
     assert!(
         harness::wait_until(Duration::from_secs(10), || async {
@@ -451,7 +445,7 @@ async fn a_bad_configuration_exits_64_naming_the_field() {
 #[tokio::test]
 async fn metrics_count_requests_by_target_and_code() {
     let (_core, gateway) = core_and_gateway(&[]).await;
-    let client = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
+    let client = gateway.http1_client(None);
     harness::get(&client, &format!("{}/api/v1/namespaces", gateway.url()))
         .await
         .unwrap();
@@ -651,7 +645,7 @@ async fn the_core_is_reached_over_https_kubeconfig_and_unix_sockets() {
         let kubectl = gateway.kubectl().unwrap();
         let out = kubectl.run_ok(&["get", "namespaces", "-o", "name"]).await;
         assert!(out.stdout.contains("namespace/default"), "{name}: {out}");
-        let client = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
+        let client = gateway.http1_client(None);
         let ready = harness::wait_until(Duration::from_secs(5), || async {
             harness::get(&client, &format!("{}/readyz", gateway.url()))
                 .await
@@ -677,7 +671,7 @@ async fn a_core_certificate_from_an_untrusted_ca_is_refused_with_a_503_saying_wh
     )
     .await
     .unwrap();
-    let client = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
+    let client = gateway.http1_client(None);
     let (status, _, body) = harness::get(&client, &format!("{}/api/v1/namespaces", gateway.url()))
         .await
         .unwrap();
@@ -701,7 +695,7 @@ async fn open_watches_end_cleanly_at_shutdown() {
         "10s",
     ])
     .await;
-    let client = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
+    let client = gateway.http1_client(None);
     let mut body = open_configmap_watch(&gateway, &client).await;
 
     gateway.process.signal("TERM").unwrap();
@@ -729,17 +723,6 @@ async fn open_watches_end_cleanly_at_shutdown() {
     assert_eq!(status.code(), Some(0));
 }
 
-/// The values of header `name` as the fixture core's `/fixture/echo` saw them, in order.
-fn echoed_header(echo: &Value, name: &str) -> Vec<String> {
-    echo["headers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|h| h[0].as_str().unwrap().eq_ignore_ascii_case(name))
-        .map(|h| h[1].as_str().unwrap().to_owned())
-        .collect()
-}
-
 /// Issue 38: kube-apiserver takes 100 streams on an HTTP/2 connection. The gateway kept one
 /// connection to the core per set of credentials and queued every request past that limit on
 /// it, with no deadline: once a hundred watches were open (one controller's, or Kubernetes'
@@ -752,7 +735,7 @@ async fn watches_past_the_cores_stream_limit_take_another_connection() {
     let dir = tempfile::tempdir().unwrap();
     let (_core, _, gateway) =
         tls_core_and_token_gateway(dir.path(), &["--http2-max-streams-per-connection", "10"]).await;
-    let client = harness::http2_client(&gateway.ca_pem().unwrap(), None).unwrap();
+    let client = gateway.http2_client(None);
     let mut watches = Vec::new();
     for i in 0..25 {
         let opened = tokio::time::timeout(
@@ -822,7 +805,7 @@ async fn a_loop_that_panics_fails_readyz_is_logged_counted_and_started_again() {
     )
     .await
     .unwrap();
-    let client = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
+    let client = gateway.http1_client(None);
     let url = |path: &str| format!("{}{path}", gateway.url());
     // Its check fails while it is down (the first run panics as soon as it starts).
     let deadline = std::time::Instant::now() + Duration::from_secs(5);

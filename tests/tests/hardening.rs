@@ -19,10 +19,6 @@ use tokio_rustls::client::TlsStream;
 
 const PROBES: [&str; 4] = ["/livez", "/readyz", "/healthz", "/readyz/ping"];
 
-fn client(gateway: &Gateway) -> HttpClient {
-    harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap()
-}
-
 async fn status_of(client: &HttpClient, gateway: &Gateway, path: &str) -> StatusCode {
     harness::get(client, &format!("{}{path}", gateway.url()))
         .await
@@ -32,7 +28,7 @@ async fn status_of(client: &HttpClient, gateway: &Gateway, path: &str) -> Status
 
 /// Waits until the gateway is ready, so probes answer 200 when they are not refused.
 async fn ready(gateway: &Gateway) {
-    let client = client(gateway);
+    let client = gateway.http1_client(None);
     let ready = harness::wait_until(Duration::from_secs(10), || async {
         status_of(&client, gateway, "/readyz").await == StatusCode::OK
     })
@@ -104,7 +100,7 @@ async fn a_zero_window_http2_client_holds_slots_only_until_the_request_timeout()
         held.push(response.into_body());
     }
 
-    let client = client(&gateway);
+    let client = gateway.http1_client(None);
     assert_eq!(
         status_of(&client, &gateway, "/api/v1/namespaces").await,
         StatusCode::TOO_MANY_REQUESTS,
@@ -156,7 +152,7 @@ async fn slow_http1_readers_hold_slots_only_until_the_request_timeout() {
         readers.push(tls);
     }
 
-    let client = client(&gateway);
+    let client = gateway.http1_client(None);
     let refused = harness::wait_until(Duration::from_secs(2), || async {
         status_of(&client, &gateway, "/api/v1/namespaces").await == StatusCode::TOO_MANY_REQUESTS
     })
@@ -286,7 +282,7 @@ async fn past_the_connection_cap_new_connections_are_refused_until_others_close(
     );
 
     drop(open.pop());
-    let client = client(&gateway);
+    let client = gateway.http1_client(None);
     let served = harness::wait_until(Duration::from_secs(5), || async {
         status_of(&client, &gateway, "/version").await == StatusCode::OK
     })
@@ -571,7 +567,7 @@ async fn bodies_to_remote_apiservices_are_capped_only_when_asked() {
             "{}",
             s.logs()
         );
-        let client = harness::http1_client(&s.gateway.ca_pem().unwrap(), Some(&alice)).unwrap();
+        let client = s.gateway.http1_client(Some(&alice));
         let (status, body) = post(
             &client,
             format!("{}{FLUNDERS}", s.gateway.url()),

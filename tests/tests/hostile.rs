@@ -167,7 +167,7 @@ async fn a_spec_nested_past_the_parsers_limit_is_refused_once_and_the_last_good_
 /// Status body, and the SubjectAccessReviews it cost the core.
 async fn impersonating(s: &Scenario, headers: &[(String, String)]) -> (StatusCode, Value, usize) {
     e2e::scenario::clear_core_requests(&s.core).await;
-    let client = harness::http2_client(&s.gateway.ca_pem().unwrap(), None).unwrap();
+    let client = s.gateway.http2_client(None);
     let mut req = http::Request::get(format!("{}/api/v1/namespaces", s.gateway.url()));
     for (name, value) in headers {
         req = req.header(name, value);
@@ -197,7 +197,7 @@ fn impersonation_headers(
 
 /// GET `path` as alice (bearer token) impersonating `user` with `groups`: the status and Status.
 async fn alice_as(s: &Scenario, path: &str, user: &str, groups: &[&str]) -> (StatusCode, Value) {
-    let client = harness::http2_client(&s.gateway.ca_pem().unwrap(), None).unwrap();
+    let client = s.gateway.http2_client(None);
     let mut req = http::Request::get(format!("{}{path}", s.gateway.url()))
         .header("authorization", "Bearer alice-token")
         .header("impersonate-user", user);

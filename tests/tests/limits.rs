@@ -104,7 +104,7 @@ async fn in_flight_limit_answers_429_while_watches_keep_streaming() {
 #[tokio::test]
 async fn a_hung_request_times_out_and_the_clients_timeout_shortens_the_limit() {
     let (_core, gateway) = core_and_gateway(&["--request-timeout=2s"]).await;
-    let client = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
+    let client = gateway.http1_client(None);
     let started = Instant::now();
     let (status, _, body) =
         harness::get(&client, &format!("{}/fixture/sleep?ms=5000", gateway.url()))
@@ -139,7 +139,7 @@ async fn a_hung_request_times_out_and_the_clients_timeout_shortens_the_limit() {
 #[tokio::test]
 async fn a_watch_keeps_streaming_past_the_request_timeout() {
     let (_core, gateway) = core_and_gateway(&["--request-timeout=2s"]).await;
-    let client = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
+    let client = gateway.http1_client(None);
     let mut watch = watch_configmaps(&client, &gateway).await;
     let (status, _, _) = harness::get(&client, &format!("{}/fixture/sleep?ms=5000", gateway.url()))
         .await
@@ -157,7 +157,7 @@ async fn a_watch_keeps_streaming_past_the_request_timeout() {
 #[tokio::test]
 async fn a_body_over_the_limit_is_refused_with_413() {
     let (_core, gateway) = core_and_gateway(&["--max-request-body-bytes=1024"]).await;
-    let client = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
+    let client = gateway.http1_client(None);
     let big = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "big"},
         "data": {"k": "x".repeat(4096)}});
     let (status, _, body) = harness::send(

@@ -181,7 +181,7 @@ async fn lags_of_crds_created_on_the_core(
     core: &FixtureCore,
     gateway: &Gateway,
 ) -> Vec<(&'static str, Duration)> {
-    let client = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
+    let client = gateway.http1_client(None);
     let apis = format!("{}/apis", gateway.url());
     let core_apis = format!("{}/apis", core.url());
     // The gateway serves its merged document (the core is known) before the clock starts.
@@ -269,7 +269,7 @@ fn crd_of(group: &str, plural: &str, kind: &str) -> Value {
 #[tokio::test]
 async fn a_new_crds_schema_reaches_openapi_v2_and_the_v3_root_within_a_second() {
     let (core, gateway) = crd_core_and_gateway(&[]).await;
-    let client = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
+    let client = gateway.http1_client(None);
     let group = "schemas.live.example.com";
     let v3_entry = |root: &str| -> Value {
         serde_json::from_str::<Value>(root).unwrap_or_default()["paths"][format!("apis/{group}/v1")]
@@ -409,7 +409,7 @@ async fn a_local_apiservice_is_listed_only_once_the_core_lists_its_resources() {
     let gateway = Gateway::start(GatewayOptions::new(core.url()))
         .await
         .expect("gateway starts");
-    let client = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
+    let client = gateway.http1_client(None);
     let apis = format!("{}/apis", gateway.url());
     let group = "late.example.com";
     let post = |path: &str, body: Value| {

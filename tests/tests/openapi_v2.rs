@@ -22,7 +22,7 @@ async fn get(
     accept: &str,
     if_none_match: Option<&str>,
 ) -> (StatusCode, http::HeaderMap, Bytes) {
-    let client = harness::http2_client(&s.gateway.ca_pem().unwrap(), Some(user)).unwrap();
+    let client = s.gateway.http2_client(Some(user));
     let mut req = Request::get(format!("{}/openapi/v2", s.gateway.url())).header("accept", accept);
     if let Some(etag) = if_none_match {
         req = req.header("if-none-match", etag);
@@ -84,7 +84,7 @@ async fn the_merged_spec_has_the_core_and_the_remote_types_in_json_and_protobuf(
     assert_eq!(status, StatusCode::NOT_MODIFIED);
 
     // Compressed when the client accepts it (Go's transport always asks), same document.
-    let client = harness::http2_client(&s.gateway.ca_pem().unwrap(), Some(&alice)).unwrap();
+    let client = s.gateway.http2_client(Some(&alice));
     let req = Request::get(format!("{}/openapi/v2", s.gateway.url()))
         .header("accept", PROTOBUF)
         .header("accept-encoding", "gzip")
@@ -162,7 +162,7 @@ async fn get_path(
     user: &CertifiedPair,
     path: &str,
 ) -> (StatusCode, http::HeaderMap, Bytes) {
-    let client = harness::http2_client(&s.gateway.ca_pem().unwrap(), Some(user)).unwrap();
+    let client = s.gateway.http2_client(Some(user));
     let req = Request::get(format!("{}{path}", s.gateway.url()))
         .header("accept", "application/json")
         .body(Full::new(Bytes::new()))

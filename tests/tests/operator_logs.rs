@@ -372,7 +372,7 @@ async fn a_core_still_starting_is_waited_for_not_logged_as_forbidden() {
     let gateway = Gateway::start(GatewayOptions::new(core.url()))
         .await
         .expect("gateway starts");
-    let client = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
+    let client = gateway.http1_client(None);
     let ready = || is_ready(&client, &gateway);
     // Several of the gateway's readiness probes and every controller's first try fall in here.
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -427,7 +427,7 @@ async fn a_core_that_refuses_readyz_for_good_is_watched_after_thirty_seconds() {
         .await
         .expect("gateway starts");
     let started = Instant::now();
-    let client = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
+    let client = gateway.http1_client(None);
     let ready = || is_ready(&client, &gateway);
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(

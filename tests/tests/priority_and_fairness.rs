@@ -38,10 +38,6 @@ const GATEWAY_LIMITS: [&str; 3] = [
 /// The issue's quiet caller: 40 small GETs, one after the other.
 const QUIET_GETS: usize = 40;
 
-fn client(s: &Scenario, user: &e2e::certs::CertifiedPair) -> HttpClient {
-    harness::http1_client(&s.gateway.ca_pem().unwrap(), Some(user)).unwrap()
-}
-
 async fn seed_configmaps(s: &Scenario) {
     let data = "x".repeat(1000);
     for i in 0..FLOOD_OBJECTS {
@@ -88,8 +84,10 @@ async fn a_flooding_user_cannot_starve_a_quiet_service_account() {
         .start()
         .await;
     seed_configmaps(&s).await;
-    let alice = client(&s, &s.user("alice", &[]));
-    let quiet = client(&s, &s.user(QUIET_SERVICE_ACCOUNT, &QUIET_GROUPS));
+    let alice = s.gateway.http1_client(Some(&s.user("alice", &[])));
+    let quiet = s
+        .gateway
+        .http1_client(Some(&s.user(QUIET_SERVICE_ACCOUNT, &QUIET_GROUPS)));
 
     let unloaded = Quiet::run(
         &quiet,
@@ -197,7 +195,7 @@ fn configuration_changes(s: &Scenario) -> Vec<String> {
 #[tokio::test]
 async fn the_cores_flowschemas_take_effect_within_a_second_and_broken_ones_are_ignored() {
     let s = Scenario::builder().start().await;
-    let alice = client(&s, &s.user("alice", &[]));
+    let alice = s.gateway.http1_client(Some(&s.user("alice", &[])));
     // kube's built-in configuration while the core has none.
     let built_in = classified(&s, &alice).await;
     assert!(!built_in[PRIORITY_LEVEL_UID].is_empty(), "{built_in:?}");
@@ -266,8 +264,10 @@ async fn the_debug_dumps_answer_those_allowed_to_read_them() {
         {"verbs": ["get"], "nonResourceURLs": ["/api", "/api/*", "/apis", "/apis/*", "/version"]},
     ]});
     let s = Scenario::builder().core_policy(policy).start().await;
-    let alice = client(&s, &s.user("alice", &[]));
-    let admin = client(&s, &s.user("admin", &["system:masters"]));
+    let alice = s.gateway.http1_client(Some(&s.user("alice", &[])));
+    let admin = s
+        .gateway
+        .http1_client(Some(&s.user("admin", &["system:masters"])));
     let dump = |name: &str| format!("{}/debug/api_priority_and_fairness/{name}", s.gateway.url());
     for name in ["dump_priority_levels", "dump_queues", "dump_requests"] {
         let (status, _, _) = harness::get(&alice, &dump(name)).await.unwrap();
@@ -311,7 +311,7 @@ async fn the_debug_dumps_answer_those_allowed_to_read_them() {
 #[tokio::test]
 async fn an_encoded_health_path_is_answered_as_health_and_never_sent_on_exempt() {
     let s = Scenario::builder().start().await;
-    let anonymous = harness::http1_client(&s.gateway.ca_pem().unwrap(), None).unwrap();
+    let anonymous = s.gateway.http1_client(None);
     e2e::scenario::clear_core_requests(&s.core).await;
     for (path, want) in [
         ("/%68ealthz", StatusCode::OK),
@@ -366,9 +366,11 @@ async fn the_debug_dumps_stay_authorized_when_the_gateway_authorizes_nothing_els
         .gateway_args(&["--authorization-webhook=false", "--authorize-metrics=false"])
         .start()
         .await;
-    let anonymous = harness::http1_client(&s.gateway.ca_pem().unwrap(), None).unwrap();
-    let alice = client(&s, &s.user("alice", &[]));
-    let admin = client(&s, &s.user("admin", &["system:masters"]));
+    let anonymous = s.gateway.http1_client(None);
+    let alice = s.gateway.http1_client(Some(&s.user("alice", &[])));
+    let admin = s
+        .gateway
+        .http1_client(Some(&s.user("admin", &["system:masters"])));
     let path = "/debug/api_priority_and_fairness/dump_requests";
     let url = format!("{}{path}?includeRequestDetails=1", s.gateway.url());
     for (who, client) in [("system:anonymous", &anonymous), ("alice", &alice)] {
@@ -415,13 +417,10 @@ async fn built_in_classification(minor: &str, schema: &str, level: &str) {
         "system:serviceaccounts",
         "system:serviceaccounts:kube-system",
     ];
-    let controller = client(
-        &s,
-        &s.user(
-            "system:serviceaccount:kube-system:endpoint-controller",
-            &groups,
-        ),
-    );
+    let controller = s.gateway.http1_client(Some(&s.user(
+        "system:serviceaccount:kube-system:endpoint-controller",
+        &groups,
+    )));
     let wanted = format!(r#"flow_schema="{schema}",priority_level="{level}""#);
     // A GET (a LIST is no verb of the old FlowSchemas); not found is an answer too.
     let url = format!("{}{CONFIGMAPS}/leader", s.gateway.url());

@@ -427,7 +427,7 @@ async fn apiservices_on_one_service_share_its_connections() {
     }
     let s = builder.start().await;
     let alice = s.user("alice", &["dev"]);
-    let client = harness::http2_client(&s.gateway.ca_pem().unwrap(), Some(&alice)).unwrap();
+    let client = s.gateway.http2_client(Some(&alice));
     let mut failures = Vec::new();
     for version in &versions {
         let url = format!(

@@ -13,7 +13,7 @@ const NAME: &str = "v1alpha1.wardle.example.com";
 const CHECK: &str = "aggregated-apiservice-reachable";
 
 async fn probe(gateway: &Gateway, path: &str) -> (StatusCode, String) {
-    let client = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
+    let client = gateway.http1_client(None);
     let (status, _, body) = harness::get(&client, &format!("{}{path}", gateway.url()))
         .await
         .unwrap();

@@ -179,7 +179,7 @@ async fn an_unreachable_apiservice_shows_in_the_series_kubes_alerts_select() {
 #[tokio::test]
 async fn made_up_requests_add_no_label_values() {
     let s = Scenario::wardle().start().await;
-    let client = e2e::harness::http1_client(&s.gateway.ca_pem().unwrap(), None).unwrap();
+    let client = s.gateway.http1_client(None);
     let send = |method: String, path: String| {
         let client = client.clone();
         let url = format!("{}{path}", s.gateway.url());

@@ -7,21 +7,12 @@
 use std::time::Duration;
 
 use e2e::otlp::{OtlpReceiver, ReceivedSpan};
-use e2e::scenario::{self, Scenario, WARDLE_GROUP};
+use e2e::scenario::{self, recorded_header, Scenario, WARDLE_GROUP};
 use serde_json::Value;
 
 const APISERVICE: &str = "v1alpha1.wardle.example.com";
 /// OTLP's `SPAN_KIND_SERVER`.
 const SERVER: i32 = 2;
-
-/// The `traceparent` header of a request the fixture recorded.
-fn traceparent(request: &Value) -> Option<&str> {
-    request["headers"]
-        .as_array()?
-        .iter()
-        .find(|pair| pair[0] == "traceparent")
-        .and_then(|pair| pair[1].as_str())
-}
 
 /// The recorded request whose path contains `fragment` and whose `traceparent` is in `trace`;
 /// returns the parent span id it names.
@@ -29,7 +20,7 @@ fn parent_seen(requests: &[Value], fragment: &str, trace: &str) -> Option<String
     requests
         .iter()
         .filter(|r| r["path"].as_str().is_some_and(|p| p.contains(fragment)))
-        .filter_map(traceparent)
+        .filter_map(|r| recorded_header(r, "traceparent").into_iter().next())
         .find_map(|tp| {
             let parts: Vec<&str> = tp.split('-').collect();
             (parts.len() == 4 && parts[1] == trace).then(|| parts[2].to_owned())

@@ -37,10 +37,6 @@ fn wardle(policy: Value, gateway_args: &[&str]) -> ScenarioBuilder {
         .gateway_args(gateway_args)
 }
 
-fn client(s: &Scenario, user: Option<&CertifiedPair>) -> HttpClient {
-    harness::http1_client(&s.gateway.ca_pem().unwrap(), user).unwrap()
-}
-
 async fn get(
     s: &Scenario,
     client: &HttpClient,
@@ -95,8 +91,8 @@ async fn authorized_and_audited() -> (Scenario, HttpClient, HttpClient) {
         .gateway_args(&["--audit-log-path", &audit_file])
         .start()
         .await;
-    let alice = client(&s, Some(&s.user("alice", &["dev"])));
-    let bob = client(&s, Some(&s.user("bob", &["ops"])));
+    let alice = s.gateway.http1_client(Some(&s.user("alice", &["dev"])));
+    let bob = s.gateway.http1_client(Some(&s.user("bob", &["ops"])));
     wait_until_served(&s, &alice).await;
     (s, alice, bob)
 }
@@ -196,7 +192,7 @@ async fn a_remote_list_or_watch_is_reviewed_with_its_selectors() {
          "fieldSelector": [{"key": "metadata.namespace", "operator": "In", "values": ["default"]}]},
     ]});
     let s = wardle(policy, &[]).start().await;
-    let alice = client(&s, Some(&s.user("alice", &["dev"])));
+    let alice = s.gateway.http1_client(Some(&s.user("alice", &["dev"])));
     let served = harness::wait_until(Duration::from_secs(10), || async {
         get(&s, &alice, &format!("{FLUNDERS}/f1")).await.0 == StatusCode::NOT_FOUND
     })
@@ -249,7 +245,7 @@ async fn requests_to_the_core_get_no_review_from_the_gateway() {
 #[tokio::test]
 async fn metrics_can_be_protected_while_health_stays_open() {
     let (s, alice, bob) = authorized_and_audited().await;
-    let anonymous = client(&s, None);
+    let anonymous = s.gateway.http1_client(None);
     let (status, _, body) = get(&s, &bob, "/metrics").await;
     assert_eq!(status, StatusCode::FORBIDDEN);
     assert!(
@@ -276,7 +272,7 @@ async fn metrics_are_authorized_by_default() {
         {"user": "alice", "verbs": ["get"], "nonResourceURLs": ["/metrics"]},
     ]});
     let s = wardle(policy, &[]).start().await;
-    let anonymous = client(&s, None);
+    let anonymous = s.gateway.http1_client(None);
     let (status, _, body) = get(&s, &anonymous, "/metrics").await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
     assert!(
@@ -286,7 +282,7 @@ async fn metrics_are_authorized_by_default() {
             .starts_with("forbidden: User \"system:anonymous\" cannot get path \"/metrics\""),
         "{body}"
     );
-    let alice = client(&s, Some(&s.user("alice", &["dev"])));
+    let alice = s.gateway.http1_client(Some(&s.user("alice", &["dev"])));
     let (status, _, body) = get(&s, &alice, "/metrics").await;
     assert_eq!(status, StatusCode::OK, "{body}");
 }
@@ -389,7 +385,7 @@ async fn the_audit_log_records_user_verb_code_decision_and_target() {
 async fn the_audit_log_has_exactly_one_line_per_request() {
     let (s, _, _) = authorized_and_audited().await;
     let audit_file = audit_file(&s);
-    let anonymous = client(&s, None);
+    let anonymous = s.gateway.http1_client(None);
     // Everything so far is written before the batch is counted.
     assert_eq!(get(&s, &anonymous, "/livez").await.0, StatusCode::OK);
     let settled = harness::wait_until(Duration::from_secs(5), || async {
@@ -418,7 +414,7 @@ async fn the_audit_log_has_exactly_one_line_per_request() {
 #[tokio::test]
 async fn the_clients_audit_id_is_kept_and_reaches_the_core() {
     let (s, _, _) = authorized_and_audited().await;
-    let anonymous = client(&s, None);
+    let anonymous = s.gateway.http1_client(None);
     scenario::clear_core_requests(&s.core).await;
     let (_, headers, _) = harness::send(
         &anonymous,
@@ -447,7 +443,7 @@ async fn authorization_can_be_turned_off() {
     )
     .start()
     .await;
-    let carol = client(&s, Some(&s.user("carol", &[])));
+    let carol = s.gateway.http1_client(Some(&s.user("carol", &[])));
     wait_until_served(&s, &carol).await;
     scenario::clear_core_requests(&s.core).await;
     assert_eq!(get(&s, &carol, FLUNDERS).await.0, StatusCode::OK);
@@ -465,7 +461,7 @@ async fn proxied_as_aggregator() -> (Scenario, HttpClient) {
     let s = wardle(json!({}), &["--authorization-webhook=false"])
         .start()
         .await;
-    let dave = client(&s, Some(&s.user("dave", &[])));
+    let dave = s.gateway.http1_client(Some(&s.user("dave", &[])));
     wait_until_served(&s, &dave).await;
     let (status, _, body) = get(&s, &dave, IDENTITY).await;
     assert_eq!(status, StatusCode::OK, "{body}");
@@ -611,16 +607,10 @@ async fn rotated_proxy_client_certificate_reaches_the_core(env: &[(&str, &str)])
                 .find(|r| r["path"] == path)
                 .cloned()
                 .unwrap_or(Value::Null);
-            let user = last["headers"]
-                .as_array()
-                .and_then(|h| {
-                    h.iter().find(|p| {
-                        p[0].as_str()
-                            .is_some_and(|n| n.eq_ignore_ascii_case("x-remote-user"))
-                    })
-                })
-                .map(|p| p[1].clone())
-                .unwrap_or(Value::Null);
+            let user = scenario::recorded_header(&last, "x-remote-user")
+                .into_iter()
+                .next()
+                .map_or(Value::Null, Value::from);
             (last["clientCN"].clone(), user)
         }
     };

@@ -89,7 +89,7 @@ async fn a_declared_subresource_streams_past_the_request_timeout() {
         ],
     )
     .await;
-    let client = harness::http2_client(&s.gateway.ca_pem().unwrap(), Some(&alice)).unwrap();
+    let client = s.gateway.http2_client(Some(&alice));
     let stream = |sub: &str| {
         url(
             &s,
@@ -339,7 +339,7 @@ struct Target {
 
 fn target(s: &Scenario, alice: &CertifiedPair) -> Target {
     Target {
-        client: harness::http2_client(&s.gateway.ca_pem().unwrap(), Some(alice)).unwrap(),
+        client: s.gateway.http2_client(Some(alice)),
         url: s.gateway.url(),
     }
 }

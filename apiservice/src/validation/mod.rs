@@ -17,14 +17,13 @@ use crate::model::{
 use crate::traffic::TrafficPolicy;
 
 mod field_error;
-mod names;
 #[cfg(test)]
 mod tests;
 
 use field_error::GoQuoted;
 pub use field_error::{FieldError, FieldErrorKind, FieldValue, ValidationErrors};
-use names::path_segment_errors;
-pub use names::{dns1035_label_errors, dns1123_subdomain_errors};
+use gateway_request::names::path_segment_errors;
+pub use gateway_request::names::{dns1035_label_errors, dns1123_subdomain_errors};
 
 /// The APIService API's own group: always the core server's.
 pub const APIREGISTRATION_GROUP: &str = "apiregistration.k8s.io";

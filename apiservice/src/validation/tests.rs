@@ -1,4 +1,5 @@
-use super::names::{DNS1035_LABEL_MSG, DNS1123_SUBDOMAIN_MSG};
+use gateway_request::names::{DNS1035_LABEL_MSG, DNS1123_SUBDOMAIN_MSG};
+
 use super::*;
 use crate::model::{APIServiceCondition, ServiceReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;

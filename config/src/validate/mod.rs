@@ -236,7 +236,9 @@ impl Options {
         let apiservices = ApiServiceConfig {
             source,
             endpoint_routing: self.enable_aggregator_routing.unwrap_or(false),
-            reject_forwarding_redirect: self.aggregator_reject_forwarding_redirect.unwrap_or(true),
+            aggregator_reject_forwarding_redirect: self
+                .aggregator_reject_forwarding_redirect
+                .unwrap_or(true),
             availability_interval: secs(self.apiservice_availability_interval, 30),
             discovery_refresh_interval: secs(self.discovery_refresh_interval, 60),
             static_services,
@@ -268,17 +270,17 @@ impl Options {
 
         let limits = Limits {
             priority_and_fairness: self.enable_priority_and_fairness.unwrap_or(true),
-            max_readonly_inflight: self.max_requests_inflight.unwrap_or(400),
-            max_mutating_inflight: self.max_mutating_requests_inflight.unwrap_or(200),
+            max_requests_inflight: self.max_requests_inflight.unwrap_or(400),
+            max_mutating_requests_inflight: self.max_mutating_requests_inflight.unwrap_or(200),
             request_timeout: secs(self.request_timeout, 60),
             max_request_body_bytes: self.max_request_body_bytes.unwrap_or(3 * 1024 * 1024),
-            max_remote_request_body_bytes: self.apiservice_max_request_body_bytes.unwrap_or(0),
+            apiservice_max_request_body_bytes: self.apiservice_max_request_body_bytes.unwrap_or(0),
             header_read_timeout: secs(self.header_read_timeout, 10),
             max_header_bytes: self.max_header_bytes.unwrap_or(1024 * 1024),
         };
         if limits.priority_and_fairness
-            && limits.max_readonly_inflight == 0
-            && limits.max_mutating_inflight == 0
+            && limits.max_requests_inflight == 0
+            && limits.max_mutating_requests_inflight == 0
         {
             // kube-apiserver refuses this too: priority and fairness shares out their sum.
             return Err(ConfigError::new(
@@ -342,7 +344,7 @@ impl Options {
             core,
             apiservices,
             limits,
-            shutdown_delay: secs(self.shutdown_delay_duration, 0),
+            shutdown_delay_duration: secs(self.shutdown_delay_duration, 0),
             shutdown_timeout: secs(self.shutdown_timeout, 60),
             leader_election,
             logging: LoggingConfig { format, level },

@@ -23,7 +23,7 @@ mod unit {
         // kube-apiserver's: --http2-max-streams-per-connection=0 means 100.
         assert_eq!(c.serving.http2_max_streams, 100);
         // Bodies to remote APIServices are the backend's business unless asked.
-        assert_eq!(c.limits.max_remote_request_body_bytes, 0);
+        assert_eq!(c.limits.apiservice_max_request_body_bytes, 0);
         assert_eq!(c.limits.max_request_body_bytes, 3 * 1024 * 1024);
     }
 
@@ -150,7 +150,10 @@ mod unit {
         .limits;
         assert!(!limits.priority_and_fairness);
         assert_eq!(
-            (limits.max_readonly_inflight, limits.max_mutating_inflight),
+            (
+                limits.max_requests_inflight,
+                limits.max_mutating_requests_inflight
+            ),
             (0, 0)
         );
         assert!(

@@ -12,10 +12,10 @@
 //! (`fuzzing::discovery`) are not here: they need k8s-openapi and apiservice's model, which would
 //! make this build several times longer; their body runs in `cargo test` only.
 
-#[path = "../../src/request_info.rs"]
+#[path = "../../../request/src/request_info.rs"]
 pub mod request_info;
 
-#[path = "../../src/identity.rs"]
+#[path = "../../../request/src/identity.rs"]
 pub mod identity;
 
 #[path = "../../src/body.rs"]

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use apiservice::resolve::{ChainResolver, KubeResolver, ServiceResolver, StaticResolver};
+use apiservice::source::SetReceiver;
 use gateway_config::{ApiServiceConfig, ApiServiceSource};
 use tokio::sync::watch;
 
@@ -52,60 +53,34 @@ pub fn start(
     let (results_tx, results_rx) = watch::channel(AvailabilityMap::default());
 
     let kube_source = matches!(api.source, ApiServiceSource::Kube { .. });
-    let resolver = resolver(
-        api,
-        &kube,
-        kube_source,
-        &extras.core_started,
-        (supervisor, health),
-    )?;
-    start_source(
-        api,
-        &kube,
-        set_tx,
-        extras.core_started,
-        (supervisor, health),
-    );
+    let started = extras.core_started;
+    let resolver = resolver(api, &kube, kube_source, &started, (supervisor, health))?;
+    start_source(api, &kube, set_tx, started, (supervisor, health));
 
-    let availability = AvailabilityController::new(
-        routing.clone(),
-        results_tx,
-        AvailabilitySettings {
-            interval: api.availability_interval,
-            backoff: AVAILABILITY_BACKOFF,
-            unavailable_recheck: UNAVAILABLE_RECHECK,
-            resolver: resolver.clone(),
-            kube: kube_source.then(|| StatusWrites {
-                client: kube,
-                stored: set_rx.clone(),
-                leader: extras.leadership,
-            }),
-            reachable: extras.reachable,
-        },
-        metrics.clone(),
-    );
+    let status_writes = kube_source.then(|| StatusWrites {
+        client: kube,
+        stored: set_rx.clone(),
+        leader: extras.leadership,
+    });
+    let settings = AvailabilitySettings {
+        interval: api.availability_interval,
+        backoff: AVAILABILITY_BACKOFF,
+        unavailable_recheck: UNAVAILABLE_RECHECK,
+        resolver: resolver.clone(),
+        kube: status_writes,
+        reachable: extras.reachable,
+    };
+    let availability =
+        AvailabilityController::new(routing.clone(), results_tx, settings, metrics.clone());
     let factory = BackendFactory {
         proxy_identity,
         resolver,
         drain: extras.drain,
         failures: Some(availability.rechecks()),
-        reject_forwarding_redirect: api.reject_forwarding_redirect,
+        reject_forwarding_redirect: api.aggregator_reject_forwarding_redirect,
     };
-    supervisor.restarting(
-        health,
-        "loop/route-controller",
-        tracing::info_span!("route_controller"),
-        move || {
-            RouteController::new(
-                routing.clone(),
-                set_rx.clone(),
-                results_rx.clone(),
-                factory.clone(),
-                metrics.clone(),
-            )
-            .run()
-        },
-    );
+    let inputs = (set_rx, results_rx);
+    start_route_controller(routing, inputs, factory, metrics, (supervisor, health));
     // Its recheck queue is held by every backend the route controller built.
     supervisor.fatal(
         health,
@@ -114,6 +89,32 @@ pub fn start(
         availability.run(),
     );
     Ok(())
+}
+
+/// The route controller: routes from the APIServices, their backends and their availability.
+/// Started again, it builds every backend anew from the same inputs.
+fn start_route_controller(
+    routing: Arc<Routing>,
+    (apiservices, availability): (SetReceiver, watch::Receiver<AvailabilityMap>),
+    factory: BackendFactory,
+    metrics: Arc<Metrics>,
+    (supervisor, health): (&Supervisor, &mut Health),
+) {
+    supervisor.restarting(
+        health,
+        "loop/route-controller",
+        tracing::info_span!("route_controller"),
+        move || {
+            RouteController::new(
+                routing.clone(),
+                apiservices.clone(),
+                availability.clone(),
+                factory.clone(),
+                metrics.clone(),
+            )
+            .run()
+        },
+    );
 }
 
 /// How a Service becomes addresses: the static `services:` map, the core's Services and

@@ -4,8 +4,9 @@
 //! watched).
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use gateway_config::Config;
+use gateway_config::{AuthnConfig, AuthzConfig, CoreConfig};
 use tokio::sync::watch;
 
 use super::tls::ProxyIdentityReload;
@@ -23,7 +24,12 @@ pub struct Clients {
 
 impl Clients {
     pub async fn start(
-        config: &Config,
+        (core, authn, authz, cert_reload_interval): (
+            &CoreConfig,
+            &AuthnConfig,
+            &AuthzConfig,
+            Duration,
+        ),
         proxy_identity: &ProxyIdentityReload,
         drain: watch::Receiver<bool>,
     ) -> Result<Self, StartError> {
@@ -31,9 +37,13 @@ impl Clients {
         // X-Remote-*. One reloading source feeds the core and every remote backend; the loop
         // that follows its rotations runs with the controllers.
         let first = proxy_identity.receiver().borrow().clone();
-        let core = Arc::new(CoreBackend::new(&config.core, first.as_deref(), drain).await?);
-        let (authenticator, ca_watch) =
-            crate::auth::start(config, kube_client::client(core.clone()))?;
+        let core = Arc::new(CoreBackend::new(core, first.as_deref(), drain).await?);
+        let (authenticator, ca_watch) = crate::auth::start(
+            authn,
+            authz,
+            cert_reload_interval,
+            kube_client::client(core.clone()),
+        )?;
         Ok(Self {
             core,
             authenticator,

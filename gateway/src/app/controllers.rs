@@ -1,6 +1,7 @@
 //! Step 3, controllers: the loops that publish what the request path reads (routes, discovery,
-//! trust, leadership, readiness, API Priority and Fairness), and the health checks they keep. Each runs in a task and a span of its own; what the router needs of them
-//! is gathered in one [`Gateway`].
+//! trust, leadership, readiness, API Priority and Fairness), and the health checks they keep.
+//! Each runs in a task and a span of its own; what the router needs of them is gathered in one
+//! [`Gateway`].
 //!
 //! The checks are registered in the order `/readyz?verbose` lists them: `core-server`,
 //! `shutdown`, `apiservice-sources-synced`, `leaderElection` (`/healthz` only, with leader
@@ -13,9 +14,11 @@
 //! core's `/readyz` has passed ([`CoreStarted`]): a kube-apiserver that is still starting refuses
 //! them with 403.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
-use gateway_config::{ApiServiceSource, Config};
+use gateway_config::{ApiServiceConfig, ApiServiceSource, LeaderElection, Limits, TrustConfig};
+use gateway_flowcontrol::FlowControl;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -28,10 +31,10 @@ use crate::control::core_readiness::{self, CoreStarted};
 use crate::control::core_release;
 use crate::control::discovery::openapi_v2::OpenApiV2Controller;
 use crate::control::discovery::{readiness, DiscoveryCache, DiscoveryController};
-use crate::control::flowcontrol::{self, FlowControl};
+use crate::control::flowcontrol;
 use crate::control::leader_election::{self, LeaderElector, Leadership};
 use crate::control::trust;
-use crate::handlers::health::{self, Health};
+use crate::handlers::health::{self, Endpoint, Health};
 use crate::handlers::router::Gateway;
 use crate::health_check::Check;
 use crate::metrics::Metrics;
@@ -51,138 +54,111 @@ pub struct Leader {
     pub task: JoinHandle<()>,
 }
 
+/// What every loop is started with: the supervisor that owns it, the checks it registers (in
+/// `/readyz?verbose` order), the signal that the core has started (the loops on the core wait for
+/// it) and the metrics.
+struct Loops {
+    supervisor: Supervisor,
+    health: Health,
+    core_started: CoreStarted,
+    metrics: Arc<Metrics>,
+}
+
+impl Loops {
+    /// The loops' supervisor and checks, and the sender that tells them the core has started.
+    fn new(metrics: &Arc<Metrics>) -> (Self, watch::Sender<bool>) {
+        let (core_started_tx, core_started) = core_readiness::core_started();
+        let loops = Self {
+            supervisor: Supervisor::new(metrics),
+            health: Health::new(),
+            core_started,
+            metrics: metrics.clone(),
+        };
+        (loops, core_started_tx)
+    }
+
+    /// Registers `check` as `name` on `endpoints`; the check, for its owner.
+    fn check(
+        &mut self,
+        name: &'static str,
+        endpoints: &'static [Endpoint],
+        check: Arc<Check>,
+    ) -> Arc<Check> {
+        self.health.register(name, endpoints, check.clone());
+        check
+    }
+
+    /// The supervisor and the checks, as the loops of other files take them.
+    fn supervised(&mut self) -> (&Supervisor, &mut Health) {
+        (&self.supervisor, &mut self.health)
+    }
+}
+
+/// What the controllers take of the configuration, each part as its flags name it.
+pub struct ControllerSettings<'a> {
+    pub apiservices: &'a ApiServiceConfig,
+    pub trust: &'a TrustConfig,
+    /// `--client-ca-file`, published in the trust ConfigMap.
+    pub client_ca_file: Option<PathBuf>,
+    pub leader_election: Option<LeaderElection>,
+    pub limits: &'a Limits,
+}
+
 impl Controllers {
     pub fn start(
-        config: &Config,
+        settings: ControllerSettings<'_>,
         clients: &Clients,
         proxy_identity: ProxyIdentity,
         metrics: &Arc<Metrics>,
         drain: watch::Receiver<bool>,
     ) -> Result<Self, StartError> {
-        let mut health = Health::new();
-        let supervisor = Supervisor::new(metrics);
-        let published = metrics.clone();
-        supervisor.restarting(
-            &mut health,
-            "loop/inflight-metrics",
-            tracing::info_span!("inflight_metrics"),
-            move || published.clone().publish_inflight(),
-        );
-        // Every run follows the receiver as it was at start: one restarted after a rotation it
-        // missed sees that rotation as a change and applies it at once.
-        let (core, identity) = (clients.core.clone(), proxy_identity.clone());
-        supervisor.restarting(
-            &mut health,
-            "loop/proxy-identity",
-            tracing::info_span!("proxy_identity"),
-            move || core.clone().follow_proxy_identity(identity.clone()),
-        );
-        let core_check = Check::unhealthy("core server not checked yet");
-        health.register("core-server", health::READY, core_check.clone());
-        let shutdown_check = Check::healthy();
-        health.register("shutdown", health::READY_ONLY, shutdown_check.clone());
-        let (core_started_tx, core_started) = core_readiness::core_started();
+        let (mut loops, core_started_tx) = Loops::new(metrics);
+        let unchecked = Check::unhealthy("core server not checked yet");
+        let core_check = loops.check("core-server", health::READY, unchecked);
+        let shutdown_check = loops.check("shutdown", health::READY_ONLY, Check::healthy());
         let routing = Routing::new();
-        health.register(
-            "apiservice-sources-synced",
-            health::READY,
-            routing.synced.clone(),
-        );
+        let synced = routing.synced.clone();
+        loops.check("apiservice-sources-synced", health::READY, synced);
 
-        if config.trust.manage {
-            let sources = trust::TrustSources {
-                client_ca_file: config.authn.client_ca_file.clone(),
-                proxy_client_ca_file: config.trust.proxy_client_ca_file.clone(),
-                proxy_identity: proxy_identity.clone(),
-            };
-            if trust::has_anything_to_publish(&sources) {
-                let (started, kube) = (core_started.clone(), clients.kube());
-                supervisor.restarting(
-                    &mut health,
-                    "loop/authentication-configmap",
-                    tracing::info_span!("authentication_configmap"),
-                    move || {
-                        started
-                            .clone()
-                            .then_run(trust::run(kube.clone(), sources.clone()))
-                    },
-                );
-            }
-        }
-
-        // Asked for by validation only with the kube source, the one that writes status.
-        let (leader, leadership) = match start_leader_election(
-            config,
-            clients,
-            metrics,
-            &core_started,
-            (&supervisor, &mut health),
-        ) {
-            Some((leader, leadership)) => (Some(leader), Some(leadership)),
-            None => (None, None),
-        };
-        let reachable = config.apiservices.readyz_reachable.then(|| {
-            let check = Check::healthy();
-            health.register(
-                "aggregated-apiservice-reachable",
-                health::READY_ONLY,
-                check.clone(),
+        start_publishers(clients, &proxy_identity, &mut loops);
+        if settings.trust.manage {
+            let files = (
+                settings.client_ca_file,
+                settings.trust.proxy_client_ca_file.clone(),
             );
-            check
-        });
-        apiservices::start(
-            &config.apiservices,
+            start_trust(files, clients, &proxy_identity, &mut loops);
+        }
+        // Asked for by validation only with the kube source, the one that writes status.
+        let (leader, leadership) =
+            start_leader_election(settings.leader_election, clients, &mut loops).unzip();
+        let extras = ApiServiceExtras {
+            leadership,
+            reachable: None,
+            core_started: loops.core_started.clone(),
+            drain,
+        };
+        start_apiservices(
+            settings.apiservices,
+            clients,
             proxy_identity,
-            clients.kube(),
-            routing.clone(),
-            metrics.clone(),
-            ApiServiceExtras {
-                leadership,
-                reachable,
-                core_started: core_started.clone(),
-                drain,
-            },
-            (&supervisor, &mut health),
+            (&routing, extras),
+            &mut loops,
         )?;
 
-        let discovery = start_discovery(
-            config,
-            clients,
-            &routing,
-            metrics,
-            (&supervisor, &mut health),
-            core_started.clone(),
-        );
-        let flow_control = config.limits.priority_and_fairness.then(|| {
-            start_flow_control(
-                config,
-                clients,
-                metrics,
-                (&supervisor, &mut health),
-                core_started.clone(),
-            )
-        });
+        let refresh = settings.apiservices.discovery_refresh_interval;
+        let discovery = start_discovery(refresh, clients, &routing, &mut loops);
+        let source = &settings.apiservices.source;
+        let flow_control = (settings.limits.priority_and_fairness)
+            .then(|| start_flow_control(settings.limits, source, clients, &mut loops));
         let followers = core_release::Followers {
             discovery: discovery.clone(),
             flow_control: flow_control.clone(),
         };
-        let core = clients.core.clone();
-        supervisor.restarting(
-            &mut health,
-            "loop/core-release",
-            tracing::info_span!("core_release"),
-            move || core_release::run(core.clone(), core_started.clone(), followers.clone()),
-        );
-        let (core, started_tx) = (clients.core.clone(), core_started_tx);
-        supervisor.restarting(
-            &mut health,
-            "loop/core-readiness",
-            tracing::info_span!("core_readiness"),
-            move || core_readiness::run(core.clone(), core_check.clone(), started_tx.clone()),
-        );
+        let readiness = (core_check, core_started_tx);
+        start_core_loops(clients, followers, readiness, &mut loops);
         let gateway = Arc::new(Gateway {
             core: clients.core.clone(),
-            health,
+            health: loops.health,
             metrics: metrics.clone(),
             routing,
             discovery,
@@ -196,29 +172,128 @@ impl Controllers {
     }
 }
 
+/// The APIService source, the route and availability controllers and Service resolution
+/// (`apiservices::start`), with the `aggregated-apiservice-reachable` check when asked for.
+fn start_apiservices(
+    api: &ApiServiceConfig,
+    clients: &Clients,
+    proxy_identity: ProxyIdentity,
+    (routing, mut extras): (&Arc<Routing>, ApiServiceExtras),
+    loops: &mut Loops,
+) -> Result<(), StartError> {
+    extras.reachable = api.readyz_reachable.then(|| {
+        let name = "aggregated-apiservice-reachable";
+        loops.check(name, health::READY_ONLY, Check::healthy())
+    });
+    let (kube, metrics) = (clients.kube(), loops.metrics.clone());
+    let (supervisor, health) = loops.supervised();
+    let supervised = (supervisor, health);
+    apiservices::start(
+        api,
+        proxy_identity,
+        kube,
+        routing.clone(),
+        metrics,
+        extras,
+        supervised,
+    )
+}
+
+/// The loops that publish what clients and metrics read: the in-flight gauge's one-second
+/// publisher, and the proxy client certificate handed to the core's client as it rotates.
+fn start_publishers(clients: &Clients, proxy_identity: &ProxyIdentity, loops: &mut Loops) {
+    let published = loops.metrics.clone();
+    loops.supervisor.restarting(
+        &mut loops.health,
+        "loop/inflight-metrics",
+        tracing::info_span!("inflight_metrics"),
+        move || published.clone().publish_inflight(),
+    );
+    // Every run follows the receiver as it was at start: one restarted after a rotation it
+    // missed sees that rotation as a change and applies it at once.
+    let (core, identity) = (clients.core.clone(), proxy_identity.clone());
+    loops.supervisor.restarting(
+        &mut loops.health,
+        "loop/proxy-identity",
+        tracing::info_span!("proxy_identity"),
+        move || core.clone().follow_proxy_identity(identity.clone()),
+    );
+}
+
+/// `kube-system/extension-apiserver-authentication` kept up to date with the gateway's client
+/// CA and proxy identity, once the core has started, when there is anything to publish.
+fn start_trust(
+    (client_ca_file, proxy_client_ca_file): (Option<PathBuf>, Option<PathBuf>),
+    clients: &Clients,
+    proxy_identity: &ProxyIdentity,
+    loops: &mut Loops,
+) {
+    let sources = trust::TrustSources {
+        client_ca_file,
+        proxy_client_ca_file,
+        proxy_identity: proxy_identity.clone(),
+    };
+    if !trust::has_anything_to_publish(&sources) {
+        return;
+    }
+    let (kube, core_started) = (clients.kube(), loops.core_started.clone());
+    loops.supervisor.restarting(
+        &mut loops.health,
+        "loop/authentication-configmap",
+        tracing::info_span!("authentication_configmap"),
+        move || {
+            core_started
+                .clone()
+                .then_run(trust::run(kube.clone(), sources.clone()))
+        },
+    );
+}
+
+/// The loops that watch the core itself: its readiness (which starts every loop waiting for
+/// it) and its release (which the discovery cache and flow control follow).
+fn start_core_loops(
+    clients: &Clients,
+    followers: core_release::Followers,
+    (core_check, started_tx): (Arc<Check>, watch::Sender<bool>),
+    loops: &mut Loops,
+) {
+    let (core, core_started) = (clients.core.clone(), loops.core_started.clone());
+    loops.supervisor.restarting(
+        &mut loops.health,
+        "loop/core-release",
+        tracing::info_span!("core_release"),
+        move || core_release::run(core.clone(), core_started.clone(), followers.clone()),
+    );
+    let core = clients.core.clone();
+    loops.supervisor.restarting(
+        &mut loops.health,
+        "loop/core-readiness",
+        tracing::info_span!("core_readiness"),
+        move || core_readiness::run(core.clone(), core_check.clone(), started_tx.clone()),
+    );
+}
+
 /// The Lease on the core that decides which replica writes APIService status, when configured.
 fn start_leader_election(
-    config: &Config,
+    settings: Option<LeaderElection>,
     clients: &Clients,
-    metrics: &Metrics,
-    core_started: &CoreStarted,
-    (supervisor, health): (&Supervisor, &mut Health),
+    loops: &mut Loops,
 ) -> Option<(Leader, Leadership)> {
-    let settings = config.leader_election.clone()?;
-    let gauge = metrics
+    let settings = settings?;
+    let gauge = loops
+        .metrics
         .leader_election_master_status
         .with_label_values(&[settings.name.as_str()]);
-    let check = Check::healthy();
-    health.register(
+    let check = loops.check(
         leader_election::CHECK_NAME,
         health::HEALTHZ_ONLY,
-        check.clone(),
+        Check::healthy(),
     );
     let (elector, leadership) = LeaderElector::new(clients.kube(), settings, gauge, check);
     let (stop, stop_rx) = watch::channel(false);
-    let started = core_started.clone();
-    let task = supervisor.restarting_until(
-        health,
+    let started = loops.core_started.clone();
+    let task = loops.supervisor.restarting_until(
+        &mut loops.health,
         "loop/leader-election",
         tracing::info_span!("leader_election"),
         Some(stop_rx.clone()),
@@ -236,27 +311,26 @@ fn start_leader_election(
 /// `file` and `none` sources keep the built-in one: their core need not be kube-apiserver); and
 /// the loop that lends seats between levels.
 fn start_flow_control(
-    config: &Config,
+    limits: &Limits,
+    source: &ApiServiceSource,
     clients: &Clients,
-    metrics: &Metrics,
-    (supervisor, health): (&Supervisor, &mut Health),
-    core_started: CoreStarted,
+    loops: &mut Loops,
 ) -> Arc<FlowControl> {
-    let limits = &config.limits;
     let flow_control = Arc::new(FlowControl::new(
         limits
-            .max_readonly_inflight
-            .saturating_add(limits.max_mutating_inflight),
+            .max_requests_inflight
+            .saturating_add(limits.max_mutating_requests_inflight),
         limits.request_timeout / 4,
-        metrics.registry(),
+        loops.metrics.registry(),
     ));
     flowcontrol::source::use_built_in(&flow_control);
-    if matches!(config.apiservices.source, ApiServiceSource::Kube { .. }) {
+    if matches!(source, ApiServiceSource::Kube { .. }) {
         // The core's FlowSchemas are read once the core has started, as every other watch on it;
         // until then the built-in configuration is in force.
         let (kube, fc) = (clients.kube(), flow_control.clone());
-        supervisor.restarting(
-            health,
+        let core_started = loops.core_started.clone();
+        loops.supervisor.restarting(
+            &mut loops.health,
             "loop/flowcontrol-source",
             tracing::info_span!("flowcontrol_source"),
             move || {
@@ -267,8 +341,8 @@ fn start_flow_control(
         );
     }
     let fc = Arc::downgrade(&flow_control);
-    supervisor.restarting(
-        health,
+    loops.supervisor.restarting(
+        &mut loops.health,
         "loop/flowcontrol-borrowing",
         tracing::info_span!("flowcontrol_borrowing"),
         move || FlowControl::run_borrowing(fc.clone()),
@@ -279,30 +353,25 @@ fn start_flow_control(
 /// The discovery controller (merged discovery and OpenAPI v3) and the OpenAPI v2 loop, with the
 /// readiness check that waits for the first discovery of the APIServices.
 fn start_discovery(
-    config: &Config,
+    refresh: std::time::Duration,
     clients: &Clients,
     routing: &Arc<Routing>,
-    metrics: &Arc<Metrics>,
-    (supervisor, health): (&Supervisor, &mut Health),
-    core_started: CoreStarted,
+    loops: &mut Loops,
 ) -> Arc<DiscoveryCache> {
     let discovery = Arc::new(DiscoveryCache::new(routing.clone()));
-    let synced = Check::unhealthy("discovery controller not started yet");
-    health.register(readiness::CHECK_NAME, health::READY, synced.clone());
+    let not_started = Check::unhealthy("discovery controller not started yet");
+    let synced = loops.check(readiness::CHECK_NAME, health::READY, not_started);
     let (cache, core, routes, m) = (
         discovery.clone(),
         clients.core.clone(),
         routing.clone(),
-        metrics.clone(),
+        loops.metrics.clone(),
     );
-    let (refresh, started) = (
-        config.apiservices.discovery_refresh_interval,
-        core_started.clone(),
-    );
+    let started = loops.core_started.clone();
     // Started again, a controller fetches everything anew; the snapshot it replaces stays
     // served meanwhile.
-    supervisor.restarting(
-        health,
+    loops.supervisor.restarting(
+        &mut loops.health,
         "loop/discovery-controller",
         tracing::info_span!("discovery_controller"),
         move || {
@@ -321,10 +390,11 @@ fn start_discovery(
         discovery.clone(),
         clients.core.clone(),
         routing.clone(),
-        metrics.clone(),
+        loops.metrics.clone(),
     );
-    supervisor.restarting(
-        health,
+    let core_started = loops.core_started.clone();
+    loops.supervisor.restarting(
+        &mut loops.health,
         "loop/openapi-v2",
         tracing::info_span!("openapi_v2"),
         move || {

@@ -22,7 +22,7 @@ mod tls;
 
 use std::sync::Arc;
 
-use gateway_config::{Config, Limits};
+use gateway_config::{Config, Limits, ServingConfig};
 use tracing::Instrument;
 
 use crate::backend::core::CoreSetupError;
@@ -30,7 +30,7 @@ use crate::front::listener::{self, ListenerSettings};
 use crate::metrics::Metrics;
 
 use self::clients::Clients;
-use self::controllers::Controllers;
+use self::controllers::{ControllerSettings, Controllers};
 use self::shutdown::Shutdown;
 use self::tls::{ProxyIdentityReload, ServingTls};
 
@@ -62,65 +62,77 @@ pub enum StartError {
     },
 }
 
+/// Runs the gateway until a signal; each step gets its own part of the configuration, and
+/// nothing else. rustls's process-wide crypto provider must be installed first
+/// (`gateway_config::tls::install_crypto_provider`, as `main` does).
 pub async fn run(config: Config) -> Result<(), StartError> {
-    gateway_config::tls::install_crypto_provider();
-    let metrics = metrics(&config.limits);
+    let Config {
+        listen,
+        serving,
+        authn,
+        authz,
+        proxy_client,
+        trust,
+        core,
+        apiservices,
+        limits,
+        shutdown_delay_duration,
+        shutdown_timeout,
+        leader_election,
+        logging: _,
+        audit,
+        tracing: tracing_config,
+    } = config;
+    let metrics = metrics(&limits);
 
     // 1. Configuration: the certificates, kept current from their files, and the socket.
-    let serving = ServingTls::start(&config.serving, &config.authn, &metrics)?;
-    let socket = tls::bind(config.listen).await?;
-    let shutdown = Shutdown::new();
-    let proxy_identity = ProxyIdentityReload::start(
-        config.proxy_client.clone(),
-        config.serving.cert_reload_interval,
-        &metrics,
-    )?;
+    let serving_tls = ServingTls::start(&serving, &authn, &metrics)?;
+    let socket = tls::bind(listen).await?;
+    let renew_deadline = leader_election.as_ref().map(|l| l.renew_deadline);
+    let shutdown = Shutdown::new(shutdown_delay_duration, shutdown_timeout, renew_deadline);
+    let reload = serving.cert_reload_interval;
+    let proxy_identity = ProxyIdentityReload::start(proxy_client, reload, &metrics)?;
 
     // 2. Clients: the core server, and what rides on its transport.
-    let clients = Clients::start(&config, &proxy_identity, shutdown.drain()).await?;
+    let parts = (&core, &authn, &authz, serving.cert_reload_interval);
+    let clients = Clients::start(parts, &proxy_identity, shutdown.drain()).await?;
 
     // 3. Controllers: what the request path reads, published by loops of their own.
-    let controllers = Controllers::start(
-        &config,
-        &clients,
-        proxy_identity.receiver(),
-        &metrics,
-        shutdown.drain(),
-    )?;
+    let settings = ControllerSettings {
+        apiservices: &apiservices,
+        trust: &trust,
+        client_ca_file: authn.client_ca_file.clone(),
+        leader_election,
+        limits: &limits,
+    };
+    let (receiver, drain) = (proxy_identity.receiver(), shutdown.drain());
+    let controllers = Controllers::start(settings, &clients, receiver, &metrics, drain)?;
 
     // 4. The stack every request crosses, around the router.
-    let tracer_provider = stack::tracer_provider(config.tracing.as_ref())?;
-    let stack = stack::build(
-        &config,
-        clients.authenticator.clone(),
-        controllers.gateway.clone(),
-        tracer_provider.as_ref(),
-    )?;
+    let tracer_provider = stack::tracer_provider(tracing_config.as_ref())?;
+    let (authenticator, gateway) = (clients.authenticator.clone(), controllers.gateway.clone());
+    let parts = (&audit, &authz, &limits);
+    let stack = stack::build(parts, authenticator, gateway, tracer_provider.as_ref())?;
 
     // 5. The listener, until a signal; then shutdown.
-    serving.log_started(socket.address, controllers.gateway.core.url());
-    let settings = ListenerSettings {
-        header_read_timeout: config.limits.header_read_timeout,
-        max_header_bytes: config.limits.max_header_bytes,
-        http2_max_streams: config.serving.http2_max_streams,
-        max_connections: config.serving.max_client_connections,
-    };
-    let server = tokio::spawn(
-        listener::serve(
-            socket.listener,
-            serving.config(),
-            stack,
-            settings,
-            shutdown.stop(),
-        )
-        .instrument(tracing::info_span!("listener")),
-    );
-    shutdown
-        .run(&config, server, controllers, tracer_provider)
-        .await;
+    serving_tls.log_started(socket.address, controllers.gateway.core.url());
+    let (tls, settings) = (serving_tls.config(), listener_settings(&limits, &serving));
+    let serve = listener::serve(socket.listener, tls, stack, settings, shutdown.stop());
+    let server = tokio::spawn(serve.instrument(tracing::info_span!("listener")));
+    shutdown.run(server, controllers, tracer_provider).await;
     // What watched files and fed certificates lives until here.
-    drop((serving, proxy_identity, clients));
+    drop((serving_tls, proxy_identity, clients));
     Ok(())
+}
+
+/// What the listener takes of the configuration: the limits on a client's connection.
+fn listener_settings(limits: &Limits, serving: &ServingConfig) -> ListenerSettings {
+    ListenerSettings {
+        header_read_timeout: limits.header_read_timeout,
+        max_header_bytes: limits.max_header_bytes,
+        http2_max_streams: serving.http2_max_streams,
+        max_connections: serving.max_client_connections,
+    }
 }
 
 /// The metrics registry, with the configured in-flight limits published (kube's older filter
@@ -131,8 +143,8 @@ fn metrics(limits: &Limits) -> Arc<Metrics> {
         return metrics;
     }
     for (kind, limit) in [
-        ("readOnly", limits.max_readonly_inflight),
-        ("mutating", limits.max_mutating_inflight),
+        ("readOnly", limits.max_requests_inflight),
+        ("mutating", limits.max_mutating_requests_inflight),
     ] {
         if limit > 0 {
             metrics

@@ -3,7 +3,8 @@
 //! (load balancers take it out meanwhile), then stops accepting, closes long-running streams
 //! (watches, exec), and lets ordinary requests finish within `--shutdown-timeout`.
 
-use gateway_config::Config;
+use std::time::Duration;
+
 use hyper_util::server::graceful::GracefulShutdown;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tokio::sync::watch;
@@ -16,13 +17,25 @@ use super::controllers::Controllers;
 pub struct Shutdown {
     stop: watch::Sender<bool>,
     drain: watch::Sender<bool>,
+    settings: ShutdownSettings,
 }
 
 impl Shutdown {
-    pub fn new() -> Self {
+    /// Shutdown after `--shutdown-delay-duration`, within `--shutdown-timeout`; with leader
+    /// election, waiting at most its renew deadline for the Lease's release.
+    pub fn new(
+        shutdown_delay_duration: Duration,
+        shutdown_timeout: Duration,
+        leader_elect_renew_deadline: Option<Duration>,
+    ) -> Self {
         Self {
             stop: watch::channel(false).0,
             drain: watch::channel(false).0,
+            settings: ShutdownSettings {
+                shutdown_delay_duration,
+                shutdown_timeout,
+                leader_elect_renew_deadline,
+            },
         }
     }
 
@@ -40,12 +53,12 @@ impl Shutdown {
     /// docs).
     pub async fn run(
         self,
-        config: &Config,
         server: JoinHandle<GracefulShutdown>,
         controllers: Controllers,
         tracer_provider: Option<SdkTracerProvider>,
     ) {
         signal().await;
+        let settings = &self.settings;
         controllers
             .shutdown_check
             .fail("the gateway is shutting down");
@@ -54,8 +67,8 @@ impl Shutdown {
         if let Some(leader) = &controllers.leader {
             let _ = leader.stop.send(true);
         }
-        tracing::info!(delay = ?config.shutdown_delay, "shutdown requested: /readyz now fails; still serving during the delay");
-        tokio::time::sleep(config.shutdown_delay).await;
+        tracing::info!(delay = ?settings.shutdown_delay_duration, "shutdown requested: /readyz now fails; still serving during the delay");
+        tokio::time::sleep(settings.shutdown_delay_duration).await;
 
         self.stop.send_replace(true);
         let graceful = match server.await {
@@ -66,21 +79,31 @@ impl Shutdown {
             }
         };
         self.drain.send_replace(true);
-        tracing::info!(timeout = ?config.shutdown_timeout, "stopped accepting; closing long-running requests and waiting for in-flight ones");
-        match tokio::time::timeout(config.shutdown_timeout, graceful.shutdown()).await {
+        tracing::info!(timeout = ?settings.shutdown_timeout, "stopped accepting; closing long-running requests and waiting for in-flight ones");
+        match tokio::time::timeout(settings.shutdown_timeout, graceful.shutdown()).await {
             Ok(()) => tracing::info!("all connections closed; exiting"),
             Err(_) => {
                 tracing::warn!("shutdown timeout reached with requests still in flight; exiting")
             }
         }
-        if let (Some(leader), Some(settings)) = (controllers.leader, &config.leader_election) {
+        if let (Some(leader), Some(renew_deadline)) =
+            (controllers.leader, settings.leader_elect_renew_deadline)
+        {
             // Released long ago unless the core was slow; bounded like the release itself.
-            let _ = tokio::time::timeout(settings.renew_deadline, leader.task).await;
+            let _ = tokio::time::timeout(renew_deadline, leader.task).await;
         }
         if let Some(provider) = tracer_provider {
             crate::otel::shutdown(provider).await;
         }
     }
+}
+
+/// What shutdown takes of the configuration.
+struct ShutdownSettings {
+    shutdown_delay_duration: Duration,
+    shutdown_timeout: Duration,
+    /// With leader election: how long the Lease's release may take.
+    leader_elect_renew_deadline: Option<Duration>,
 }
 
 async fn signal() {

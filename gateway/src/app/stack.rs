@@ -5,7 +5,7 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use gateway_config::{AuditConfig, AuditLevel, Config, TracingConfig};
+use gateway_config::{AuditConfig, AuditLevel, AuthzConfig, Limits, TracingConfig};
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tower::{Service, ServiceBuilder};
 
@@ -30,7 +30,7 @@ use crate::metrics::Metrics;
 
 /// The stack around the router, ready for the listener.
 pub fn build(
-    config: &Config,
+    (audit, authz, limits): (&AuditConfig, &AuthzConfig, &Limits),
     authenticator: Arc<Authenticator>,
     gateway: Arc<Gateway>,
     tracer_provider: Option<&SdkTracerProvider>,
@@ -42,7 +42,7 @@ pub fn build(
     StartError,
 > {
     let metrics = gateway.metrics.clone();
-    let audit = audit_sink(&config.audit, &metrics)?;
+    let audit = audit_sink(audit, &metrics)?;
     // The debug dumps of API Priority and Fairness are authorized whatever the two flags say:
     // they name the users, verbs and paths in flight, and kube-apiserver authorizes them like
     // every path (there is no flag there that makes them public). The flags turn off what the
@@ -50,11 +50,11 @@ pub fn build(
     // turning them off does not expect who-asks-for-what to be served to `system:anonymous`.
     // So the dumps always cost a SubjectAccessReview on the core, as they would in kube.
     let dumps = gateway.flow_control.is_some();
-    let authorizer = (config.authz.webhook || config.authz.authorize_metrics || dumps).then(|| {
+    let authorizer = (authz.webhook || authz.authorize_metrics || dumps).then(|| {
         Arc::new(Authorizer::new(
             kube_client::client(gateway.core.clone()),
             gateway.routing.clone(),
-            &config.authz,
+            authz,
             dumps,
         ))
     });
@@ -69,14 +69,17 @@ pub fn build(
         .layer(Authn::layer(authenticator))
         .layer(AuditCapture::layer())
         .layer(LimitsService::layer(
-            &config.limits,
+            limits,
             Some(gateway.routing.clone()),
             metrics,
         ))
-        .layer(TimeoutService::layer(config.limits.request_timeout))
-        .option_layer(gateway.flow_control.clone().map(|fc| {
-            PriorityAndFairness::layer(fc, config.limits.request_timeout, &gateway.metrics)
-        }))
+        .layer(TimeoutService::layer(limits.request_timeout))
+        .option_layer(
+            gateway
+                .flow_control
+                .clone()
+                .map(|fc| PriorityAndFairness::layer(fc, limits.request_timeout, &gateway.metrics)),
+        )
         .layer(Authz::layer(authorizer))
         .service(Router::new(gateway)))
 }

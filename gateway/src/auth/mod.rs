@@ -562,12 +562,14 @@ impl Authenticator {
 
 /// Builds the authenticator from the configuration, with a watch that reloads the client and
 /// request-header CAs when their files change (kept alive by holding the returned watcher).
-/// Impersonation decisions are cached with the authorization TTLs.
+/// Impersonation decisions are cached with the authorization TTLs; the CA files are checked
+/// every `--cert-reload-interval`.
 pub fn start(
-    config: &gateway_config::Config,
+    authn: &gateway_config::AuthnConfig,
+    authz: &gateway_config::AuthzConfig,
+    cert_reload_interval: std::time::Duration,
     client: kube::Client,
 ) -> Result<(Arc<Authenticator>, Option<notify::RecommendedWatcher>), TlsError> {
-    let authn = &config.authn;
     let certs = if authn.client_ca_file.is_some() || authn.requestheader_client_ca_file.is_some() {
         Some(CertAuthenticator::new(
             authn.client_ca_file.clone(),
@@ -589,13 +591,13 @@ pub fn start(
         tokens,
         AuthnSettings {
             anonymous: authn.anonymous,
-            constrained_impersonation: config.authz.constrained_impersonation,
+            constrained_impersonation: authz.constrained_impersonation,
         },
         client,
         DecisionCache::new(
             "SubjectAccessReview for impersonation",
-            config.authz.cache_authorized_ttl,
-            config.authz.cache_unauthorized_ttl,
+            authz.cache_authorized_ttl,
+            authz.cache_unauthorized_ttl,
         ),
     ));
     let files = authenticator.certs().map(|c| c.files()).unwrap_or_default();
@@ -603,15 +605,11 @@ pub fn start(
         None
     } else {
         let reloading = authenticator.clone();
-        match gateway_config::tls::watch_files(
-            &files,
-            config.serving.cert_reload_interval,
-            move || {
-                if let Some(certs) = reloading.certs() {
-                    certs.reload();
-                }
-            },
-        ) {
+        match gateway_config::tls::watch_files(&files, cert_reload_interval, move || {
+            if let Some(certs) = reloading.certs() {
+                certs.reload();
+            }
+        }) {
             Ok(w) => Some(w),
             Err(e) => {
                 tracing::warn!(error = %e, "client CA files are not watched; changes need a restart");

@@ -27,14 +27,14 @@ use tokio::sync::watch;
 
 use crate::workqueue::Queue;
 
-use super::balance::Picked;
+use super::balance::{PickError, Picked};
 use super::failures::{FailureSignal, Watched};
-use super::pool::{self, Connector, PoolError, PoolSettings, ServiceConnections};
+use super::pool::{Connector, PoolError, PoolSettings, ServiceConnections};
 use super::probe::{Probe, ProbeError};
-use super::retry::{self, Failure, Replay};
+use super::retry::{self, Attempts, Replay};
 use crate::backend::proxy::{self, Upstream};
 use crate::body::{self, Body, Request, Response};
-use crate::error::GatewayError;
+use crate::error::{GatewayError, Unreachable};
 use crate::identity::{set_identity_headers, UserInfo, DISCOVERY_USER, OPENAPI_USER};
 
 /// kube-aggregator's limit for `/apis/<group>/<version>` discovery through the proxy.
@@ -253,12 +253,10 @@ impl RemoteBackend {
         let endpoint = self
             .resolver
             .resolve(&self.spec.service)
-            .map_err(|e| self.unavailable(e.message))?;
+            .map_err(|e| self.unavailable(e))?;
         let authority: Authority = endpoint.authority().parse().map_err(|_| {
-            self.unavailable(format!(
-                "resolved address {:?} is not valid",
-                endpoint.authority()
-            ))
+            let invalid = PickError::InvalidAddress(endpoint.authority().to_owned());
+            self.unavailable(Unreachable::Pick(Box::new(invalid)))
         })?;
         Ok(Upstream {
             scheme: Scheme::HTTPS,
@@ -266,10 +264,10 @@ impl RemoteBackend {
         })
     }
 
-    fn unavailable(&self, reason: impl Into<String>) -> GatewayError {
+    fn unavailable(&self, cause: impl Into<Unreachable>) -> GatewayError {
         GatewayError::BackendUnavailable {
             api_service: self.name.to_string(),
-            reason: reason.into(),
+            cause: cause.into(),
         }
     }
 
@@ -284,7 +282,7 @@ impl RemoteBackend {
         let endpoints = self
             .resolver
             .endpoints(&self.spec.service)
-            .map_err(|e| self.unavailable(e.message))?;
+            .map_err(|e| self.unavailable(e))?;
         let upgrade = proxy::is_upgrade(req.headers());
         let discovery = is_group_version_discovery(req.method(), req.uri().path());
         let first = self.pick(&endpoints, None)?;
@@ -314,7 +312,12 @@ impl RemoteBackend {
         let resp = if discovery {
             tokio::time::timeout_at(discovery_deadline, send)
                 .await
-                .map_err(|_| self.unavailable("discovery did not answer within 5s"))?
+                .map_err(|_| {
+                    self.unavailable(Unreachable::Timeout {
+                        what: "discovery".into(),
+                        after: DISCOVERY_TIMEOUT,
+                    })
+                })?
         } else {
             send.await
         }?;
@@ -347,7 +350,7 @@ impl RemoteBackend {
         self.connections
             .balancer()
             .pick(endpoints, avoid)
-            .map_err(|e| self.unavailable(e.to_string()))
+            .map_err(|e| self.unavailable(Unreachable::Pick(Box::new(e))))
     }
 
     /// Sends `req` (prepared for `first`) and, when it fails in a way `retry` allows, again on
@@ -362,23 +365,15 @@ impl RemoteBackend {
         http1: bool,
         long_running: bool,
     ) -> Result<http::Response<Body>, GatewayError> {
-        let method = req.method().clone();
         let (req, replay) = Replay::keep(req, long_running).await?;
         let (mut req, caller_body) = retry::watch_body(req);
+        let mut attempts = Attempts::new(req.method().clone());
         let mut picked = first;
-        let mut sent_again_after_sending = false;
-        // Set at the first failure: every attempt after it must have its connection by then,
-        // so a frozen backend costs a request at most `DIAL_TIMEOUT` of dialing in all, or the
-        // PING that found its connection dead and `RETRY_DIAL_BUDGET` (see the README).
-        let started = tokio::time::Instant::now();
-        let mut dial_deadline = None;
-        // Endpoints no connection could be made to within this request, or whose kept
-        // connection failed: not tried again.
-        let mut unreachable: Vec<Authority> = Vec::new();
-        for attempt in 1..=retry::MAX_ATTEMPTS {
+        loop {
             let sent = if http1 {
                 self.connections.send_http1(req).await
             } else {
+                let dial_deadline = attempts.dial_deadline();
                 self.connections
                     .send_dialing_until(req, dial_deadline)
                     .await
@@ -402,50 +397,27 @@ impl RemoteBackend {
                      matches its Content-Length"
                 )));
             }
-            let failure = Failure::of(&e);
-            let deadline = *dial_deadline.get_or_insert_with(|| {
-                (tokio::time::Instant::now() + pool::RETRY_DIAL_BUDGET)
-                    .min(started + pool::DIAL_TIMEOUT)
-            });
-            // Its kept connection failed too (a frozen process): no new connection would be
-            // answered either.
-            if failure == Failure::Unreachable
-                || self.connections.unresponsive(&picked.health.authority)
-            {
-                unreachable.push(picked.health.authority.clone());
-            }
-            let next = endpoints
-                .iter()
-                .filter_map(|e| e.authority().parse::<Authority>().ok())
-                .any(|a| !unreachable.contains(&a));
+            let failure = e.failure();
+            let endpoint = &picked.health.authority;
+            let frozen = self.connections.unresponsive(endpoint);
             let again = match &replay {
-                Some(replay)
-                    if attempt < retry::MAX_ATTEMPTS
-                        && next
-                        && tokio::time::Instant::now() < deadline
-                        && failure.may_send_again(&method)
-                        && !(failure == Failure::AfterSending && sent_again_after_sending) =>
-                {
-                    replay
-                }
+                Some(replay) if attempts.again(failure, endpoint, frozen, endpoints) => replay,
                 _ => return Err(self.failed_request(&picked, endpoints.len(), e)),
             };
             if failure.is_endpoint_failure() {
                 self.note_endpoint_failure(&picked, endpoints.len(), &e);
             }
-            sent_again_after_sending |= failure == Failure::AfterSending;
             tracing::debug!(
                 error = %e,
-                attempt,
-                endpoint = %picked.health.authority,
+                attempt = attempts.failed(),
+                endpoint = %endpoint,
                 "request failed before reaching the backend's answer; sending again"
             );
-            let next = self.pick(endpoints, Some(&picked.health.authority))?;
+            let next = self.pick(endpoints, Some(endpoint))?;
             req = again.request();
             proxy::set_upstream(&mut req, &upstream_at(&next));
             picked = next;
         }
-        unreachable!("the last attempt returns")
     }
 
     /// The availability probe: `GET /apis/<group>/<version>` (`/api/<version>` for the legacy
@@ -494,7 +466,7 @@ impl RemoteBackend {
         let endpoints = self
             .resolver
             .endpoints(&self.spec.service)
-            .map_err(|e| self.unavailable(e.message))?;
+            .map_err(|e| self.unavailable(e))?;
         let first = self.pick(&endpoints, None)?;
         let mut req = http::Request::builder()
             .method(Method::GET)
@@ -508,10 +480,10 @@ impl RemoteBackend {
         set_identity_headers(req.headers_mut(), own_identity(path_and_query))
             .map_err(|e| GatewayError::Internal(e.to_string()))?;
         match tokio::time::timeout(timeout, self.send(req, &endpoints, first, false, false)).await {
-            Err(_) => Err(self.unavailable(format!(
-                "GET {path_and_query} did not answer within {}s",
-                timeout.as_secs()
-            ))),
+            Err(_) => Err(self.unavailable(Unreachable::Timeout {
+                what: format!("GET {path_and_query}"),
+                after: timeout,
+            })),
             Ok(result) => result,
         }
     }
@@ -527,7 +499,7 @@ impl RemoteBackend {
     /// request body failed, nor when the pool only ran out of streams, which say nothing about
     /// the backend.
     fn failed_request(&self, picked: &Picked, endpoints: usize, e: PoolError) -> GatewayError {
-        if Failure::of(&e).is_endpoint_failure() {
+        if e.failure().is_endpoint_failure() {
             self.note_endpoint_failure(picked, endpoints, &e);
         }
         self.transport_error(e)
@@ -545,13 +517,12 @@ impl RemoteBackend {
     }
 
     fn transport_error(&self, e: PoolError) -> GatewayError {
-        if let PoolError::Exhausted { .. } | PoolError::NoConnection { .. } = e {
-            return self.unavailable(e.to_string());
-        }
-        self.unavailable(format!(
-            "error trying to reach service: {}",
-            crate::error::chain(&e)
-        ))
+        self.unavailable(match e {
+            PoolError::Exhausted { .. } | PoolError::NoConnection { .. } => {
+                Unreachable::Pool(Box::new(e))
+            }
+            e => Unreachable::Transport(Box::new(e)),
+        })
     }
 }
 

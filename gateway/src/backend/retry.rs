@@ -27,11 +27,14 @@ use std::error::Error;
 use std::sync::Arc;
 use std::time::Duration;
 
+use apiservice::resolve::Endpoint;
 use bytes::Bytes;
+use http::uri::Authority;
 use http::{HeaderMap, Method, Uri, Version};
 use http_body_util::BodyExt;
+use tokio::time::Instant;
 
-use super::pool::{refused_unprocessed, PoolError};
+use super::pool::{self, refused_unprocessed, PoolError};
 use crate::body::{self, Request};
 use crate::error::GatewayError;
 
@@ -60,21 +63,27 @@ pub enum Failure {
     NotTheBackend,
 }
 
+// === impl PoolError ===
+
+impl PoolError {
+    /// What this failure says about the backend and the request, which decides whether it is
+    /// sent again (see [`Attempts::again`]).
+    pub fn failure(&self) -> Failure {
+        match self {
+            PoolError::Exhausted { .. } => Failure::NotTheBackend,
+            PoolError::Connect(_) | PoolError::NoConnection { .. } => Failure::Unreachable,
+            PoolError::Upgrade(e) if e.is_connect() => Failure::Unreachable,
+            _ if caused_by_request_body(self) => Failure::NotTheBackend,
+            PoolError::Upgrade(e) if refused_unprocessed(e) => Failure::Refused,
+            PoolError::Request(e) if refused_unprocessed(e) => Failure::Refused,
+            PoolError::Upgrade(_) | PoolError::Request(_) => Failure::AfterSending,
+        }
+    }
+}
+
 // === impl Failure ===
 
 impl Failure {
-    pub fn of(e: &PoolError) -> Self {
-        match e {
-            PoolError::Exhausted { .. } => Self::NotTheBackend,
-            PoolError::Connect(_) | PoolError::NoConnection { .. } => Self::Unreachable,
-            PoolError::Upgrade(e) if e.is_connect() => Self::Unreachable,
-            _ if caused_by_request_body(e) => Self::NotTheBackend,
-            PoolError::Upgrade(e) if refused_unprocessed(e) => Self::Refused,
-            PoolError::Request(e) if refused_unprocessed(e) => Self::Refused,
-            PoolError::Upgrade(_) | PoolError::Request(_) => Self::AfterSending,
-        }
-    }
-
     /// Whether the endpoint it happened on counts it against its health (see `balance`).
     pub fn is_endpoint_failure(self) -> bool {
         matches!(self, Self::Unreachable | Self::AfterSending)
@@ -87,6 +96,76 @@ impl Failure {
             Self::AfterSending => is_replayable_after_sending(method),
             Self::NotTheBackend => false,
         }
+    }
+}
+
+/// The attempts of one request so far, and what they allow next (see the module docs).
+pub struct Attempts {
+    method: Method,
+    made: usize,
+    started: Instant,
+    /// Set at the first failure: every attempt after it must have its connection by then, so a
+    /// frozen backend costs a request at most `DIAL_TIMEOUT` of dialing in all, or the PING that
+    /// found its connection dead and `RETRY_DIAL_BUDGET` (see the README).
+    dial_deadline: Option<Instant>,
+    /// Endpoints no connection could be made to within this request, or whose kept connection
+    /// failed: not tried again.
+    unreachable: Vec<Authority>,
+    sent_again_after_sending: bool,
+}
+
+// === impl Attempts ===
+
+impl Attempts {
+    pub fn new(method: Method) -> Self {
+        Self {
+            method,
+            made: 0,
+            started: Instant::now(),
+            dial_deadline: None,
+            unreachable: Vec::new(),
+            sent_again_after_sending: false,
+        }
+    }
+
+    /// How many attempts have failed.
+    pub fn failed(&self) -> usize {
+        self.made
+    }
+
+    /// By when the next attempt must have its connection (none before the first failure).
+    pub fn dial_deadline(&self) -> Option<Instant> {
+        self.dial_deadline
+    }
+
+    /// After an attempt on `endpoint` failed with `failure`: whether the request may be sent
+    /// again, on one of `endpoints` not found unreachable. `frozen`: the endpoint's kept
+    /// connection failed too, so no new connection to it would be answered either.
+    pub fn again(
+        &mut self,
+        failure: Failure,
+        endpoint: &Authority,
+        frozen: bool,
+        endpoints: &[Endpoint],
+    ) -> bool {
+        self.made += 1;
+        let deadline = *self.dial_deadline.get_or_insert_with(|| {
+            (Instant::now() + pool::RETRY_DIAL_BUDGET).min(self.started + pool::DIAL_TIMEOUT)
+        });
+        if failure == Failure::Unreachable || frozen {
+            self.unreachable.push(endpoint.clone());
+        }
+        let another = endpoints
+            .iter()
+            .filter_map(|e| e.authority().parse::<Authority>().ok())
+            .any(|a| !self.unreachable.contains(&a));
+        let again = self.made < MAX_ATTEMPTS
+            && another
+            && Instant::now() < deadline
+            && failure.may_send_again(&self.method)
+            && !(failure == Failure::AfterSending && self.sent_again_after_sending);
+        self.sent_again_after_sending |= again && failure == Failure::AfterSending;
+        again
     }
 }
 
@@ -344,7 +423,7 @@ mod tests {
     #[test]
     fn only_refusals_and_unreachable_endpoints_resend_any_method() {
         let refused = Failure::Refused;
-        let unreachable = Failure::of(&PoolError::Connect("refused".into()));
+        let unreachable = PoolError::Connect("refused".into()).failure();
         assert_eq!(unreachable, Failure::Unreachable);
         for f in [refused, unreachable] {
             assert!(f.may_send_again(&Method::POST));

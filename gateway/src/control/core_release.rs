@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use apiservice::discovery::ServedVersions;
+use gateway_flowcontrol::{bootstrap, FlowControl};
 use http::header;
 use serde::Deserialize;
 
@@ -19,7 +20,7 @@ use crate::backend::core::CoreBackend;
 use crate::control::core_readiness::CoreStarted;
 use crate::control::discovery::fetch::{aggregated_version, FetchError, Source};
 use crate::control::discovery::DiscoveryCache;
-use crate::control::flowcontrol::{self, bootstrap, FlowControl};
+use crate::control::flowcontrol;
 
 /// The newest minor release of Kubernetes 1 the project's suites run against.
 pub const NEWEST_TESTED_MINOR: u32 = 36;

@@ -5,10 +5,10 @@
 //! kube's role for them is cluster-admin's or one naming
 //! `/debug/api_priority_and_fairness/*`.
 
+use gateway_flowcontrol::FlowControl;
 use http::{header, HeaderValue};
 
 use crate::body::{full, Response};
-use crate::control::flowcontrol::FlowControl;
 use crate::request_info::query_value;
 
 /// Where the dumps live.

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use apiservice::route_table::Lookup;
+use gateway_flowcontrol::FlowControl;
 use http::{header, HeaderValue, Method};
 use tower::Service;
 
@@ -15,8 +16,7 @@ use crate::body::BoxFuture;
 use crate::body::{full, BoxError, Request, Response};
 use crate::control::apiservices::{Routes, Routing, Target};
 use crate::control::discovery::DiscoveryCache;
-use crate::control::flowcontrol::FlowControl;
-use crate::error::GatewayError;
+use crate::error::{GatewayError, Unreachable};
 use crate::extensions::{RequestContext, RoutedTo, WatchInitialization};
 use crate::handlers::apiservice_printing;
 use crate::handlers::health::Health;
@@ -159,12 +159,12 @@ impl Service<Request> for Router {
                     },
                     Target::Broken(why) => Err(GatewayError::BackendUnavailable {
                         api_service: route.api_service.name.clone(),
-                        reason: why.to_string(),
+                        cause: Unreachable::NotAvailable(why.to_string()),
                     }),
                     Target::Remote(_) if !route.available.is_available() => {
                         Err(GatewayError::BackendUnavailable {
                             api_service: route.api_service.name.clone(),
-                            reason: unavailable_reason(&route.available),
+                            cause: Unreachable::NotAvailable(unavailable_reason(&route.available)),
                         })
                     }
                     Target::Remote(backend) => {

@@ -189,6 +189,17 @@ impl Gateway {
         )))
     }
 
+    /// An HTTP/1.1 client trusting this gateway's serving certificate, presenting `user`'s
+    /// client certificate when one is given.
+    pub fn http1_client(&self, user: Option<&CertifiedPair>) -> HttpClient {
+        http1_client(&self.ca_pem().unwrap(), user).unwrap()
+    }
+
+    /// The same over HTTP/2.
+    pub fn http2_client(&self, user: Option<&CertifiedPair>) -> HttpClient {
+        http2_client(&self.ca_pem().unwrap(), user).unwrap()
+    }
+
     /// A kubectl (default version) pointed at this gateway and trusting its serving certificate,
     /// presenting the bearer token [`DEFAULT_TOKEN`]: over TLS, kubectl refuses to run without some
     /// credential (it prompts for a basic-auth user name and fails with `error: EOF` on a closed

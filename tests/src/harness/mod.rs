@@ -117,6 +117,19 @@ where
     }
 }
 
+/// Fails unless `took` (how long a reaction took; `None`: not seen) is at most `bound`.
+pub fn assert_within(what: &str, took: Option<Duration>, bound: Duration) {
+    match took {
+        Some(took) => assert!(
+            took <= bound,
+            "{what}: took {:.2} s, more than the bound of {:.2} s",
+            took.as_secs_f64(),
+            bound.as_secs_f64()
+        ),
+        None => panic!("{what}: not seen at all"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -296,21 +296,9 @@ impl Process {
     }
 
     /// Sends a signal by name (e.g. `"TERM"`, `"INT"`, `"HUP"`), for graceful-shutdown and reload
-    /// tests. Uses the `kill` utility to avoid a libc dependency.
+    /// tests.
     pub fn signal(&self, signal: &str) -> Result<(), HarnessError> {
-        let status = Command::new("kill")
-            .arg(format!("-{signal}"))
-            .arg(self.child.id().to_string())
-            .status()
-            .map_err(io_err("running kill"))?;
-        if status.success() {
-            Ok(())
-        } else {
-            Err(HarnessError::Io {
-                context: format!("kill -{signal} {}", self.child.id()),
-                source: std::io::Error::other(format!("exited with {status}")),
-            })
-        }
+        signal_pid(signal, self.child.id())
     }
 
     /// Waits up to `timeout` for the process to exit; `None` if it is still running.
@@ -363,4 +351,39 @@ impl Drop for Process {
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // A panicking test thread must not hide the logs from everyone else.
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Sends a signal by name to any process, one the harness started or not (a real server's,
+/// a fixture's). Uses the `kill` utility to avoid a libc dependency.
+pub fn signal_pid(signal: &str, pid: u32) -> Result<(), HarnessError> {
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .map_err(io_err("running kill"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(HarnessError::Io {
+            context: format!("kill -{signal} {pid}"),
+            source: std::io::Error::other(format!("exited with {status}")),
+        })
+    }
+}
+
+/// A process frozen with SIGSTOP, resumed with SIGCONT when dropped, so a failing test leaves
+/// nothing stopped.
+pub struct Stopped(u32);
+
+impl Stopped {
+    pub fn stop(pid: u32) -> Stopped {
+        signal_pid("STOP", pid).unwrap();
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let _ = signal_pid("CONT", self.0);
+    }
 }

@@ -41,6 +41,38 @@ pub async fn core_requests(core: &FixtureCore) -> Vec<Value> {
     serde_json::from_slice(&body).unwrap()
 }
 
+/// The values of header `name` (any case) in a request a fixture recorded
+/// (`{"headers": [[name, value], ...]}`), in the order they came.
+pub fn recorded_header(request: &Value, name: &str) -> Vec<String> {
+    recorded_header_pairs(request)
+        .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.to_owned())
+        .collect()
+}
+
+/// The header names of a recorded request, as they were spelled.
+pub fn recorded_header_names(request: &Value) -> Vec<String> {
+    recorded_header_pairs(request)
+        .map(|(n, _)| n.to_owned())
+        .collect()
+}
+
+fn recorded_header_pairs(request: &Value) -> impl Iterator<Item = (&str, &str)> {
+    request["headers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|pair| Some((pair[0].as_str()?, pair[1].as_str()?)))
+}
+
+/// The first request in `requests` (as [`core_requests`] returns them) whose path is `path`.
+pub fn recorded<'a>(requests: &'a [Value], path: &str) -> &'a Value {
+    requests
+        .iter()
+        .find(|r| r["path"] == path)
+        .unwrap_or_else(|| panic!("the core never saw {path}: {requests:?}"))
+}
+
 /// The recorded POSTs whose path contains `fragment` (e.g. `subjectaccessreviews`).
 pub async fn core_posts(core: &FixtureCore, fragment: &str) -> Vec<Value> {
     core_requests(core)

@@ -165,7 +165,7 @@ impl Pki {
         let gateway = self.spawn_gateway(core, config, extra).await;
         // A session starts once the gateway is ready: before its APIService source has synced,
         // unclaimed `/apis/<group>` paths answer 503 (by design) rather than the core's 404.
-        let client = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
+        let client = gateway.http1_client(None);
         let readyz = format!("{}/readyz", gateway.url());
         let ready = harness::wait_until(std::time::Duration::from_secs(10), || async {
             harness::get(&client, &readyz)

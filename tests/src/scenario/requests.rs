@@ -65,7 +65,7 @@ pub async fn serves(
 
 /// `/metrics`, fetched anonymously over HTTP/1.1.
 pub async fn metrics(gateway: &Gateway) -> String {
-    let client = harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
+    let client = gateway.http1_client(None);
     let (status, _, body) = harness::get(&client, &format!("{}/metrics", gateway.url()))
         .await
         .unwrap();

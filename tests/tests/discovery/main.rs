@@ -760,7 +760,7 @@ async fn with_no_apiservice_of_its_own_apis_is_the_cores() {
     }
     let s = Scenario::builder().core_args(&core_args).start().await;
     let alice = s.user("alice", &[]);
-    let direct = harness::http1_client(&s.gateway.ca_pem().unwrap(), None).unwrap();
+    let direct = s.gateway.http1_client(None);
     for (accept, what) in [
         (AGG, "v2"),
         (V2BETA1, "v2beta1"),

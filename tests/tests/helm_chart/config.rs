@@ -134,6 +134,69 @@ fn rendered_config_is_accepted_by_the_gateway_options_parser_and_validation() {
     );
 }
 
+/// The chart's default values configure the gateway with the gateway's own defaults, so a
+/// default is written once (in the config crate's validation) and the chart is checked against
+/// it. The chart's deliberate choices for a Pod are named here: it listens on every address,
+/// waits 10 s after SIGTERM for the endpoints to drop it, and reaches the cluster's API server.
+#[test]
+fn its_defaults_are_the_gateways() {
+    let r = Rendered::of(None);
+    let fs = FakePodFs::new(&r);
+    let text = fs.rewrite(&r.config_text());
+    let options: gateway_config::Options = serde_saphyr::from_str(&text).unwrap();
+    let chart = options.validate().unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let gateway = gateway_config::Options::default().validate().unwrap();
+    let settings = |c: &gateway_config::Config| {
+        vec![
+            ("limits", format!("{:?}", c.limits)),
+            (
+                "authentication caches",
+                format!(
+                    "anonymous {} webhook {} ttl {:?}/{:?}",
+                    c.authn.anonymous,
+                    c.authn.token_webhook,
+                    c.authn.token_cache_ttl,
+                    c.authn.token_cache_unauthorized_ttl
+                ),
+            ),
+            (
+                "authorization",
+                format!(
+                    "webhook {} ttl {:?}/{:?} metrics {} constrained {}",
+                    c.authz.webhook,
+                    c.authz.cache_authorized_ttl,
+                    c.authz.cache_unauthorized_ttl,
+                    c.authz.authorize_metrics,
+                    c.authz.constrained_impersonation
+                ),
+            ),
+            (
+                "apiservices",
+                format!(
+                    "routing {} redirects {} every {:?} discovery {:?} readyz {}",
+                    c.apiservices.endpoint_routing,
+                    c.apiservices.aggregator_reject_forwarding_redirect,
+                    c.apiservices.availability_interval,
+                    c.apiservices.discovery_refresh_interval,
+                    c.apiservices.readyz_reachable
+                ),
+            ),
+            ("shutdown timeout", format!("{:?}", c.shutdown_timeout)),
+            ("listen port", c.listen.port().to_string()),
+        ]
+    };
+    for ((what, from_chart), (_, default)) in settings(&chart).into_iter().zip(settings(&gateway)) {
+        assert_eq!(
+            from_chart, default,
+            "{what}: the chart's default values differ from the gateway's defaults\n{text}"
+        );
+    }
+    assert_eq!(
+        chart.shutdown_delay_duration,
+        std::time::Duration::from_secs(10)
+    );
+}
+
 /// The gateway binary, built once per test process by the harness (as every e2e test builds it).
 fn gateway_binary() -> PathBuf {
     ensure_gateway_built().unwrap_or_else(|e| panic!("{e}"))

@@ -16,7 +16,7 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use e2e::harness::{self, HttpClient};
+use e2e::harness::{self, assert_within, HttpClient, Stopped};
 use e2e::real::sample_apiserver::{WARDLE_APISERVICE, WARDLE_GROUP, WARDLE_VERSION};
 use http::StatusCode;
 
@@ -149,24 +149,6 @@ fn ms(took: Option<Duration>) -> String {
     )
 }
 
-fn signal(name: &str, pid: u32) {
-    let status = std::process::Command::new("kill")
-        .arg(format!("-{name}"))
-        .arg(pid.to_string())
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill -{name} {pid}: {status}");
-}
-
-/// Resumes sample-apiserver when dropped, so a failing check leaves nothing stopped.
-struct Stopped(u32);
-
-impl Drop for Stopped {
-    fn drop(&mut self) {
-        signal("CONT", self.0);
-    }
-}
-
 /// What one side showed after the freeze.
 struct Frozen {
     request: Option<(Duration, StatusCode)>,
@@ -203,17 +185,6 @@ async fn frozen(side: &Side<'_>, since: Instant) -> Frozen {
     }
 }
 
-fn assert_within(what: &str, took: Option<Duration>, goal: Duration) {
-    match took {
-        Some(took) => assert!(
-            took <= goal,
-            "{what}: {:.1} s, over the goal of {goal:?}",
-            took.as_secs_f64()
-        ),
-        None => panic!("{what}: not seen within 60 s"),
-    }
-}
-
 pub async fn frozen_then_killed(real: &Real) {
     let gateway = Side {
         name: "gateway",
@@ -241,8 +212,7 @@ pub async fn frozen_then_killed(real: &Real) {
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     let since = Instant::now();
-    signal("STOP", pid);
-    let stopped = Stopped(pid);
+    let stopped = Stopped::stop(pid);
     let (on_gateway, _) = tokio::join!(frozen(&gateway, since), frozen(&kube, since));
     drop(stopped);
 
@@ -260,7 +230,7 @@ pub async fn frozen_then_killed(real: &Real) {
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     let since = Instant::now();
-    signal("KILL", pid);
+    harness::signal_pid("KILL", pid).unwrap();
     let limit = Duration::from_secs(40);
     let (g_stale, g_unavailable, k_stale, k_unavailable) = tokio::join!(
         reaction(since, limit, || gateway.stale()),

@@ -146,14 +146,14 @@ impl Real {
 
     /// HTTP/1.1 to the gateway, trusting its serving certificate.
     pub fn gateway_client(&self) -> HttpClient {
-        http1_client(&self.gateway.ca_pem().unwrap(), None).unwrap()
+        self.gateway.http1_client(None)
     }
 
     /// HTTP/2 to kube-apiserver and to the gateway.
     pub fn h2_clients(&self) -> (HttpClient, HttpClient) {
         (
             http2_client(self.plane.pki.cluster_ca.cert_pem(), None).unwrap(),
-            http2_client(&self.gateway.ca_pem().unwrap(), None).unwrap(),
+            self.gateway.http2_client(None),
         )
     }
 
@@ -191,7 +191,7 @@ impl Real {
     /// Whether the gateway's `/readyz` passes (for checks that start more gateways).
     #[allow(dead_code)]
     pub async fn gateway_ready(&self, gateway: &Gateway) -> bool {
-        let client = http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
+        let client = gateway.http1_client(None);
         matches!(
             get(&client, &format!("{}/readyz", gateway.url())).await,
             Ok((StatusCode::OK, _, _))

@@ -71,7 +71,7 @@ async fn gateway_with_own_ca(real: &Real, ca: &TestCa, manage: bool) -> Gateway 
 
 /// Status and body of listing flunders through `gateway` as admin.
 async fn list_flunders(real: &Real, gateway: &Gateway) -> (StatusCode, String) {
-    let client = e2e::harness::http1_client(&gateway.ca_pem().unwrap(), None).unwrap();
+    let client = gateway.http1_client(None);
     let url = format!("{}/apis/{WARDLE_GROUP}/v1alpha1/flunders", gateway.url());
     match e2e::harness::send(&client, real.admin_request(&url, "application/json")).await {
         Ok((status, _, body)) => (status, String::from_utf8_lossy(&body).into_owned()),

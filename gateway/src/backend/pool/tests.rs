@@ -230,7 +230,7 @@ async fn a_refused_stream_retires_its_connection() {
         panic!("the backend refused the stream, yet it was answered");
     };
     assert_eq!(
-        crate::backend::retry::Failure::of(&err),
+        err.failure(),
         crate::backend::retry::Failure::Refused,
         "{err}"
     );

@@ -22,9 +22,9 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Resource, ResourceExt};
 use tracing::{debug, info, Instrument};
 
-use super::bootstrap::Release;
-use super::controller::Summary;
-use super::FlowControl;
+use gateway_flowcontrol::bootstrap::Release;
+use gateway_flowcontrol::controller::Summary;
+use gateway_flowcontrol::FlowControl;
 
 /// What the core says about one of the two kinds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -258,7 +258,7 @@ mod tests {
     use prometheus::Registry;
 
     use super::*;
-    use crate::control::flowcontrol::controller::built_in_objects;
+    use gateway_flowcontrol::controller::built_in_objects;
 
     type Tx<K> = mpsc::UnboundedSender<Result<watcher::Event<K>, watcher::Error>>;
 

@@ -129,7 +129,7 @@ pub struct LimitsService<S> {
 
 impl<S> LimitsService<S> {
     /// `routing` tells requests to remote APIServices apart (their body limit is
-    /// `max_remote_request_body_bytes`); without it every request gets `max_request_body_bytes`.
+    /// `apiservice_max_request_body_bytes`); without it every request gets `max_request_body_bytes`.
     pub fn layer(
         limits: &gateway_config::Limits,
         routing: Option<Arc<Routing>>,
@@ -143,10 +143,10 @@ impl<S> LimitsService<S> {
         };
         let limits = Shared {
             inflight: !limits.priority_and_fairness,
-            readonly: slots(limits.max_readonly_inflight),
-            mutating: slots(limits.max_mutating_inflight),
+            readonly: slots(limits.max_requests_inflight),
+            mutating: slots(limits.max_mutating_requests_inflight),
             max_body: limits.max_request_body_bytes,
-            max_remote_body: limits.max_remote_request_body_bytes,
+            max_remote_body: limits.apiservice_max_request_body_bytes,
             routing,
             metrics,
         };
@@ -352,11 +352,11 @@ mod tests {
     fn limits(readonly: u32, max_body: u64) -> gateway_config::Limits {
         gateway_config::Limits {
             priority_and_fairness: false,
-            max_readonly_inflight: readonly,
-            max_mutating_inflight: 1,
+            max_requests_inflight: readonly,
+            max_mutating_requests_inflight: 1,
             request_timeout: Duration::from_secs(60),
             max_request_body_bytes: max_body,
-            max_remote_request_body_bytes: 0,
+            apiservice_max_request_body_bytes: 0,
             header_read_timeout: Duration::from_secs(10),
             max_header_bytes: 1 << 20,
         }

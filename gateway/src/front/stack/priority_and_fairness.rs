@@ -17,7 +17,8 @@
 //!   `RequestDelegated`: a watch held by an aggregated server that has not answered, or by a
 //!   caller that never sends its body, must not hold seats here). The seats ride in the
 //!   request as an [`WatchInitialization`] for that. The watch then counts, for as long as it
-//!   streams, among the watches a write may wake (see `flowcontrol::watch_tracker`);
+//!   streams, among the watches a write may wake (see
+//!   `gateway_flowcontrol::request::watch_tracker`);
 //! * exec, attach, port-forward, log, proxy and what an APIService declares long-running: not
 //!   seen at all, as kube does not track them.
 //!
@@ -37,6 +38,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::future::Either;
+use gateway_flowcontrol::request::list_sizes::ListKey;
+use gateway_flowcontrol::request::watch_tracker::Registration;
+use gateway_flowcontrol::{
+    self as flowcontrol, Admission, FlowControl, Refusal, Schema, Seat, Waiting,
+};
 use http::header::HeaderName;
 use http::{HeaderMap, StatusCode};
 use http_body::Frame;
@@ -46,9 +52,6 @@ use tower::{Layer, Service};
 use super::take_inner;
 use super::timeout;
 use crate::body::{self, BoxError, BoxFuture, Request, Response};
-use crate::control::flowcontrol::list_sizes::ListKey;
-use crate::control::flowcontrol::watch_tracker::Registration;
-use crate::control::flowcontrol::{self, FlowControl, Outcome, Schema, Seat, Waiting};
 use crate::error::Terminated;
 use crate::extensions::WatchInitialization;
 use crate::identity::UserInfo;
@@ -106,7 +109,7 @@ where
     type Error = BoxError;
     /// A request that runs at once (the usual case) or passes by costs no future of this
     /// layer's own; one that waits for its seats, or is refused, is boxed.
-    type Future = Either<Admitted<S::Future>, BoxFuture<Result<Response, BoxError>>>;
+    type Future = Either<Running<S::Future>, BoxFuture<Result<Response, BoxError>>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         self.inner.poll_ready(cx)
@@ -115,19 +118,19 @@ where
     fn call(&mut self, mut req: Request) -> Self::Future {
         // The request-info layer above answers a request it cannot parse itself.
         let Some(info) = req.extensions().get::<Arc<RequestInfo>>() else {
-            return Either::Left(Admitted::passed_by(self.inner.call(req)));
+            return Either::Left(Running::passed_by(self.inner.call(req)));
         };
         let is_watch = info.verb() == "watch";
         if info.long_running && !is_watch {
-            return Either::Left(Admitted::passed_by(self.inner.call(req)));
+            return Either::Left(Running::passed_by(self.inner.call(req)));
         }
         match self.shared.start(&mut req, is_watch) {
-            Started::Run(run) => Either::Left(Admitted {
+            Admission::Run(run) => Either::Left(Running {
                 inner: self.inner.call(req),
                 run: Some((run, self.shared.clone(), is_watch)),
             }),
-            Started::Refused(resp) => Either::Right(Box::pin(std::future::ready(Ok(resp)))),
-            Started::Wait(class, waiting) => {
+            Admission::Reject(resp) => Either::Right(Box::pin(std::future::ready(Ok(resp)))),
+            Admission::Wait((class, waiting)) => {
                 let shared = self.shared.clone();
                 let mut inner = take_inner(&mut self.inner);
                 Either::Right(Box::pin(async move {
@@ -151,20 +154,20 @@ pin_project_lite::pin_project! {
     /// The inner call of a request that has its seats (or passes flow control by); its answer
     /// is classified and holds the seats while it streams. A named type, not a boxed `async`
     /// block: the box was an allocation and a copy of the stack below for every request.
-    pub struct Admitted<F> {
+    pub struct Running<F> {
         #[pin]
         inner: F,
         run: Option<(Run, Arc<Shared>, bool)>,
     }
 }
 
-impl<F> Admitted<F> {
+impl<F> Running<F> {
     fn passed_by(inner: F) -> Self {
         Self { inner, run: None }
     }
 }
 
-impl<F> Future for Admitted<F>
+impl<F> Future for Running<F>
 where
     F: Future<Output = Result<Response, BoxError>>,
 {
@@ -196,12 +199,6 @@ struct Run {
     watch: Option<Registration>,
 }
 
-enum Started {
-    Run(Run),
-    Wait(Class, Waiting),
-    Refused(Response),
-}
-
 impl Shared {
     /// The answer of a request that ran: classified, and holding its seats (a watch: its place
     /// among the watches) while it streams.
@@ -226,7 +223,11 @@ impl Shared {
     }
 
     /// Classifies `req` and asks its level for seats.
-    fn start(&self, req: &mut Request, is_watch: bool) -> Started {
+    fn start(
+        &self,
+        req: &mut Request,
+        is_watch: bool,
+    ) -> Admission<Run, (Class, Waiting), Response> {
         let (info, user, query) = parts(req);
         let timeout = (!is_watch).then(|| timeout::request_limit(self.request_timeout, query));
         let decision = self.flow_control.admit(user, info, query, timeout);
@@ -234,11 +235,11 @@ impl Shared {
             schema: decision.schema,
             list: decision.estimate.list,
         };
-        match decision.outcome {
-            Outcome::Run(seat) => Started::Run(self.run(req, class, seat, is_watch)),
-            Outcome::Wait(waiting) => Started::Wait(class, waiting),
-            Outcome::Reject { retry_after, .. } => {
-                Started::Refused(refused(&class.schema, retry_after))
+        match decision.admission {
+            Admission::Run(seat) => Admission::Run(self.run(req, class, seat, is_watch)),
+            Admission::Wait(waiting) => Admission::Wait((class, waiting)),
+            Admission::Reject(Refusal { retry_after, .. }) => {
+                Admission::Reject(refused(&class.schema, retry_after))
             }
         }
     }

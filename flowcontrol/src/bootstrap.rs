@@ -20,7 +20,7 @@ use k8s_openapi::api::flowcontrol::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::identity::{AUTHENTICATED, UNAUTHENTICATED};
+use gateway_request::identity::{AUTHENTICATED, UNAUTHENTICATED};
 
 pub const EXEMPT: &str = "exempt";
 pub const CATCH_ALL: &str = "catch-all";

@@ -3,11 +3,11 @@ use std::time::Duration;
 use prometheus::Registry;
 
 use super::*;
-use crate::control::flowcontrol::dispatch::Admission;
-use crate::control::flowcontrol::queueset::Description;
-use crate::control::flowcontrol::seats::WorkEstimate;
-use crate::identity::UserInfo;
-use crate::request_info::RequestInfo;
+use crate::admission::Admission;
+use crate::fairqueuing::queueset::Description;
+use crate::request::seats::WorkEstimate;
+use gateway_request::identity::UserInfo;
+use gateway_request::request_info::RequestInfo;
 
 fn controller(limit: u32) -> Controller {
     Controller::new(limit, Metrics::new(&Registry::new()))
@@ -56,12 +56,10 @@ fn classify(c: &Controller, user: &str) -> String {
     };
     let info = RequestInfo::non_resource(&http::Method::GET, "/version");
     let config = c.current();
-    let s = config
-        .classifier
-        .classify(crate::control::flowcontrol::rules::RequestDigest {
-            info: &info,
-            user: &user,
-        });
+    let s = config.classifier.classify(crate::rules::RequestDigest {
+        info: &info,
+        user: &user,
+    });
     s.spec.name.to_string()
 }
 

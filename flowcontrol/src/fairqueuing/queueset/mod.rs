@@ -27,14 +27,15 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::identity::UserInfo;
-use crate::request_info::RequestInfo;
+use gateway_request::identity::UserInfo;
+use gateway_request::request_info::RequestInfo;
 
-use super::integrator::{Integrator, Results};
-use super::metrics::{DispatchReading, FlowMetrics, LevelMetrics, RejectReason};
-use super::model::{Distinguisher, LimitResponse};
-use super::seats::{CompletedWork, SeatSeconds, WorkEstimate};
-use super::shuffle_shard::{Dealer, Hand};
+use crate::admission::Admission;
+use crate::fairqueuing::integrator::{Integrator, Results};
+use crate::fairqueuing::shuffle_shard::{Dealer, Hand};
+use crate::metrics::{DispatchReading, FlowMetrics, LevelMetrics, RejectReason};
+use crate::model::{Distinguisher, LimitResponse};
+use crate::request::seats::{CompletedWork, SeatSeconds, WorkEstimate};
 
 pub use dump::{Counts, QueueDump, RequestDump};
 pub use queue::QueueSum;
@@ -82,14 +83,11 @@ pub struct Admitted {
     pub started: Instant,
 }
 
-pub enum Started {
-    Admitted(Admitted),
-    Queued {
-        queue: u32,
-        id: u64,
-        rx: oneshot::Receiver<Admitted>,
-    },
-    Rejected(RejectReason),
+/// A request waiting in queue `queue` under `id`; `rx` gets its seats when it is dispatched.
+pub struct Queued {
+    pub queue: u32,
+    pub id: u64,
+    pub rx: oneshot::Receiver<Admitted>,
 }
 
 /// What finishing a request leaves behind.
@@ -225,7 +223,7 @@ impl QueueSet {
         hash: u64,
         estimate: WorkEstimate,
         description: Arc<Description>,
-    ) -> Started {
+    ) -> Admission<Admitted, Queued, RejectReason> {
         self.sync(now);
         let work = CompletedWork::new(estimate, ESTIMATED_SERVICE);
         let LimitResponse::Queue(_) = self.limit_response else {
@@ -236,7 +234,7 @@ impl QueueSet {
             && self.queues[q].len() >= self.queue_length_limit
         {
             self.counts.rejected += 1;
-            return Started::Rejected(RejectReason::QueueFull);
+            return Admission::Reject(RejectReason::QueueFull);
         }
         // kube dispatches only while seats are free, whatever the width (a write's lingering
         // final phase can keep them all).
@@ -255,12 +253,12 @@ impl QueueSet {
         now: Instant,
         work: CompletedWork,
         description: Arc<Description>,
-    ) -> Started {
+    ) -> Admission<Admitted, Queued, RejectReason> {
         if self.limit_response != LimitResponse::Exempt && !self.can_accommodate(work.max_seats()) {
             self.counts.rejected += 1;
-            return Started::Rejected(RejectReason::ConcurrencyLimit);
+            return Admission::Reject(RejectReason::ConcurrencyLimit);
         }
-        Started::Admitted(self.run(now, None, work, now, description))
+        Admission::Run(self.run(now, None, work, now, description))
     }
 
     /// It would be the only request waiting, and it fits: kube enqueues and dispatches it in the
@@ -271,7 +269,7 @@ impl QueueSet {
         q: usize,
         mut work: CompletedWork,
         description: Arc<Description>,
-    ) -> Started {
+    ) -> Admission<Admitted, Queued, RejectReason> {
         let queue = &mut self.queues[q];
         if !queue.is_active() {
             queue.next_dispatch_r = self.current_r;
@@ -291,7 +289,7 @@ impl QueueSet {
         self.queues[q].next_dispatch_r = s.wrapping_add(work.total);
         // kube observes the length right after enqueueing, itself included.
         description.flow.queue_length(1);
-        Started::Admitted(self.run(now, Some(q as u32), work, now, description))
+        Admission::Run(self.run(now, Some(q as u32), work, now, description))
     }
 
     /// Puts the request in queue `q` and dispatches what the free seats allow.
@@ -301,7 +299,7 @@ impl QueueSet {
         q: usize,
         work: CompletedWork,
         description: Arc<Description>,
-    ) -> Started {
+    ) -> Admission<Admitted, Queued, RejectReason> {
         let seats = work.max_seats();
         let id = self.next_id;
         self.next_id += 1;
@@ -327,11 +325,11 @@ impl QueueSet {
         flow.queue_length(self.queues[q].len());
         self.bound_next_dispatch(q);
         self.dispatch_all(now);
-        Started::Queued {
+        Admission::Wait(Queued {
             queue: q as u32,
             id,
             rx,
-        }
+        })
     }
 
     /// Takes a waiting request out of its queue (it waited too long, or its client left).

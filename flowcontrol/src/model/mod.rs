@@ -34,7 +34,7 @@ fn invalid<T>(msg: impl Into<String>) -> Result<T, Invalid> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::control::flowcontrol::bootstrap;
+    use crate::bootstrap;
 
     #[test]
     fn the_built_in_objects_are_valid() {

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::super::seats::{CompletedWork, SeatSeconds};
 use super::{Admitted, Description};
+use crate::request::seats::{CompletedWork, SeatSeconds};
 
 /// A request waiting in a queue.
 pub struct Waiter {

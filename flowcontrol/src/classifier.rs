@@ -13,8 +13,8 @@
 use std::borrow::Borrow;
 use std::collections::HashMap;
 
-use super::model::{Name, SchemaSpec, SubjectSpec};
-use super::rules::{matches_schema, service_account_of, RequestDigest, SERVICE_ACCOUNT_PREFIX};
+use crate::model::{Name, SchemaSpec, SubjectSpec};
+use crate::rules::{matches_schema, service_account_of, RequestDigest, SERVICE_ACCOUNT_PREFIX};
 
 /// FlowSchemas in matching order, with the subject index.
 pub struct Classifier<T> {
@@ -118,12 +118,10 @@ mod tests {
     use http::Method;
 
     use super::*;
-    use crate::control::flowcontrol::bootstrap;
-    use crate::control::flowcontrol::model::{
-        NonResourceRule, NonResourceUrl, ResourceRule, ResourceSet, Rule, Set,
-    };
-    use crate::control::flowcontrol::testing::{info, user};
-    use crate::identity::UserInfo;
+    use crate::bootstrap;
+    use crate::model::{NonResourceRule, NonResourceUrl, ResourceRule, ResourceSet, Rule, Set};
+    use crate::testing::{info, user};
+    use gateway_request::identity::UserInfo;
 
     /// kube's order: matchingPrecedence, then name.
     fn sorted(mut specs: Vec<SchemaSpec>) -> (Vec<SchemaSpec>, usize) {

@@ -18,11 +18,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::request_info::{query_value, RequestInfo};
+use gateway_request::request_info::{query_value, RequestInfo};
 
-use super::list_sizes::{ListKey, ListSizes};
-use super::seats::{SeatSeconds, WorkEstimate};
-use super::watch_tracker::WatchTracker;
+use crate::request::list_sizes::{ListKey, ListSizes};
+use crate::request::seats::{SeatSeconds, WorkEstimate};
+use crate::request::watch_tracker::WatchTracker;
 
 const MINIMUM_SEATS: u32 = 1;
 const MAXIMUM_LIST_SEATS: u32 = 100;
@@ -150,7 +150,7 @@ mod tests {
     use http::Method;
 
     use super::*;
-    use crate::request_info::parse;
+    use gateway_request::request_info::parse;
 
     fn estimate(e: &Estimator, method: Method, target: &str, level_max: u32) -> Estimate {
         let (path, query) = target.split_once('?').unwrap_or((target, ""));

@@ -182,12 +182,12 @@ const LONG_RUNNING_SUBRESOURCES: [&str; 5] = ["attach", "exec", "proxy", "log", 
 
 /// Go's `url.ParseQuery` gives up on a query with more parameters than this and returns none
 /// (recent Go releases; older ones parse them all).
-pub(crate) const MAX_QUERY_PARAMS: usize = 10_000;
+pub const MAX_QUERY_PARAMS: usize = 10_000;
 
 /// Percent-decodes `s` as Go's `url.PathUnescape` (`plus_is_space` false) or
 /// `url.QueryUnescape` (true) do: `None` when a `%` is not followed by two hex digits, where Go
 /// fails too. The bytes need not be UTF-8.
-pub(crate) fn go_unescape(s: &str, plus_is_space: bool) -> Option<Cow<'_, [u8]>> {
+pub fn go_unescape(s: &str, plus_is_space: bool) -> Option<Cow<'_, [u8]>> {
     let bytes = s.as_bytes();
     for (i, b) in bytes.iter().enumerate() {
         if *b == b'%'
@@ -209,7 +209,7 @@ pub(crate) fn go_unescape(s: &str, plus_is_space: bool) -> Option<Cow<'_, [u8]>>
 /// The first value of `key` in a raw query string, as Go's `url.Values.Get` sees it: keys and
 /// values are decoded (`+` is a space), and a pair that Go drops (one containing `;`, or with a
 /// malformed escape in its key or value) is skipped rather than taken as the first value.
-pub(crate) fn query_value<'a>(query: &'a str, key: &str) -> Option<Cow<'a, [u8]>> {
+pub fn query_value<'a>(query: &'a str, key: &str) -> Option<Cow<'a, [u8]>> {
     query
         .split('&')
         .filter(|pair| !pair.is_empty() && !pair.contains(';'))
@@ -226,7 +226,7 @@ pub(crate) fn query_value<'a>(query: &'a str, key: &str) -> Option<Cow<'a, [u8]>
 /// `ListOptions.Watch` as kube decodes it (apimachinery's `Convert_Slice_string_To_bool`): a
 /// present `watch` parameter is true unless its first value is `0` or, in any case, `false`;
 /// `?watch` and `?watch=` are watches.
-pub(crate) fn watch_requested(query: &str) -> bool {
+pub fn watch_requested(query: &str) -> bool {
     query_value(query, "watch").is_some_and(|v| !(v.eq_ignore_ascii_case(b"false") || *v == *b"0"))
 }
 
@@ -234,7 +234,7 @@ pub(crate) fn watch_requested(query: &str) -> bool {
 /// kube's reading could differ from this one (escapes, several terms, names kube would refuse)
 /// there is no name: authorization then covers the whole collection, which is the stricter
 /// check.
-pub(crate) fn field_selector_name(query: &str) -> Option<String> {
+pub fn field_selector_name(query: &str) -> Option<String> {
     let raw = query_value(query, "fieldSelector")?;
     let decoded = std::str::from_utf8(&raw).ok()?;
     let value = decoded

@@ -3,9 +3,9 @@ use std::collections::HashMap;
 use prometheus::Registry;
 
 use super::*;
-use crate::control::flowcontrol::metrics::Metrics;
-use crate::control::flowcontrol::model::Queuing;
-use crate::control::flowcontrol::shuffle_shard::hash_flow_id;
+use crate::fairqueuing::shuffle_shard::hash_flow_id;
+use crate::metrics::Metrics;
+use crate::model::Queuing;
 
 fn metrics() -> (Arc<Metrics>, Arc<LevelMetrics>) {
     let m = Metrics::new(&Registry::new());
@@ -99,9 +99,9 @@ impl Sim {
         let hash = hash_flow_id("fs", flow);
         let d = description(&self.m, flow);
         match self.qs.start(self.now, hash, WorkEstimate::seats(seats), d) {
-            Started::Admitted(a) => self.admitted(a, flow),
-            Started::Queued { rx, .. } => self.waiting.push((Pending::Queued(rx), flow)),
-            Started::Rejected(_) => *self.rejected.entry(flow).or_default() += 1,
+            Admission::Run(a) => self.admitted(a, flow),
+            Admission::Wait(Queued { rx, .. }) => self.waiting.push((Pending::Queued(rx), flow)),
+            Admission::Reject(_) => *self.rejected.entry(flow).or_default() += 1,
         }
         self.collect();
         self.qs.check();
@@ -289,10 +289,10 @@ fn final_seats_are_held_until_released() {
         final_seats: 2,
         additional_latency: Duration::from_millis(5),
     };
-    let Started::Admitted(a) = qs.start(now, 1, estimate, description(&m, "w")) else {
+    let Admission::Run(a) = qs.start(now, 1, estimate, description(&m, "w")) else {
         panic!("not admitted");
     };
-    let Started::Queued { mut rx, .. } =
+    let Admission::Wait(Queued { mut rx, .. }) =
         qs.start(now, 2, WorkEstimate::seats(1), description(&m, "r"))
     else {
         panic!("not queued");
@@ -315,8 +315,7 @@ fn final_seats_are_held_until_released() {
 #[test]
 fn a_narrowed_write_leaves_no_seats_waiting() {
     let (m, mut qs, now) = queue_set(queuing(8, 2, 10), 2);
-    let Started::Admitted(a) = qs.start(now, 1, WorkEstimate::seats(2), description(&m, "r"))
-    else {
+    let Admission::Run(a) = qs.start(now, 1, WorkEstimate::seats(2), description(&m, "r")) else {
         panic!("not admitted");
     };
     let wide = WorkEstimate {
@@ -324,7 +323,8 @@ fn a_narrowed_write_leaves_no_seats_waiting() {
         final_seats: 5,
         additional_latency: Duration::from_millis(5),
     };
-    let Started::Queued { mut rx, .. } = qs.start(now, 2, wide, description(&m, "w")) else {
+    let Admission::Wait(Queued { mut rx, .. }) = qs.start(now, 2, wide, description(&m, "w"))
+    else {
         panic!("not queued");
     };
     qs.finish(now, &a);
@@ -350,7 +350,8 @@ fn a_level_with_no_seats_runs_nothing_and_leaks_nothing() {
         final_seats: 2,
         additional_latency: Duration::from_millis(5),
     };
-    let Started::Queued { queue, id, rx } = qs.start(now, 1, wide, description(&m, "w")) else {
+    let Admission::Wait(Queued { queue, id, rx }) = qs.start(now, 1, wide, description(&m, "w"))
+    else {
         panic!("a level with no seats ran a request");
     };
     assert!(qs.cancel(now, queue, id, RejectReason::TimeOut));
@@ -362,11 +363,10 @@ fn a_level_with_no_seats_runs_nothing_and_leaks_nothing() {
 #[test]
 fn a_cancelled_request_leaves_its_queue() {
     let (m, mut qs, now) = queue_set(queuing(8, 2, 10), 1);
-    let Started::Admitted(a) = qs.start(now, 1, WorkEstimate::seats(1), description(&m, "f"))
-    else {
+    let Admission::Run(a) = qs.start(now, 1, WorkEstimate::seats(1), description(&m, "f")) else {
         panic!()
     };
-    let Started::Queued { queue, id, rx } =
+    let Admission::Wait(Queued { queue, id, rx }) =
         qs.start(now, 1, WorkEstimate::seats(1), description(&m, "f"))
     else {
         panic!()
@@ -389,14 +389,14 @@ fn fewer_queues_take_effect_as_the_surplus_drains() {
     // Queue requests until one waits beyond the fourth queue.
     for hash in 1.. {
         match qs.start(now, hash, WorkEstimate::seats(1), description(&m, "f")) {
-            Started::Admitted(a) => running.push(a),
-            Started::Queued { queue, rx, .. } => {
+            Admission::Run(a) => running.push(a),
+            Admission::Wait(Queued { queue, rx, .. }) => {
                 waiting.push(rx);
                 if queue >= 4 {
                     break;
                 }
             }
-            Started::Rejected(_) => unreachable!(),
+            Admission::Reject(_) => unreachable!(),
         }
     }
     qs.set_limit_response(queuing(4, 2, 10));

@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::super::seats::{SeatSeconds, WorkEstimate};
 use super::{Description, QueueSet, QueueSum};
+use crate::request::seats::{SeatSeconds, WorkEstimate};
 
 /// Counters kube's `dump_priority_levels` shows.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

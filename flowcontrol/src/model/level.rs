@@ -5,8 +5,8 @@ use std::sync::Arc;
 use k8s_openapi::api::flowcontrol::v1 as api;
 
 use super::{invalid, Invalid};
-use crate::control::flowcontrol::bootstrap::{self, CATCH_ALL, EXEMPT};
-use crate::control::flowcontrol::shuffle_shard::Dealer;
+use crate::bootstrap::{self, CATCH_ALL, EXEMPT};
+use crate::fairqueuing::shuffle_shard::Dealer;
 
 const DEFAULT_NOMINAL_SHARES: i32 = 30;
 const DEFAULT_QUEUES: i32 = 64;

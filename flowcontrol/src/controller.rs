@@ -18,12 +18,12 @@ use http::HeaderValue;
 use k8s_openapi::api::flowcontrol::v1 as api;
 use tokio::time::Instant;
 
-use super::bootstrap::{self, CATCH_ALL, EXEMPT};
-use super::classifier::Classifier;
-use super::dispatch::PriorityLevel;
-use super::metrics::{FlowMetrics, LevelMetrics, Metrics};
-use super::model::{Invalid, LevelSpec, LimitResponse, SchemaSpec};
-use super::shuffle_shard::FlowHashes;
+use crate::bootstrap::{self, CATCH_ALL, EXEMPT};
+use crate::classifier::Classifier;
+use crate::fairqueuing::dispatch::PriorityLevel;
+use crate::fairqueuing::shuffle_shard::FlowHashes;
+use crate::metrics::{FlowMetrics, LevelMetrics, Metrics};
+use crate::model::{Invalid, LevelSpec, LimitResponse, SchemaSpec};
 
 /// kube adjusts the levels' limits this often.
 pub const BORROWING_PERIOD: Duration = Duration::from_secs(10);

@@ -3,11 +3,11 @@
 
 use std::sync::Arc;
 
-use apiservice::validation::dns1123_subdomain_errors;
+use gateway_request::names::dns1123_subdomain_errors;
 use k8s_openapi::api::flowcontrol::v1 as api;
 
 use super::{invalid, Invalid};
-use crate::control::flowcontrol::bootstrap::{self, EXEMPT};
+use crate::bootstrap::{self, EXEMPT};
 
 /// FlowSchemas match in increasing matchingPrecedence, up to this.
 pub const MAX_MATCHING_PRECEDENCE: i32 = 10_000;

@@ -14,11 +14,12 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::{Instant, Sleep};
 
-use super::metrics::{LevelMetrics, RejectReason};
-use super::model::LimitResponse;
-use super::queueset::{Admitted, Description, Finished, QueueSet, Started};
-use super::retry_after::RetryAfter;
-use super::seats::WorkEstimate;
+use crate::admission::Admission;
+use crate::fairqueuing::queueset::{Admitted, Description, Finished, QueueSet, Queued};
+use crate::metrics::{LevelMetrics, RejectReason};
+use crate::model::LimitResponse;
+use crate::request::seats::WorkEstimate;
+use crate::retry_after::RetryAfter;
 
 /// One priority level's live state. It outlives configurations: a level that keeps its name
 /// keeps its queues (and the requests in them) across changes of its spec.
@@ -30,15 +31,6 @@ pub struct PriorityLevel {
     pub metrics: Arc<LevelMetrics>,
     /// The `Retry-After` of its refusals.
     pub retry_after: RetryAfter,
-}
-
-/// The outcome of asking a level for seats.
-pub enum Admission {
-    /// Seats taken: the request runs, and gives them back when the guard drops.
-    Run(Seat),
-    /// Queued: the future resolves to seats or to a refusal.
-    Wait(Waiting),
-    Reject(RejectReason),
 }
 
 impl PriorityLevel {
@@ -76,13 +68,13 @@ impl PriorityLevel {
         estimate: WorkEstimate,
         description: Arc<Description>,
         wait_limit: Duration,
-    ) -> Admission {
+    ) -> Admission<Seat, Waiting, RejectReason> {
         let arrived = Instant::now();
         let started = self
             .lock()
             .start(arrived, hash, estimate, description.clone());
         match started {
-            Started::Admitted(admitted) => {
+            Admission::Run(admitted) => {
                 if !self.exempt {
                     description
                         .flow
@@ -94,14 +86,14 @@ impl PriorityLevel {
                     description,
                 })
             }
-            Started::Rejected(reason) => {
+            Admission::Reject(reason) => {
                 description.flow.rejected(reason);
                 description
                     .flow
                     .waited(false, arrived.elapsed().as_secs_f64());
                 Admission::Reject(reason)
             }
-            Started::Queued { queue, id, rx } => Admission::Wait(Waiting {
+            Admission::Wait(Queued { queue, id, rx }) => Admission::Wait(Waiting {
                 level: Some(self.clone()),
                 queue,
                 id,

@@ -7,10 +7,10 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::super::conc_alloc::{self, Item};
-use super::super::metrics::Adjustment;
-use super::super::model::LimitResponse;
 use super::{Controller, LevelState, State};
+use crate::conc_alloc::{self, Item};
+use crate::metrics::Adjustment;
+use crate::model::LimitResponse;
 
 /// Smoothing of seat demand between periods: a half-life of about 5 minutes.
 const DEMAND_SMOOTHING: f64 = 0.977;

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 use k8s_openapi::jiff::Timestamp;
 use tokio::time::Instant;
 
-use super::controller::LevelView;
+use crate::controller::LevelView;
 
 /// Rows of cells, aligned as Go's `tabwriter` (minimum width 8, padding 1) aligns kube's.
 struct Table {

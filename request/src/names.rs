@@ -2,19 +2,18 @@
 
 const DNS1123_SUBDOMAIN_MAX: usize = 253;
 const DNS1035_LABEL_MAX: usize = 63;
-pub(super) const DNS1123_SUBDOMAIN_MSG: &str =
+pub const DNS1123_SUBDOMAIN_MSG: &str =
     "a lowercase RFC 1123 subdomain must consist of lower case \
     alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character \
     (e.g. 'example.com', regex used for validation is \
     '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
-pub(super) const DNS1035_LABEL_MSG: &str =
-    "a DNS-1035 label must consist of lower case alphanumeric \
+pub const DNS1035_LABEL_MSG: &str = "a DNS-1035 label must consist of lower case alphanumeric \
     characters or '-', start with an alphabetic character, and end with an alphanumeric \
     character (e.g. 'my-name',  or 'abc-123', regex used for validation is \
     '[a-z]([-a-z0-9]*[a-z0-9])?')";
 
 /// apimachinery's `IsValidPathSegmentName`: the name ends up as a URL path segment.
-pub(super) fn path_segment_errors(name: &str) -> Vec<String> {
+pub fn path_segment_errors(name: &str) -> Vec<String> {
     if name == "." || name == ".." {
         return vec![format!("may not be '{name}'")];
     }

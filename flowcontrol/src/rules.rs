@@ -2,10 +2,10 @@
 //! rule whose subjects include the caller and whose resource rules (for a resource request) or
 //! non-resource rules (otherwise) include what it asks for.
 
-use crate::identity::UserInfo;
-use crate::request_info::RequestInfo;
+use gateway_request::identity::UserInfo;
+use gateway_request::request_info::RequestInfo;
 
-use super::model::{Name, NonResourceRule, ResourceRule, Rule, SchemaSpec, SubjectSpec};
+use crate::model::{Name, NonResourceRule, ResourceRule, Rule, SchemaSpec, SubjectSpec};
 
 /// What classification looks at: the request's attributes and the caller, after
 /// authentication and impersonation.
@@ -81,8 +81,8 @@ mod tests {
     use http::Method;
 
     use super::*;
-    use crate::control::flowcontrol::bootstrap;
-    use crate::control::flowcontrol::testing::{info, user};
+    use crate::bootstrap;
+    use crate::testing::{info, user};
 
     fn schema(name: &str) -> SchemaSpec {
         bootstrap::suggested_flow_schemas()

@@ -6,7 +6,7 @@ use http::Method;
 use prometheus::Registry;
 
 use super::*;
-use crate::request_info::parse;
+use gateway_request::request_info::parse;
 
 fn flow_control(limit: u32) -> FlowControl {
     let fc = FlowControl::new(limit, Duration::from_secs(15), &Registry::new());
@@ -49,16 +49,16 @@ async fn a_flooding_user_is_refused_while_a_quiet_service_account_is_served() {
     for _ in 0..500 {
         let d = admit(&fc, &alice, Method::GET, list);
         assert_eq!(&*d.schema.spec.name, "global-default");
-        match d.outcome {
-            Outcome::Run(seat) => held.push(Some(seat)),
-            Outcome::Wait(w) => held.push({
+        match d.admission {
+            Admission::Run(seat) => held.push(Some(seat)),
+            Admission::Wait(w) => held.push({
                 drop_later(w);
                 None
             }),
-            Outcome::Reject {
+            Admission::Reject(Refusal {
                 reason,
                 retry_after,
-            } => {
+            }) => {
                 assert_eq!(reason, RejectReason::QueueFull);
                 assert!(retry_after >= 1);
                 refused += 1;
@@ -76,11 +76,11 @@ async fn a_flooding_user_is_refused_while_a_quiet_service_account_is_served() {
         );
         assert_eq!(&*d.schema.spec.name, "service-accounts");
         assert_eq!(&*d.schema.level.name, "workload-low");
-        assert!(matches!(d.outcome, Outcome::Run(_)));
+        assert!(matches!(d.admission, Admission::Run(_)));
     }
     // The refusal names what kube's headers name.
     let d = admit(&fc, &alice, Method::GET, list);
-    assert!(matches!(d.outcome, Outcome::Reject { .. }));
+    assert!(matches!(d.admission, Admission::Reject(_)));
     assert!(!d.schema.schema_uid.is_empty() && !d.schema.level_uid.is_empty());
     drop(held);
 }
@@ -112,28 +112,28 @@ async fn a_queued_request_runs_when_a_seat_frees_or_is_refused_at_its_wait_limit
     .unwrap()];
     fc.controller().apply(levels, schemas);
     let u = user("u", &[]);
-    let first = match admit(&fc, &u, Method::GET, "/version").outcome {
-        Outcome::Run(s) => s,
+    let first = match admit(&fc, &u, Method::GET, "/version").admission {
+        Admission::Run(s) => s,
         _ => panic!("the first request runs"),
     };
-    let mut second = match admit(&fc, &u, Method::GET, "/version").outcome {
-        Outcome::Wait(w) => w,
+    let mut second = match admit(&fc, &u, Method::GET, "/version").admission {
+        Admission::Wait(w) => w,
         _ => panic!("the second waits"),
     };
     assert!(futures::poll!(&mut second).is_pending());
     drop(first);
     let seat = second.await.expect("dispatched when the seat freed");
     // With the seat held, the next one waits out its limit.
-    let third = match admit(&fc, &u, Method::GET, "/version").outcome {
-        Outcome::Wait(w) => w,
+    let third = match admit(&fc, &u, Method::GET, "/version").admission {
+        Admission::Wait(w) => w,
         _ => panic!("the third waits"),
     };
     let started = tokio::time::Instant::now();
     assert_eq!(third.await.unwrap_err(), RejectReason::TimeOut);
     assert_eq!(started.elapsed(), Duration::from_secs(4));
     // A client that goes away leaves the queue.
-    let fourth = match admit(&fc, &u, Method::GET, "/version").outcome {
-        Outcome::Wait(w) => w,
+    let fourth = match admit(&fc, &u, Method::GET, "/version").admission {
+        Admission::Wait(w) => w,
         _ => panic!("the fourth waits"),
     };
     drop(fourth);
@@ -158,13 +158,13 @@ async fn system_masters_and_probes_are_never_limited() {
     for _ in 0..50 {
         let d = admit(&fc, &admin, Method::GET, "/api/v1/pods");
         assert_eq!(&*d.schema.spec.name, "exempt");
-        let Outcome::Run(seat) = d.outcome else {
+        let Admission::Run(seat) = d.admission else {
             panic!("exempt requests run");
         };
         held.push(seat);
         let d = admit(&fc, &anonymous, Method::GET, "/readyz");
         assert_eq!(&*d.schema.spec.name, "probes");
-        let Outcome::Run(seat) = d.outcome else {
+        let Admission::Run(seat) = d.admission else {
             panic!("probes run");
         };
         held.push(seat);
@@ -177,10 +177,10 @@ async fn the_dumps_show_waiting_and_executing_requests() {
     let alice = user("alice", &[]);
     let mut held = Vec::new();
     for _ in 0..30 {
-        match admit(&fc, &alice, Method::GET, "/api/v1/namespaces/x/configmaps").outcome {
-            Outcome::Run(s) => held.push(s),
-            Outcome::Wait(w) => drop_later(w),
-            Outcome::Reject { .. } => {}
+        match admit(&fc, &alice, Method::GET, "/api/v1/namespaces/x/configmaps").admission {
+            Admission::Run(s) => held.push(s),
+            Admission::Wait(w) => drop_later(w),
+            Admission::Reject(_) => {}
         }
     }
     let requests = fc.dump_requests(true);

@@ -12,7 +12,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use crate::request_info::{query_value, RequestInfo};
+use gateway_request::request_info::{query_value, RequestInfo};
 
 const SLOTS: usize = 8192;
 
@@ -129,7 +129,7 @@ mod tests {
     use http::Method;
 
     use super::*;
-    use crate::request_info::parse;
+    use gateway_request::request_info::parse;
 
     fn info(method: Method, target: &str) -> (RequestInfo, String) {
         let (path, query) = target.split_once('?').unwrap_or((target, ""));
