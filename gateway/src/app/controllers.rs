@@ -121,13 +121,8 @@ impl Controllers {
         loops.check("apiservice-sources-synced", health::READY, synced);
 
         start_publishers(clients, &proxy_identity, &mut loops);
-        if settings.trust.manage {
-            let files = (
-                settings.client_ca_file,
-                settings.trust.proxy_client_ca_file.clone(),
-            );
-            start_trust(files, clients, &proxy_identity, &mut loops);
-        }
+        let trust = (settings.trust, settings.client_ca_file);
+        start_trust(trust, clients, &proxy_identity, &mut loops);
         // Asked for by validation only with the kube source, the one that writes status.
         let (leader, leadership) =
             start_leader_election(settings.leader_election, clients, &mut loops).unzip();
@@ -137,17 +132,13 @@ impl Controllers {
             core_started: loops.core_started.clone(),
             drain,
         };
-        start_apiservices(
-            settings.apiservices,
-            clients,
-            proxy_identity,
-            (&routing, extras),
-            &mut loops,
-        )?;
+        let routes = (&routing, extras);
+        let api = settings.apiservices;
+        start_apiservices(api, clients, proxy_identity, routes, &mut loops)?;
 
-        let refresh = settings.apiservices.discovery_refresh_interval;
+        let refresh = api.discovery_refresh_interval;
         let discovery = start_discovery(refresh, clients, &routing, &mut loops);
-        let source = &settings.apiservices.source;
+        let source = &api.source;
         let flow_control = (settings.limits.priority_and_fairness)
             .then(|| start_flow_control(settings.limits, source, clients, &mut loops));
         let followers = core_release::Followers {
@@ -221,16 +212,20 @@ fn start_publishers(clients: &Clients, proxy_identity: &ProxyIdentity, loops: &m
 }
 
 /// `kube-system/extension-apiserver-authentication` kept up to date with the gateway's client
-/// CA and proxy identity, once the core has started, when there is anything to publish.
+/// CA and proxy identity, once the core has started, when it is managed and there is anything
+/// to publish.
 fn start_trust(
-    (client_ca_file, proxy_client_ca_file): (Option<PathBuf>, Option<PathBuf>),
+    (trust, client_ca_file): (&TrustConfig, Option<PathBuf>),
     clients: &Clients,
     proxy_identity: &ProxyIdentity,
     loops: &mut Loops,
 ) {
+    if !trust.manage {
+        return;
+    }
     let sources = trust::TrustSources {
         client_ca_file,
-        proxy_client_ca_file,
+        proxy_client_ca_file: trust.proxy_client_ca_file.clone(),
         proxy_identity: proxy_identity.clone(),
     };
     if !trust::has_anything_to_publish(&sources) {

@@ -14,7 +14,6 @@ use http_body_util::Full;
 use serde_json::Value;
 
 use super::{Probe, SoakReport, Tally, AGGREGATED};
-use crate::bench::memory::rss_bytes;
 use crate::bench::BoxError;
 use crate::harness::{self, HttpClient};
 use crate::scenario::{core_client, create_on_core, Pki, Scenario};
@@ -61,8 +60,7 @@ pub async fn run(length: Duration) -> Result<SoakReport, BoxError> {
     }
     let pid = s.gateway.process.id();
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let (rss_start, fds_start) = (rss_bytes(pid).unwrap_or(0), super::open_fds(pid));
-    let tasks_start = super::runtime_tasks(&clients[0], &base).await;
+    let start = super::Usage::of(pid, &clients[0], &base).await;
     let since = s.gateway.process.spawned_at().elapsed();
 
     let shared = (
@@ -140,28 +138,15 @@ pub async fn run(length: Duration) -> Result<SoakReport, BoxError> {
     }
     let seconds = started.elapsed().as_secs_f64();
     tokio::time::sleep(super::quiet_after(length)).await;
-    let (rss_end, fds_end) = (rss_bytes(pid).unwrap_or(0), super::open_fds(pid));
-    let tasks_end = super::runtime_tasks(&clients[0], &base).await;
-    let t = std::mem::take(&mut *shared.0.lock().unwrap());
-    Ok(SoakReport {
+    let end = super::Usage::of(pid, &clients[0], &base).await;
+    let warnings = super::warnings(&s.gateway.process.lines(), since);
+    Ok(SoakReport::new(
+        &shared,
         seconds,
-        requests: t.requests,
-        answers: t.answers,
-        lost: t.lost,
-        cut: t.cut,
-        lost_samples: t.lost_samples,
-        misrouted: t.misrouted,
         faults,
-        watch_ends: t.watch_ends,
-        rss_start,
-        rss_end,
-        fds_start,
-        fds_end,
-        tasks_start,
-        tasks_end,
-        samples: t.samples,
-        warnings: super::warnings(&s.gateway.process.lines(), since),
-    })
+        (start, end),
+        warnings,
+    ))
 }
 
 /// `group`'s APIService on the core, served by the backend of `namespace`.

@@ -64,6 +64,55 @@ pub struct SoakReport {
     pub samples: BTreeMap<u16, String>,
 }
 
+/// The gateway's resources at one moment.
+struct Usage {
+    rss: u64,
+    fds: usize,
+    tasks: Option<u64>,
+}
+
+impl Usage {
+    async fn of(pid: u32, client: &HttpClient, base: &str) -> Usage {
+        Usage {
+            rss: crate::bench::memory::rss_bytes(pid).unwrap_or(0),
+            fds: open_fds(pid),
+            tasks: runtime_tasks(client, base).await,
+        }
+    }
+}
+
+impl SoakReport {
+    /// The report of a soak that took `seconds`, from what its probes tallied in `shared`.
+    fn new(
+        shared: &Shared,
+        seconds: f64,
+        faults: BTreeMap<&'static str, u64>,
+        (start, end): (Usage, Usage),
+        warnings: BTreeMap<String, u64>,
+    ) -> SoakReport {
+        let t = std::mem::take(&mut *shared.0.lock().unwrap());
+        SoakReport {
+            seconds,
+            requests: t.requests,
+            answers: t.answers,
+            lost: t.lost,
+            cut: t.cut,
+            lost_samples: t.lost_samples,
+            misrouted: t.misrouted,
+            faults,
+            watch_ends: t.watch_ends,
+            rss_start: start.rss,
+            rss_end: end.rss,
+            fds_start: start.fds,
+            fds_end: end.fds,
+            tasks_start: start.tasks,
+            tasks_end: end.tasks,
+            samples: t.samples,
+            warnings,
+        }
+    }
+}
+
 /// How one watch's streams ended: cleanly (end of stream), with a transport error (a reset
 /// stream, a closed connection, no answer), or stalled.
 #[derive(Debug, Default, Clone, Copy)]

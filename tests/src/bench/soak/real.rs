@@ -113,8 +113,7 @@ pub async fn run(length: Duration) -> Result<SoakReport, BoxError> {
     }
     let pid = gateway.process.id();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let (rss_start, fds_start) = (rss_bytes(pid).unwrap_or(0), super::open_fds(pid));
-    let tasks_start = super::runtime_tasks(&operator, &base).await;
+    let start = super::Usage::of(pid, &operator, &base).await;
     let since = gateway.process.spawned_at().elapsed();
 
     let shared = (
@@ -229,28 +228,15 @@ pub async fn run(length: Duration) -> Result<SoakReport, BoxError> {
     let seconds = started.elapsed().as_secs_f64();
     eprintln!("bench: kube-apiserver was down {core_down:?} in all");
     tokio::time::sleep(super::quiet_after(length)).await;
-    let (rss_end, fds_end) = (rss_bytes(pid).unwrap_or(0), super::open_fds(pid));
-    let tasks_end = super::runtime_tasks(&operator, &base).await;
-    let t = std::mem::take(&mut *shared.0.lock().unwrap());
-    Ok(SoakReport {
+    let end = super::Usage::of(pid, &operator, &base).await;
+    let warnings = super::warnings(&gateway.process.lines(), since);
+    Ok(SoakReport::new(
+        &shared,
         seconds,
-        requests: t.requests,
-        answers: t.answers,
-        lost: t.lost,
-        cut: t.cut,
-        lost_samples: t.lost_samples,
-        misrouted: t.misrouted,
         faults,
-        watch_ends: t.watch_ends,
-        rss_start,
-        rss_end,
-        fds_start,
-        fds_end,
-        tasks_start,
-        tasks_end,
-        samples: t.samples,
-        warnings: super::warnings(&gateway.process.lines(), since),
-    })
+        (start, end),
+        warnings,
+    ))
 }
 
 /// A new serving certificate for the gateway on 127.0.0.1, from the cluster CA its clients trust.
