@@ -304,19 +304,63 @@ pub fn tunnel(
 /// Ends a long-running response body cleanly when the gateway drains at shutdown, so watchers see
 /// the stream close (and re-watch elsewhere) instead of a reset.
 pub fn drainable(body: body::Body, drain: watch::Receiver<bool>) -> body::Body {
-    use futures::StreamExt;
-    use http_body_util::{BodyStream, StreamBody};
     if *drain.borrow() {
         return body::empty();
     }
-    let frames = BodyStream::new(body);
-    let stream = futures::stream::unfold((frames, drain), |(mut frames, mut drain)| async move {
-        tokio::select! {
-            frame = frames.next() => frame.map(|f| (f, (frames, drain))),
-            _ = drained(&mut drain) => None,
+    let mut drain = drain;
+    body::boxed(Drainable {
+        inner: body,
+        drained: Box::pin(async move { drained(&mut drain).await }),
+        ended: false,
+    })
+}
+
+pin_project_lite::pin_project! {
+    /// A body that ends where its inner body ends or where the gateway drains. It says when the
+    /// inner body is at its end: the frame that closes the stream upstream then closes it for the
+    /// client too, and is not relayed as an empty frame of its own (a Rust client allows 100 such
+    /// frames on a connection, then sends GOAWAY ENHANCE_YOUR_CALM "too_many_data_frames").
+    struct Drainable {
+        #[pin]
+        inner: body::Body,
+        drained: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+        ended: bool,
+    }
+}
+
+impl http_body::Body for Drainable {
+    type Data = bytes::Bytes;
+    type Error = body::BoxError;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, body::BoxError>>> {
+        let this = self.project();
+        if *this.ended {
+            return std::task::Poll::Ready(None);
         }
-    });
-    body::boxed(StreamBody::new(stream))
+        if let std::task::Poll::Ready(frame) = this.inner.poll_frame(cx) {
+            return std::task::Poll::Ready(frame);
+        }
+        if this.drained.as_mut().poll(cx).is_ready() {
+            *this.ended = true;
+            return std::task::Poll::Ready(None);
+        }
+        std::task::Poll::Pending
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        if self.ended {
+            return http_body::SizeHint::with_exact(0);
+        }
+        // The gateway may end it early: no exact size can be promised.
+        http_body::SizeHint::new()
+    }
 }
 
 /// Resolves once the gateway starts draining (or the sender is gone).

@@ -111,6 +111,8 @@ async fn session_against_the_real_control_plane() {
                     watches::a_hundred_watches_beside_a_write,
                 "watch-list (sendInitialEvents) streams the same events and bookmark, unbuffered" =>
                     watches::watch_list_streams_as_directly,
+                "200 watches ended by their timeout on one HTTP/2 connection, each cleanly, as \
+                 directly" => watches::ended_watches_leave_the_connection_open,
                 "helm install, upgrade and uninstall of the chart" => chart::install_upgrade_uninstall,
                 "the chart's APIService CRD validates like kube-aggregator" => chart::apiservice_crd,
                 // Last: it kills sample-apiserver.

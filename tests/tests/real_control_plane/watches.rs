@@ -197,3 +197,76 @@ pub async fn watch_list_streams_as_directly(real: &Real) {
         events => assert_eq!(events.len(), 3, "{events:?}"),
     }
 }
+
+/// Watches that end at their `timeoutSeconds`: [`ENDED_WATCHES`] on one HTTP/2 connection, in
+/// rounds of [`PER_CONNECTION`]; how many ended cleanly, and the first failures. The stream of a
+/// watch ends, from kube's Go servers, with an empty DATA frame that closes it.
+async fn ended_watches(
+    real: &Real,
+    client: &HttpClient,
+    base: &str,
+    path: &str,
+) -> (usize, Vec<String>) {
+    let url = format!("{base}{path}?watch=1&timeoutSeconds=1");
+    let mut clean = 0;
+    let mut failures = Vec::new();
+    for round in 0..ENDED_WATCHES / PER_CONNECTION {
+        let ends = futures::future::join_all((0..PER_CONNECTION).map(|i| {
+            let url = &url;
+            async move {
+                let n = round * PER_CONNECTION + i;
+                let opened = send_streaming(client, real.admin_request(url, "application/json"))
+                    .await
+                    .map_err(|e| format!("watch {n}: {e}"))?;
+                if opened.status() != StatusCode::OK {
+                    return Err(format!("watch {n}: {}", opened.status()));
+                }
+                let mut body = opened.into_body();
+                let read = tokio::time::timeout(Duration::from_secs(10), async {
+                    while let Some(frame) = body.frame().await {
+                        frame.map_err(|e| format!("watch {n}: {e:?}"))?;
+                    }
+                    Ok(())
+                });
+                read.await
+                    .unwrap_or_else(|_| Err(format!("watch {n}: not ended within 10 s")))
+            }
+        }))
+        .await;
+        for end in ends {
+            match end {
+                Ok(()) => clean += 1,
+                Err(e) if failures.len() < 3 => failures.push(e),
+                Err(_) => {}
+            }
+        }
+    }
+    (clean, failures)
+}
+
+/// More watch ends on one connection than h2's allowance of 100 empty DATA frames that do not end
+/// their stream.
+const ENDED_WATCHES: usize = 200;
+
+/// A controller's watches end at their timeout and are opened again, on one HTTP/2 connection for
+/// hours. Each ends cleanly through the gateway as directly, however many have ended before on the
+/// same connection: the frame that closes each stream is relayed as the frame that closes it, not
+/// as an empty DATA frame of its own (which a Rust client counts, and after 100 closes the
+/// connection with GOAWAY ENHANCE_YOUR_CALM "too_many_data_frames").
+pub async fn ended_watches_leave_the_connection_open(real: &Real) {
+    let (direct, through) = real.h2_clients();
+    for path in [
+        "/api/v1/namespaces/default/configmaps",
+        "/apis/wardle.example.com/v1alpha1/namespaces/default/flunders",
+    ] {
+        let directly = ended_watches(real, &direct, &real.plane.url, path).await;
+        let gateway = ended_watches(real, &through, &real.gateway.url(), path).await;
+        eprintln!("{path}: {ENDED_WATCHES} watches ended on one connection: directly {} clean {:?}, through the gateway {} clean {:?}", directly.0, directly.1, gateway.0, gateway.1);
+        assert_eq!(
+            (gateway.0, &gateway.1),
+            (ENDED_WATCHES, &directly.1),
+            "{path}: watches ended through the gateway (directly: {} clean)",
+            directly.0
+        );
+    }
+}

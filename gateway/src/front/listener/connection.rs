@@ -452,7 +452,7 @@ impl http_body::Body for Paced {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
         if this.state.protocol == Protocol::Http2 {
-            return Pin::new(&mut this.inner).poll_frame(cx);
+            return poll_nonempty(&mut this.inner, cx);
         }
         {
             let mut phase = this.state.phase();
@@ -462,7 +462,7 @@ impl http_body::Body for Paced {
             }
         }
         if this.rest.is_empty() {
-            match Pin::new(&mut this.inner).poll_frame(cx) {
+            match poll_nonempty(&mut this.inner, cx) {
                 Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
                     Ok(data) => this.rest = data,
                     Err(frame) => return Poll::Ready(Some(Ok(frame))),
@@ -492,6 +492,24 @@ impl http_body::Body for Paced {
         }
         hint.set_lower(inner.lower() + rest);
         hint
+    }
+}
+
+/// The next frame of `body`, passing over empty DATA frames that do not end it: they carry
+/// nothing, and on HTTP/2 a client counts them against a small allowance per connection (h2, in
+/// hyper and kube-rs, sends GOAWAY ENHANCE_YOUR_CALM "too_many_data_frames" after 100). An empty
+/// frame at the body's end passes: hyper sends it as the frame that closes the stream.
+fn poll_nonempty(
+    body: &mut Body,
+    cx: &mut Context<'_>,
+) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    loop {
+        match http_body::Body::poll_frame(Pin::new(&mut *body), cx) {
+            Poll::Ready(Some(Ok(frame)))
+                if frame.data_ref().is_some_and(|d| d.is_empty())
+                    && !http_body::Body::is_end_stream(body) => {}
+            other => return other,
+        }
     }
 }
 
