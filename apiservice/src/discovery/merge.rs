@@ -350,7 +350,7 @@ fn apiservice_slots<'a>(
                 Some(core) => (core.resources, core.freshness),
                 // Not served by the core (yet): kube-apiserver registers a CRD's local
                 // APIService before its discovery lists the resources, and an entry without
-                // them makes kubectl answer "no matches for kind" (issue 31).
+                // them makes kubectl answer "no matches for kind".
                 None => continue,
             }
         } else {

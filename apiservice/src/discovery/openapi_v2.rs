@@ -202,7 +202,7 @@ pub fn reachable_definitions(spec: &Value) -> BTreeSet<String> {
 /// A backend's spec is input: a chain of thousands of definitions, each referencing the next,
 /// is as legal as a schema nested as deep as the JSON parser allows. So nothing here recurses:
 /// schemas wait in `pending` and are taken one at a time, and the stack stays flat whatever
-/// the spec (a recursive walk overflowed the stack on a 5 000-link chain, issue 26).
+/// the spec (a recursive walk overflows the stack on a chain of a few thousand links).
 struct RefWalker<'a> {
     definitions: Option<&'a Map<String, Value>>,
     visited: BTreeSet<String>,

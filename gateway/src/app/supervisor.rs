@@ -1,4 +1,4 @@
-//! Every long-running loop of the gateway runs under supervision (issue 41): a loop that panics
+//! Every long-running loop of the gateway runs under supervision: a loop that panics
 //! or returns is never gone silently.
 //!
 //! Each loop has a readiness check of its own, `loop/<name>`, listed by `/readyz?verbose` as

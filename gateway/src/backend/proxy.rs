@@ -188,7 +188,8 @@ fn forwarded_for(prior: Option<&HeaderValue>, ip: IpAddr) -> Option<HeaderValue>
 }
 
 /// `ip` as text, written into `buf`. An IPv4 address (nearly every client) is written digit by
-/// digit: `Display` goes through the formatter once per octet, about 500 instructions a request.
+/// digit: `Display` goes through the formatter once per octet (BENCHMARKS.md, "Why the code is
+/// shaped so").
 fn ip_text(ip: IpAddr, buf: &mut [u8; 48]) -> Option<&[u8]> {
     let IpAddr::V4(v4) = ip else {
         use std::io::Write as _;

@@ -58,7 +58,7 @@ struct Idle {
 struct Conn {
     /// Compared by pointer first: requests to one address usually carry clones of one
     /// `Authority` (the core's, a balancer's endpoint), and comparing the text case-blind on
-    /// every take cost 0.7k instructions a request.
+    /// every take is a measurable cost (BENCHMARKS.md, "Why the code is shaped so").
     authority: Authority,
     host: HeaderValue,
     send: http1::SendRequest<Body>,

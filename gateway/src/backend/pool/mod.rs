@@ -79,7 +79,7 @@ const SETTINGS_WAIT: Duration = Duration::from_secs(5);
 
 /// The default PING interval and timeout of the connection kept to each endpoint (see
 /// `watcher`): a frozen backend is noticed within their sum (2 s) after the last thing it sent,
-/// and marked unavailable one probe timeout (5 s) later, inside issue 27's 8 s. It costs one
+/// and marked unavailable one probe timeout (5 s) later, inside the 8 s a frozen backend has to be noticed. It costs one
 /// 17-byte frame each way a second per endpoint; a PING missed by a backend that is only slow
 /// costs one availability check, which passes, and no request. `http2-ping-interval`/`-timeout`
 /// set others.
@@ -456,96 +456,115 @@ impl ServiceConnections {
             let changed = shared.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            let must_connect = {
-                let mut endpoints = shared.lock();
-                let ep = endpoints.entry(endpoint.clone()).or_default();
-                if ep.http1 {
-                    return Ok(None);
+            match self.next_step(endpoint, deadline)? {
+                Step::Take(stream) => return Ok(Some(stream)),
+                Step::Http1 => return Ok(None),
+                Step::Connect => match self.dial(endpoint, dial_deadline).await? {
+                    Dialed::Http1 => return Ok(None),
+                    Dialed::Stream(stream) => return Ok(Some(stream)),
+                    // Taken by others meanwhile: look again.
+                    Dialed::Full => {}
+                },
+                Step::Wait => {
+                    let waiting = Counted::new(shared, endpoint, Count::Waiting);
+                    // On the deadline, one last look (a stream may have been freed just now):
+                    // the next step answers with `Exhausted` if there is still none.
+                    let _ = tokio::time::timeout_at(deadline, changed).await;
+                    drop(waiting);
                 }
-                ep.close_unused();
-                let total = ep.connections.len() + ep.connecting;
-                let room_for_more = total < shared.settings.max_connections;
-                if let Some(busy) = ep.least_busy_with_room().map(|c| c.streams) {
-                    if busy >= BUSY_STREAMS && room_for_more && ep.connecting == 0 {
-                        // Spread the load; this request does not wait for it.
-                        ep.connecting += 1;
-                        let pool = self.spread();
-                        let endpoint = endpoint.clone();
-                        tokio::spawn(async move { pool.add_connection(&endpoint).await });
-                    }
-                    if let Some(conn) = ep.least_busy_with_room() {
-                        return Ok(Some(Stream::take(conn, shared, endpoint)));
-                    }
-                }
-                // Every connection is full. Open one more, unless enough are already on their
-                // way for the requests waiting (one for each `limit` of them).
-                let limit = ep.learned_limit();
-                let needed =
-                    ep.connecting == 0 || ep.waiting >= ep.connecting.saturating_mul(limit);
-                if room_for_more && needed {
-                    ep.connecting += 1;
-                    true
-                } else {
-                    if Instant::now() >= deadline {
-                        let waited = shared.settings.stream_wait;
-                        return Err(match ep.connections.len() {
-                            0 => PoolError::NoConnection {
-                                endpoint: endpoint.clone(),
-                                waited,
-                            },
-                            connections => PoolError::Exhausted {
-                                endpoint: endpoint.clone(),
-                                connections,
-                                streams: ep.connections.iter().map(|c| c.streams).sum(),
-                                waited,
-                            },
-                        });
-                    }
-                    ep.waiting += 1;
-                    false
-                }
-            };
-            if must_connect {
-                let connecting = Counted::new(shared, endpoint, Count::Connecting);
-                // Boxed: a connection attempt (TCP, TLS and HTTP/2 handshakes) is a large
-                // future, and inline it would make every request's future that large, to be
-                // moved and allocated on every request although connecting is rare.
-                let connected = match dial_deadline {
-                    None => Box::pin(self.connect(endpoint)).await,
-                    Some(at) => tokio::time::timeout_at(at, Box::pin(self.connect(endpoint)))
-                        .await
-                        .unwrap_or_else(|_| {
-                            Err(PoolError::NoConnection {
-                                endpoint: endpoint.clone(),
-                                waited: RETRY_DIAL_BUDGET,
-                            })
-                        }),
-                };
-                let mut endpoints = shared.lock();
-                let ep = endpoints.entry(endpoint.clone()).or_default();
-                connecting.release(ep);
-                shared.changed.notify_waiters();
-                match connected? {
-                    Connected::Http1 => {
-                        ep.http1 = true;
-                        return Ok(None);
-                    }
-                    Connected::Http2(conn) => {
-                        ep.connections.push(conn);
-                        if let Some(conn) = ep.least_busy_with_room() {
-                            return Ok(Some(Stream::take(conn, shared, endpoint)));
-                        }
-                    }
-                }
-                continue;
             }
-            let waiting = Counted::new(shared, endpoint, Count::Waiting);
-            let woken = tokio::time::timeout_at(deadline, changed).await;
-            drop(waiting);
-            if woken.is_err() {
-                // One last look (a stream may have been freed just now); the loop answers with
-                // `Exhausted` if there is still none.
-                continue;
+        }
+    }
+
+    /// What a request for a stream to `endpoint` does now, decided under the pool's lock: take a
+    /// stream, open a connection, or wait (counted as waiting, up to `deadline`).
+    fn next_step(&self, endpoint: &Authority, deadline: Instant) -> Result<Step, PoolError> {
+        let shared = &self.shared;
+        let mut endpoints = shared.lock();
+        let ep = endpoints.entry(endpoint.clone()).or_default();
+        if ep.http1 {
+            return Ok(Step::Http1);
+        }
+        ep.close_unused();
+        let total = ep.connections.len() + ep.connecting;
+        let room_for_more = total < shared.settings.max_connections;
+        if let Some(busy) = ep.least_busy_with_room().map(|c| c.streams) {
+            if busy >= BUSY_STREAMS && room_for_more && ep.connecting == 0 {
+                // Spread the load; this request does not wait for it.
+                ep.connecting += 1;
+                let pool = self.spread();
+                let endpoint = endpoint.clone();
+                tokio::spawn(async move { pool.add_connection(&endpoint).await });
+            }
+            if let Some(conn) = ep.least_busy_with_room() {
+                return Ok(Step::Take(Stream::take(conn, shared, endpoint)));
+            }
+        }
+        // Every connection is full. Open one more, unless enough are already on their way for
+        // the requests waiting (one for each `limit` of them).
+        let limit = ep.learned_limit();
+        let needed = ep.connecting == 0 || ep.waiting >= ep.connecting.saturating_mul(limit);
+        if room_for_more && needed {
+            ep.connecting += 1;
+            return Ok(Step::Connect);
+        }
+        if Instant::now() >= deadline {
+            let waited = shared.settings.stream_wait;
+            return Err(match ep.connections.len() {
+                0 => PoolError::NoConnection {
+                    endpoint: endpoint.clone(),
+                    waited,
+                },
+                connections => PoolError::Exhausted {
+                    endpoint: endpoint.clone(),
+                    connections,
+                    streams: ep.connections.iter().map(|c| c.streams).sum(),
+                    waited,
+                },
+            });
+        }
+        ep.waiting += 1;
+        Ok(Step::Wait)
+    }
+
+    /// Opens the connection [`Self::next_step`] counted as connecting, by `dial_deadline` when
+    /// given, and takes a stream on it.
+    async fn dial(
+        &self,
+        endpoint: &Authority,
+        dial_deadline: Option<Instant>,
+    ) -> Result<Dialed, PoolError> {
+        let shared = &self.shared;
+        let connecting = Counted::new(shared, endpoint, Count::Connecting);
+        // Boxed: a connection attempt (TCP, TLS and HTTP/2 handshakes) is a large future, and
+        // inline it would make every request's future that large, to be moved and allocated on
+        // every request although connecting is rare.
+        let connected = match dial_deadline {
+            None => Box::pin(self.connect(endpoint)).await,
+            Some(at) => tokio::time::timeout_at(at, Box::pin(self.connect(endpoint)))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(PoolError::NoConnection {
+                        endpoint: endpoint.clone(),
+                        waited: RETRY_DIAL_BUDGET,
+                    })
+                }),
+        };
+        let mut endpoints = shared.lock();
+        let ep = endpoints.entry(endpoint.clone()).or_default();
+        connecting.release(ep);
+        shared.changed.notify_waiters();
+        match connected? {
+            Connected::Http1 => {
+                ep.http1 = true;
+                Ok(Dialed::Http1)
+            }
+            Connected::Http2(conn) => {
+                ep.connections.push(conn);
+                Ok(match ep.least_busy_with_room() {
+                    Some(conn) => Dialed::Stream(Stream::take(conn, shared, endpoint)),
+                    None => Dialed::Full,
+                })
             }
         }
     }
@@ -676,6 +695,26 @@ impl Endpoint {
 /// What a response holds of the connection it came on: hold it as long as the response body.
 pub struct Lease {
     _leased: Leased,
+}
+
+/// What [`ServiceConnections::next_step`] decided for a request waiting for a stream.
+enum Step {
+    Take(Stream),
+    /// The endpoint speaks HTTP/1.1 only.
+    Http1,
+    /// Open a connection (already counted as connecting).
+    Connect,
+    /// Wait for a stream to be freed or a connection to be opened (already counted as waiting).
+    Wait,
+}
+
+/// What opening a connection gave the request that opened it.
+enum Dialed {
+    Stream(Stream),
+    /// The endpoint speaks HTTP/1.1 only.
+    Http1,
+    /// Every stream of the new connection was taken by others first.
+    Full,
 }
 
 /// Held only to be dropped: each gives its part of a connection back on drop.

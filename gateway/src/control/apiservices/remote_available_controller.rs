@@ -118,8 +118,8 @@ pub struct AvailabilityController {
     /// The `Available` condition of each APIService as the kube source last saw it.
     stored: HashMap<String, Option<APIServiceCondition>>,
     /// Whether the core runs kube-aggregator's availability controllers (it is a kube-apiserver):
-    /// then it owns the `Available` condition and the gateway writes none (issue 24: the two
-    /// disagreed about a Service only one could see, and flipped the condition 5 times a minute).
+    /// then it owns the `Available` condition and the gateway writes none (two writers disagree
+    /// about a Service only one of them can see, and flip the condition back and forth).
     core_owns_status: bool,
     /// The APIServices this replica cannot reach, as the reachability check last said.
     unreachable: Vec<String>,

@@ -123,7 +123,7 @@ pub fn remote_discovery(
     }
 }
 
-/// One view of a backend (issue 41): an APIService its availability check found unavailable is
+/// One view of a backend: an APIService its availability check found unavailable is
 /// served `Stale` with its last resources, whatever its discovery fetch said, as kube-aggregator
 /// serves it (its discovery goes through the proxy, which refuses an unavailable APIService).
 pub fn seen_through_availability(

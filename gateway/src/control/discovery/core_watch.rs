@@ -347,8 +347,8 @@ impl ListingRetry {
 
 /// When to revalidate the core's OpenAPI documents (the v2 spec, the v3 root) after a change of
 /// its CRDs: at once, then at each of [`FollowUps::AFTER`] (kube-apiserver's OpenAPI controllers
-/// publish a CRD's schema a moment after the CRD is stored; issue 31's probe saw it 0.1 s after
-/// the edit). A new change starts the schedule again. Each revalidation is one conditional GET.
+/// publish a CRD's schema a moment after the CRD is stored: BENCHMARKS.md, "Why the code is
+/// shaped so"). A new change starts the schedule again. Each revalidation is one conditional GET.
 #[derive(Debug, Default)]
 pub struct FollowUps {
     due: std::collections::VecDeque<tokio::time::Instant>,

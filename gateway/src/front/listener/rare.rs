@@ -3,8 +3,8 @@
 //! read and write.
 //!
 //! A plain `select!` polls every branch on each wake-up of the connection's task: the drain's
-//! watch, two timers and a `Notify`: about 1.8k instructions per request for nothing (issue
-//! 30). [`Rare`] hands its future a waker of its own, which notes that it fired before waking
+//! watch, two timers and a `Notify`, for nothing (BENCHMARKS.md, "Why the code is shaped so").
+//! [`Rare`] hands its future a waker of its own, which notes that it fired before waking
 //! the task; on any other wake-up, polling it is a pointer comparison and an atomic swap.
 
 use std::future::Future;

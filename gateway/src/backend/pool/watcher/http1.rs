@@ -1,4 +1,4 @@
-//! The kept connection to an endpoint that speaks no HTTP/2 (issue 41): an idle HTTP/1.1
+//! The kept connection to an endpoint that speaks no HTTP/2: an idle HTTP/1.1
 //! connection, and a probe on it once per PING interval.
 //!
 //! HTTP/1.1 has no PING. The connection's close is what a killed process gives (its kernel sends

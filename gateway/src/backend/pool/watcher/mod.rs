@@ -1,4 +1,4 @@
-//! The connection kept to each endpoint of a routed remote APIService (issue 27): a watcher that
+//! The connection kept to each endpoint of a routed remote APIService: a watcher that
 //! carries no requests, only PINGs.
 //!
 //! A backend nobody calls has no connection to notice it dying or freezing with; kube-aggregator
@@ -44,7 +44,7 @@ use crate::body::Body;
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// How often an endpoint that failed is dialed until it answers: its return is seen within this
-/// (issue 41: back within 2 s), for one refused or unanswered dial per second while it is down.
+/// (well inside the 2 s a returning backend has to be served again), for one refused or unanswered dial per second while it is down.
 const DOWN_REDIAL: Duration = Duration::from_secs(1);
 /// A connection that lived this long resets the backoff: the backend is not churning it.
 const STABLE: Duration = Duration::from_secs(10);
