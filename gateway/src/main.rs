@@ -16,40 +16,14 @@ const EXIT_CONFIG: u8 = 64;
 fn main() -> ExitCode {
     // One rustls crypto provider for the process, before any TLS configuration is built.
     gateway_config::tls::install_crypto_provider();
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
-        Err(e) if !e.use_stderr() => {
-            // --help and --version.
-            let _ = e.print();
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!(
-                "aggregation-gateway: {}",
-                gateway_config::options::cli_error_line(&e)
-            );
-            return ExitCode::from(EXIT_CONFIG);
-        }
-    };
-    let check_only = cli.check_config;
-    let (options, config) = match gateway_config::load(cli) {
-        Ok(pair) => pair,
-        Err(e) => {
-            eprintln!("aggregation-gateway: {e}");
-            return ExitCode::from(EXIT_CONFIG);
-        }
-    };
-    // The filter syntax is the logger's to judge; asking it here keeps --check-config and a real
-    // start refusing the same values.
-    let log_filter = match aggregation_gateway::logging::filter(&config.logging.level) {
-        Ok(filter) => filter,
-        Err(message) => {
-            eprintln!(
-                "aggregation-gateway: {}",
-                gateway_config::ConfigError::new("log-level", message)
-            );
-            return ExitCode::from(EXIT_CONFIG);
-        }
+    let Settings {
+        check_only,
+        options,
+        config,
+        log_filter,
+    } = match Settings::read() {
+        Ok(settings) => settings,
+        Err(code) => return code,
     };
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -64,18 +38,8 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let core_check = aggregation_gateway::backend::core::check_settings(&config.core);
-    if let Err(e) = runtime.block_on(core_check) {
-        let message = e.to_string();
-        // The error names its flag already; the refusal line names it once.
-        let message = message
-            .strip_prefix(&format!("--{} ", e.flag()))
-            .unwrap_or(&message);
-        eprintln!(
-            "aggregation-gateway: {}",
-            gateway_config::ConfigError::new(e.flag(), message)
-        );
-        return ExitCode::from(EXIT_CONFIG);
+    if let Err(code) = runtime.block_on(check_core(&config.core)) {
+        return code;
     }
     if check_only {
         match serde_saphyr::to_string(&options) {
@@ -93,14 +57,73 @@ fn main() -> ExitCode {
     match runtime.block_on(aggregation_gateway::app::run(config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!(error = %aggregation_gateway::error::chain(&e), "cannot start");
-            eprintln!(
-                "aggregation-gateway: {}",
-                aggregation_gateway::error::chain(&e)
-            );
+            let chain = aggregation_gateway::error::chain(&e);
+            tracing::error!(error = %chain, "cannot start");
+            eprintln!("aggregation-gateway: {chain}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// The command line and the file it names, validated: what to run, or the exit code that
+/// refuses it (after one line on stderr saying what to fix).
+struct Settings {
+    check_only: bool,
+    options: gateway_config::Options,
+    config: gateway_config::Config,
+    log_filter: tracing_subscriber::EnvFilter,
+}
+
+impl Settings {
+    fn read() -> Result<Self, ExitCode> {
+        let cli = match Cli::try_parse() {
+            Ok(cli) => cli,
+            Err(e) if !e.use_stderr() => {
+                // --help and --version.
+                let _ = e.print();
+                return Err(ExitCode::SUCCESS);
+            }
+            Err(e) => {
+                let line = gateway_config::options::cli_error_line(&e);
+                return Err(refused(&line));
+            }
+        };
+        let check_only = cli.check_config;
+        let (options, config) = gateway_config::load(cli).map_err(|e| refused(&e))?;
+        // The filter syntax is the logger's to judge; asking it here keeps --check-config and a
+        // real start refusing the same values.
+        let log_filter = aggregation_gateway::logging::filter(&config.logging.level)
+            .map_err(|message| refused(&gateway_config::ConfigError::new("log-level", message)))?;
+        Ok(Self {
+            check_only,
+            options,
+            config,
+            log_filter,
+        })
+    }
+}
+
+/// The settings of the core that only a look at its files can judge (certificates, keys, the
+/// kubeconfig), refused as a bad flag is.
+async fn check_core(core: &gateway_config::CoreConfig) -> Result<(), ExitCode> {
+    let Err(e) = aggregation_gateway::backend::core::check_settings(core).await else {
+        return Ok(());
+    };
+    let message = e.to_string();
+    // The error names its flag already; the refusal line names it once.
+    let message = message
+        .strip_prefix(&format!("--{} ", e.flag()))
+        .unwrap_or(&message);
+    Err(refused(&gateway_config::ConfigError::new(
+        e.flag(),
+        message,
+    )))
+}
+
+/// One line on stderr saying what was refused, and the exit code for a refused configuration.
+fn refused(what: &dyn std::fmt::Display) -> ExitCode {
+    eprintln!("aggregation-gateway: {what}");
+    ExitCode::from(EXIT_CONFIG)
 }
 
 /// Raises the soft limit on open files to the hard limit, as Go's runtime does at start (so

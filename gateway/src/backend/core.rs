@@ -259,6 +259,98 @@ pub struct CoreBackend {
 }
 
 /// Everything needed to reach the core, after merging --core-kubeconfig with the --core-* flags.
+/// The clients of one core endpoint, one set per identity the gateway presents to it.
+struct Connections {
+    upstream: Upstream,
+    url: String,
+    own: Clients,
+    caller: Clients,
+    proxy: Clients,
+    rebuild: Option<ProxyRebuild>,
+}
+
+impl Connections {
+    fn unix(path: &std::path::Path) -> Self {
+        let connector = UnixConnector(Arc::new(path.to_path_buf()));
+        let client = LegacyClient::Unix(super::client_builder().build(connector.clone()));
+        // No TLS on a socket: one client serves every identity.
+        let clients = Clients {
+            pooled: HttpClient::Legacy(Box::new(client.clone())),
+            upgrades: client,
+            http1: Http1Connections::new(connector),
+        };
+        Self {
+            upstream: Upstream {
+                scheme: Scheme::HTTP,
+                authority: Authority::from_static("localhost"),
+            },
+            url: format!("unix://{}", path.display()),
+            own: clients.clone(),
+            caller: clients.clone(),
+            proxy: clients,
+            rebuild: None,
+        }
+    }
+
+    fn tcp(
+        url: &str,
+        resolved: &Resolved,
+        proxy_identity: Option<&Identity>,
+    ) -> Result<Self, CoreSetupError> {
+        let uri: Uri = url
+            .parse()
+            .map_err(|_| CoreSetupError::Url(url.to_owned()))?;
+        let (Some(scheme), Some(authority)) = (uri.scheme().cloned(), uri.authority().cloned())
+        else {
+            return Err(CoreSetupError::Url(url.to_owned()));
+        };
+        let trust = resolved.trust.as_ref();
+        let https = scheme == Scheme::HTTPS;
+        let clients = |identity: Option<&Identity>| tcp_clients(trust, identity, &authority, https);
+        let own = clients(resolved.identity.as_ref())?;
+        // Without a certificate of our own, the caller clients would be the same.
+        let caller = match resolved.identity {
+            Some(_) => clients(None)?,
+            None => own.clone(),
+        };
+        let proxy = match proxy_identity {
+            Some(id) => clients(Some(id))?,
+            None => caller.clone(),
+        };
+        let rebuild = ProxyRebuild {
+            trust: resolved.trust.clone(),
+            authority: authority.clone(),
+            https,
+            caller: caller.clone(),
+        };
+        Ok(Self {
+            upstream: Upstream { scheme, authority },
+            url: url.to_owned(),
+            own,
+            caller,
+            proxy,
+            rebuild: Some(rebuild),
+        })
+    }
+}
+
+/// The gateway's own bearer token for the core: `--core-token-file`'s, or the kubeconfig's.
+fn credentials(cfg: &CoreConfig, token: Option<String>) -> Result<Credentials, CoreSetupError> {
+    Ok(match (&cfg.token_file, token) {
+        (Some(path), _) => {
+            let token = read_token(path)?;
+            Credentials::TokenFile(path.clone(), ArcSwapOption::from_pointee(token))
+        }
+        (None, Some(t)) => {
+            Credentials::Token(bearer(&t).ok_or_else(|| CoreSetupError::Kubeconfig {
+                path: cfg.kubeconfig.clone().unwrap_or_default(),
+                message: "token is not a valid header value".into(),
+            })?)
+        }
+        (None, None) => Credentials::None,
+    })
+}
+
 struct Resolved {
     endpoint: CoreEndpoint,
     trust: Option<ServerTrust>,
@@ -452,79 +544,18 @@ impl CoreBackend {
         drain: watch::Receiver<bool>,
     ) -> Result<Self, CoreSetupError> {
         let resolved = resolve(cfg).await?;
-        let (upstream, url, own, caller, proxy, rebuild) = match &resolved.endpoint {
-            CoreEndpoint::Unix(path) => {
-                let connector = UnixConnector(Arc::new(path.clone()));
-                let client = LegacyClient::Unix(super::client_builder().build(connector.clone()));
-                let upstream = Upstream {
-                    scheme: Scheme::HTTP,
-                    authority: Authority::from_static("localhost"),
-                };
-                // No TLS on a socket: one client serves every identity.
-                let clients = Clients {
-                    pooled: HttpClient::Legacy(Box::new(client.clone())),
-                    upgrades: client,
-                    http1: Http1Connections::new(connector),
-                };
-                (
-                    upstream,
-                    format!("unix://{}", path.display()),
-                    clients.clone(),
-                    clients.clone(),
-                    clients,
-                    None,
-                )
-            }
-            CoreEndpoint::Url(url) => {
-                let uri: Uri = url.parse().map_err(|_| CoreSetupError::Url(url.clone()))?;
-                let (Some(scheme), Some(authority)) =
-                    (uri.scheme().cloned(), uri.authority().cloned())
-                else {
-                    return Err(CoreSetupError::Url(url.clone()));
-                };
-                let trust = resolved.trust.as_ref();
-                let https = scheme == Scheme::HTTPS;
-                let clients =
-                    |identity: Option<&Identity>| tcp_clients(trust, identity, &authority, https);
-                let own = clients(resolved.identity.as_ref())?;
-                // Without a certificate of our own, the caller clients would be the same.
-                let caller = match resolved.identity {
-                    Some(_) => clients(None)?,
-                    None => own.clone(),
-                };
-                let proxy = match proxy_identity {
-                    Some(id) => clients(Some(id))?,
-                    None => caller.clone(),
-                };
-                let rebuild = ProxyRebuild {
-                    trust: resolved.trust.clone(),
-                    authority: authority.clone(),
-                    https,
-                    caller: caller.clone(),
-                };
-                (
-                    Upstream { scheme, authority },
-                    url.clone(),
-                    own,
-                    caller,
-                    proxy,
-                    Some(rebuild),
-                )
-            }
+        let Connections {
+            upstream,
+            url,
+            own,
+            caller,
+            proxy,
+            rebuild,
+        } = match &resolved.endpoint {
+            CoreEndpoint::Unix(path) => Connections::unix(path),
+            CoreEndpoint::Url(url) => Connections::tcp(url, &resolved, proxy_identity)?,
         };
-        let credentials = match (&cfg.token_file, resolved.token) {
-            (Some(path), _) => {
-                let token = read_token(path)?;
-                Credentials::TokenFile(path.clone(), ArcSwapOption::from_pointee(token))
-            }
-            (None, Some(t)) => {
-                Credentials::Token(bearer(&t).ok_or_else(|| CoreSetupError::Kubeconfig {
-                    path: cfg.kubeconfig.clone().unwrap_or_default(),
-                    message: "token is not a valid header value".into(),
-                })?)
-            }
-            (None, None) => Credentials::None,
-        };
+        let credentials = credentials(cfg, resolved.token)?;
         if cfg.identity == CoreIdentity::Passthrough && proxy_identity.is_none() {
             tracing::info!("no --proxy-client-cert-file: certificate users reach the core without identity headers it can trust");
         }
