@@ -186,3 +186,47 @@ pub async fn send_streaming(
             reason: format!("{e:?}"),
         })
 }
+
+/// Opens `watches` watches made by `request` (each ending at its `timeoutSeconds`) in rounds of
+/// `per_round` at once on `client`, and reads each to its end: how many ended cleanly, and the
+/// first few failures.
+pub async fn ended_watches(
+    client: &HttpClient,
+    request: impl Fn() -> Request<Full<Bytes>>,
+    watches: usize,
+    per_round: usize,
+) -> (usize, Vec<String>) {
+    let (mut clean, mut failures) = (0, Vec::new());
+    for round in 0..watches / per_round {
+        let ends = futures::future::join_all((0..per_round).map(|i| {
+            let req = request();
+            async move {
+                let n = round * per_round + i;
+                let resp = send_streaming(client, req)
+                    .await
+                    .map_err(|e| format!("watch {n}: {e}"))?;
+                if resp.status() != StatusCode::OK {
+                    return Err(format!("watch {n}: {}", resp.status()));
+                }
+                let mut body = resp.into_body();
+                let read = tokio::time::timeout(Duration::from_secs(10), async {
+                    while let Some(frame) = body.frame().await {
+                        frame.map_err(|e| format!("watch {n}: {e:?}"))?;
+                    }
+                    Ok(())
+                });
+                read.await
+                    .unwrap_or_else(|_| Err(format!("watch {n}: not ended within 10 s")))
+            }
+        }))
+        .await;
+        for end in ends {
+            match end {
+                Ok(()) => clean += 1,
+                Err(e) if failures.len() < 3 => failures.push(e),
+                Err(_) => {}
+            }
+        }
+    }
+    (clean, failures)
+}
