@@ -258,7 +258,6 @@ pub struct CoreBackend {
     drain: watch::Receiver<bool>,
 }
 
-/// Everything needed to reach the core, after merging --core-kubeconfig with the --core-* flags.
 /// The clients of one core endpoint, one set per identity the gateway presents to it.
 struct Connections {
     upstream: Upstream,
@@ -351,6 +350,7 @@ fn credentials(cfg: &CoreConfig, token: Option<String>) -> Result<Credentials, C
     })
 }
 
+/// Everything needed to reach the core, after merging --core-kubeconfig with the --core-* flags.
 struct Resolved {
     endpoint: CoreEndpoint,
     trust: Option<ServerTrust>,

@@ -341,14 +341,12 @@ impl http_body::Body for Drainable {
         if *this.ended {
             return std::task::Poll::Ready(None);
         }
-        if let std::task::Poll::Ready(frame) = this.inner.poll_frame(cx) {
-            return std::task::Poll::Ready(frame);
-        }
+        // The drain first: a watch that always has an event ready still ends at shutdown.
         if this.drained.as_mut().poll(cx).is_ready() {
             *this.ended = true;
             return std::task::Poll::Ready(None);
         }
-        std::task::Poll::Pending
+        this.inner.poll_frame(cx)
     }
 
     fn is_end_stream(&self) -> bool {
@@ -374,6 +372,28 @@ mod tests {
     use super::*;
     use crate::extensions::ConnInfo;
     use crate::test_util::headers;
+
+    #[tokio::test]
+    async fn a_drainable_body_says_it_is_at_its_end_with_its_inner_body_and_ends_on_drain() {
+        use http_body::Body as _;
+        use http_body_util::BodyExt as _;
+        let (tx, rx) = watch::channel(false);
+        let mut body = drainable(body::full("event"), rx.clone());
+        assert!(!body.is_end_stream());
+        let frame = body.frame().await.unwrap().unwrap();
+        assert_eq!(frame.into_data().unwrap(), "event");
+        // The last frame said so: hyper closes the stream with it, sending no empty frame more.
+        assert!(body.is_end_stream());
+
+        let never_ending =
+            body::boxed(http_body_util::StreamBody::new(futures::stream::pending::<
+                Result<http_body::Frame<bytes::Bytes>, body::BoxError>,
+            >()));
+        let mut body = drainable(never_ending, rx);
+        tx.send(true).unwrap();
+        assert!(body.frame().await.is_none());
+        assert!(body.is_end_stream());
+    }
 
     #[test]
     fn hop_by_hop_and_connection_named_headers_are_removed() {

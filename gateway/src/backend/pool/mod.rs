@@ -79,10 +79,10 @@ const SETTINGS_WAIT: Duration = Duration::from_secs(5);
 
 /// The default PING interval and timeout of the connection kept to each endpoint (see
 /// `watcher`): a frozen backend is noticed within their sum (2 s) after the last thing it sent,
-/// and marked unavailable one probe timeout (5 s) later, inside the 8 s a frozen backend has to be noticed. It costs one
-/// 17-byte frame each way a second per endpoint; a PING missed by a backend that is only slow
-/// costs one availability check, which passes, and no request. `http2-ping-interval`/`-timeout`
-/// set others.
+/// and marked unavailable one probe timeout (5 s) later, inside the 8 s a frozen backend has to
+/// be noticed in. It costs one 17-byte frame each way a second per endpoint; a PING missed by a
+/// backend that is only slow costs one availability check, which passes, and no request.
+/// `http2-ping-interval`/`-timeout` set others.
 pub const PING_INTERVAL: Duration = Duration::from_secs(1);
 pub const PING_TIMEOUT: Duration = Duration::from_secs(1);
 

@@ -578,6 +578,26 @@ mod tests {
         assert_eq!(state.phase().open, 0);
     }
 
+    #[tokio::test]
+    async fn empty_data_frames_that_do_not_end_the_body_are_never_handed_to_hyper() {
+        for protocol in [Protocol::Http1, Protocol::Http2] {
+            let state = ConnState::new(protocol, Duration::from_secs(10));
+            let exchange = state.begin();
+            let frames = ["", "a", "", "", "b", ""]
+                .map(|d| Ok::<_, BoxError>(Frame::data(Bytes::from_static(d.as_bytes()))));
+            let inner = crate::body::boxed(http_body_util::StreamBody::new(futures::stream::iter(
+                frames,
+            )));
+            let mut body = paced(inner, state, exchange);
+            assert_eq!(data_len(poll_frame(&mut body)), Some(1), "{protocol:?}");
+            assert_eq!(data_len(poll_frame(&mut body)), Some(1), "{protocol:?}");
+            assert!(
+                matches!(poll_frame(&mut body), Poll::Ready(None)),
+                "{protocol:?}"
+            );
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn an_http1_connection_idles_until_bytes_arrive_then_has_the_header_timeout() {
         let header_read_timeout = Duration::from_secs(10);

@@ -44,7 +44,8 @@ use crate::body::Body;
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// How often an endpoint that failed is dialed until it answers: its return is seen within this
-/// (well inside the 2 s a returning backend has to be served again), for one refused or unanswered dial per second while it is down.
+/// (well inside the 2 s a returning backend has to be served again in), for one refused or
+/// unanswered dial per second while it is down.
 const DOWN_REDIAL: Duration = Duration::from_secs(1);
 /// A connection that lived this long resets the backoff: the backend is not churning it.
 const STABLE: Duration = Duration::from_secs(10);
