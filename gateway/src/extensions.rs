@@ -56,8 +56,10 @@ impl RoutedTo {
 pub struct ConnInfo {
     pub remote: std::net::SocketAddr,
     /// The verified client certificate chain, when the client presented one, with what
-    /// authentication last concluded from it (shared by the connection's requests).
-    pub peer_certs: Option<Arc<crate::auth::x509::PeerCertificates>>,
+    /// authentication last concluded from it (shared by the connection's requests). The listener
+    /// puts `auth::x509::PeerCertificates` here and authentication takes it back by downcast:
+    /// erased, so this floor of the crate names nothing of the authentication layer above it.
+    pub peer_certs: Option<Arc<dyn std::any::Any + Send + Sync>>,
     /// `remote`'s address as a header value (what `X-Forwarded-For` carries for it), written
     /// once for the connection: its requests share it instead of each copying the text.
     client_address: HeaderValue,

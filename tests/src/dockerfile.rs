@@ -1,7 +1,7 @@
 //! The Dockerfile at the repository root, read the way BuildKit's frontend reads it, and its
 //! final stage (what the image runs): user, entrypoint, exposed ports and copied files.
 //!
-//! Two users: `tests/dockerfile.rs` (it parses, and agrees with the chart's defaults) and the
+//! Two users: `tests/suite/dockerfile.rs` (it parses, and agrees with the chart's defaults) and the
 //! real-node suite, which cannot pull the distroless base and builds the same content offline
 //! from the release binary ([`crate::real_node::image`]), from what this module reads.
 

@@ -217,7 +217,9 @@ impl Authenticator {
         // The decoded path: the router answers health on it (see `request_info::decided_path`).
         let health = is_health_probe(req.method(), crate::request_info::decided_path(req));
         // Only Sync parts are held across the reviews (the body is not Sync).
-        let chain = RequestContext::conn_of(req.extensions()).and_then(|c| c.peer_certs.clone());
+        let chain = RequestContext::conn_of(req.extensions())
+            .and_then(|c| c.peer_certs.clone())
+            .and_then(|certs| certs.downcast::<x509::PeerCertificates>().ok());
         let found = self.identify(req.headers(), chain.as_deref()).await;
         let anonymous = || Identified {
             method: Method::Anonymous,

@@ -3,7 +3,7 @@
 //! (kube's older in-flight limits), the same small GET load against each in interleaved rounds,
 //! each gateway's CPU time per request from `/proc`. Classification and dispatch must not show
 //! beyond the noise between rounds of the same gateway. (What flow control is for, a quiet
-//! caller served beside a flood, is an e2e test's: `tests/tests/priority_and_fairness.rs`.)
+//! caller served beside a flood, is an e2e test's: `tests/tests/suite/priority_and_fairness.rs`.)
 
 use serde_json::json;
 

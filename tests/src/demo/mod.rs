@@ -6,8 +6,8 @@
 //! `start <server>` on its standard input until Ctrl-C, which stops everything it started.
 //!
 //! Why a binary of the tests crate (`cargo run -p e2e --bin demo`): its parts are the test
-//! fixtures, which the production binary must not carry, and `tests/tests/demo.rs` runs this same
-//! binary and checks the README's commands and their output against it, so the README's first
+//! fixtures, which the production binary must not carry, and `tests/tests/suite/demo.rs` runs this
+//! same binary and checks the README's commands and their output against it, so the README's first
 //! section cannot drift from what a newcomer sees.
 //!
 //! The servers:

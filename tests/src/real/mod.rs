@@ -1,8 +1,8 @@
-//! A real control plane for the second end-to-end suite (`tests/real_control_plane/`): etcd, a
-//! real kube-apiserver and k8s.io/sample-apiserver (the `wardle.example.com` flunders server of
-//! Kubernetes' own aggregator conformance test), started on 127.0.0.1 the way `envtest` starts
-//! them, so the gateway is checked against the servers users put it in front of, with
-//! kube-apiserver's own aggregator as the oracle.
+//! A real control plane for the suite's `real_control_plane` area
+//! (`tests/suite/real_control_plane/`): etcd, a real kube-apiserver and k8s.io/sample-apiserver
+//! (the `wardle.example.com` flunders server of Kubernetes' own aggregator conformance test),
+//! started on 127.0.0.1 the way `envtest` starts them, so the gateway is checked against the
+//! servers users put it in front of, with kube-apiserver's own aggregator as the oracle.
 //!
 //! The binaries never go into this repository. They are found as controller-runtime's envtest
 //! finds them: `KUBEBUILDER_ASSETS` names a directory holding `kube-apiserver` and `etcd`, and

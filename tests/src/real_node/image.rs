@@ -8,7 +8,7 @@
 //!
 //! The gateway's image is [`ImageSpec::gateway`]: user, entrypoint and port from the Dockerfile's
 //! final stage ([`crate::dockerfile::RuntimeStage`]), so the two cannot drift apart
-//! (`tests/dockerfile.rs` checks the content).
+//! (`tests/suite/dockerfile.rs` checks the content).
 
 use std::collections::BTreeMap;
 use std::io::Read;

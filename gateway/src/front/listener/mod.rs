@@ -286,9 +286,8 @@ impl Connection {
         };
         let tls_conn = stream.get_ref().1;
         self.info.peer_certs = tls_conn.peer_certificates().map(|c| {
-            Arc::new(crate::auth::x509::PeerCertificates::new(
-                c.iter().map(|c| c.clone().into_owned()).collect(),
-            ))
+            let chain = c.iter().map(|c| c.clone().into_owned()).collect();
+            Arc::new(crate::auth::x509::PeerCertificates::new(chain)) as Arc<_>
         });
         // Over TLS, HTTP/2 is only ever chosen by ALPN (RFC 9113 §3.3, and what Go's net/http
         // and so kube-apiserver do); without it the client speaks HTTP/1.1. Not sniffing for

@@ -10,7 +10,7 @@ use e2e::harness::Kubectl;
 use e2e::helm::{chart_dir, helm, split_documents, Rendered};
 use serde_json::Value;
 
-use crate::session::Real;
+use super::session::Real;
 
 const RELEASE: &str = "edge";
 const NAMESPACE: &str = "gateway-system";

@@ -9,7 +9,7 @@ use e2e::harness::{send, send_streaming, HttpClient};
 use http::{header, StatusCode};
 use http_body_util::BodyExt;
 
-use crate::session::Real;
+use super::session::Real;
 
 const PROTOBUF: &str = "application/vnd.kubernetes.protobuf";
 const PROTOBUF_WATCH: &str = "application/vnd.kubernetes.protobuf;stream=watch";

@@ -12,7 +12,7 @@
 use http::StatusCode;
 use serde_json::Value;
 
-use crate::session::{Real, AGGREGATED_V2, AGGREGATED_V2BETA1};
+use super::session::{Real, AGGREGATED_V2, AGGREGATED_V2BETA1};
 
 /// Panics naming every JSON path where the documents differ (the first 20) and showing both.
 #[track_caller]

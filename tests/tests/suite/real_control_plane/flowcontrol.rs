@@ -15,7 +15,7 @@ use http::{HeaderMap, Request, StatusCode};
 use http_body_util::Full;
 use serde_json::Value;
 
-use crate::session::Real;
+use super::session::Real;
 
 const FLOW_SCHEMA_UID: &str = "x-kubernetes-pf-flowschema-uid";
 const PRIORITY_LEVEL_UID: &str = "x-kubernetes-pf-prioritylevel-uid";

@@ -12,7 +12,7 @@ use e2e::real::pki::ADMIN_TOKEN;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 
-use crate::session::Real;
+use super::session::Real;
 
 /// More than kube-apiserver's 100 streams per connection.
 const WATCHES: usize = 120;

@@ -11,7 +11,7 @@
 //! namespace with a Pod and a ConfigMap deleted to the end. Then the conformance focus with the
 //! whole cluster behind the gateway beside the direct run, Pod start latency (create → Running,
 //! median of 10) beside the same node without the gateway, and the gateway's CPU and memory
-//! (per component with `REAL_NODE_USAGE_WINDOW`: [`crate::component_load`]).
+//! (per component with `REAL_NODE_USAGE_WINDOW`: [`super::component_load`]).
 
 use std::path::Path;
 use std::time::Duration;
@@ -25,9 +25,9 @@ use e2e::table::run_checks;
 use k8s_openapi::jiff::Timestamp;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::component_load::{self, Usage};
-use crate::shapes::Node;
-use crate::upstream::{self, Run, Table, Target};
+use super::component_load::{self, Usage};
+use super::shapes::Node;
+use super::upstream::{self, Run, Table, Target};
 
 /// The shape's name in `REAL_NODE_SHAPES`.
 pub const NAME: &str = "front-door";

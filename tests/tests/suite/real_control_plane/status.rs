@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use e2e::real::sample_apiserver::WARDLE_APISERVICE;
 use http_body_util::BodyExt;
 
-use crate::session::Real;
+use super::session::Real;
 
 /// The window over which status writes are counted. The issue asks for a minute; 35 s is enough
 /// to tell: it holds at least one of kube-apiserver's 30 s resyncs and seven of the gateway's 5 s

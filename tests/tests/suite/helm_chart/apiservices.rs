@@ -13,7 +13,7 @@ use e2e::helm::{
     example_file, helm_template, label, Rendered, CONFIG_DIR, EXAMPLES, FULLNAME, RELEASE,
 };
 
-use crate::typed::round_trip;
+use super::typed::round_trip;
 use e2e::table::check_each;
 
 /// The CRD is for a core without apiregistration.k8s.io, which Helm never reaches: it is rendered

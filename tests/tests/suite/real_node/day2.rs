@@ -18,7 +18,7 @@ use e2e::helm::chart_dir;
 use e2e::real_node::pki::NODE_NAME;
 use serde_json::Value;
 
-use crate::shapes::{pod_report, Installed, FULLNAME, NAMESPACE, RELEASE};
+use super::shapes::{pod_report, Installed, FULLNAME, NAMESPACE, RELEASE};
 
 /// kubectl requests and a watch through the gateway, until stopped.
 struct Load {

@@ -1,7 +1,7 @@
 //! Each shape used as a user would: every Pod Ready with no `Forbidden` and no restart, then
 //! kubectl through the gateway's Service: api-resources, sample-apiserver registered with
 //! `kubectl apply` through the gateway, flunders created and listed, merged discovery equal to
-//! the core's plus wardle's; then day 2 ([`crate::day2`]).
+//! the core's plus wardle's; then day 2 ([`super::day2`]).
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -11,9 +11,9 @@ use e2e::harness::wait_until;
 use e2e::table::run_checks;
 use serde_json::Value;
 
-use crate::day2;
-use crate::shapes::{pod_report, Core, Installed, NAMESPACE, RELEASE};
-use crate::wardle;
+use super::day2;
+use super::shapes::{pod_report, Core, Installed, NAMESPACE, RELEASE};
+use super::wardle;
 
 const ONLY: &str = "REAL_NODE_CHECKS";
 

@@ -5,7 +5,7 @@ use k8s_openapi::api::networking::v1::Ingress;
 
 use e2e::helm::{label, Rendered, EXAMPLES, FULLNAME, NAMESPACE};
 
-use crate::typed::ServiceMonitor;
+use super::typed::ServiceMonitor;
 use e2e::table::check_each;
 
 #[test]

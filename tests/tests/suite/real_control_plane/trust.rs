@@ -13,7 +13,7 @@ use e2e::real::sample_apiserver::WARDLE_GROUP;
 use e2e::scenario::path_arg;
 use http::StatusCode;
 
-use crate::session::Real;
+use super::session::Real;
 
 /// Starts a file-source gateway presenting a proxy client certificate from `ca`, with the trust
 /// controller on or off.

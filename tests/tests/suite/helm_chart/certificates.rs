@@ -3,7 +3,7 @@
 
 use e2e::helm::{label, Rendered, CONFIG_DIR, EXAMPLES, FULLNAME, NAMESPACE};
 
-use crate::typed::Certificate;
+use super::typed::Certificate;
 use e2e::table::check_each;
 
 #[test]

@@ -1,5 +1,5 @@
 //! Well-formed manifests: `helm lint --strict` passes, and every rendered object, for the host
-//! cluster or for the core, round-trips through its type ([`crate::typed`]), sits in the right
+//! cluster or for the core, round-trips through its type ([`super::typed`]), sits in the right
 //! namespace and carries the labels that say who manages it.
 
 use std::process::Command;
@@ -10,7 +10,7 @@ use e2e::helm::{
     chart_dir, example_file, helm, label, Rendered, EXAMPLES, FULLNAME, NAMESPACE, RELEASE,
 };
 
-use crate::typed::round_trip_by_kind;
+use super::typed::round_trip_by_kind;
 use e2e::table::check_each;
 
 #[test]

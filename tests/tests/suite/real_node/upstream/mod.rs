@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 pub use table::Table;
 
-use crate::shapes::{Installed, Node};
+use super::shapes::{Installed, Node};
 
 /// The specs of issue 31: the Aggregator conformance test, discovery, OpenAPI and CRDs.
 const APIMACHINERY: &str = r"\[sig-api-machinery\] (Aggregator|Discovery|AggregatedDiscovery|CustomResourcePublishOpenAPI|OpenAPIV3|CustomResourceDefinition resources) ";

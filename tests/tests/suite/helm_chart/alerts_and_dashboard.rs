@@ -269,7 +269,8 @@ fn the_alert_rules_pass_promtool_and_fire_as_their_unit_tests_say() {
     let spec = &r.all("PrometheusRule")[0]["spec"];
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("rules.json"), spec.to_string()).unwrap();
-    let tests = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/helm_chart/alerts.promtool.yaml");
+    let tests =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/suite/helm_chart/alerts.promtool.yaml");
     std::fs::copy(&tests, dir.path().join("alerts.promtool.yaml")).unwrap();
     for args in [
         ["check", "rules", "rules.json"],

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use e2e::real::pki::ALICE_TOKEN;
 
-use crate::file_source::{flunder, last_line};
-use crate::session::Real;
+use super::file_source::{flunder, last_line};
+use super::session::Real;
 
 pub async fn explain(real: &Real) {
     let (direct, through) = real.admins();

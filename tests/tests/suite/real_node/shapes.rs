@@ -19,8 +19,8 @@ use e2e::real_node::image::ImageSpec;
 use e2e::real_node::pki::NODE_IP;
 use e2e::real_node::Cluster;
 
-use crate::upstream::Focus;
-use crate::wardle;
+use super::upstream::Focus;
+use super::wardle;
 
 pub const RELEASE: &str = "edge";
 pub const NAMESPACE: &str = "gateway-system";

@@ -10,7 +10,7 @@ use e2e::harness::{wait_until, Gateway};
 use http::StatusCode;
 use serde_json::Value;
 
-use crate::session::Real;
+use super::session::Real;
 
 const LEASE: &str = "ha-check";
 const LEASE_DURATION: Duration = Duration::from_secs(3);

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use e2e::harness::Kubectl;
 
-use crate::session::Real;
+use super::session::Real;
 
 const ROUNDS: usize = 3;
 const MAX_RUNS: usize = 10;

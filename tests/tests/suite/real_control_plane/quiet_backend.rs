@@ -20,7 +20,7 @@ use e2e::harness::{self, assert_within, HttpClient, Stopped};
 use e2e::real::sample_apiserver::{WARDLE_APISERVICE, WARDLE_GROUP, WARDLE_VERSION};
 use http::StatusCode;
 
-use crate::session::{Real, AGGREGATED_V2};
+use super::session::{Real, AGGREGATED_V2};
 
 const FLUNDERS: &str = "/apis/wardle.example.com/v1alpha1/namespaces/default/flunders";
 

@@ -5,7 +5,7 @@
 
 use e2e::real::pki::{ADMIN_TOKEN, ALICE_TOKEN};
 
-use crate::session::{kubectl_for, Real};
+use super::session::{kubectl_for, Real};
 
 /// A Flunder manifest.
 pub fn flunder(namespace: &str, name: &str) -> String {

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use e2e::real_node::cluster::Component;
 
-use crate::shapes::Node;
+use super::shapes::Node;
 
 /// Names the steady window's length in seconds; unset, the measurement is skipped.
 pub const WINDOW_ENV: &str = "REAL_NODE_USAGE_WINDOW";

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use e2e::harness::send;
 use http::StatusCode;
 
-use crate::session::Real;
+use super::session::Real;
 
 const PROTOBUF: &str = "application/com.github.proto-openapi.spec.v2@v1.0+protobuf";
 
