@@ -9,7 +9,7 @@
 # the ring provider (no OpenSSL, no aws-lc), so nothing else is needed at runtime. glibc rather than a
 # static musl build because musl's allocator is markedly slower under the many small allocations of a
 # proxy. The image runs as uid/gid 65532 ("nonroot"), matching the Helm chart's securityContext;
-# tests/tests/dockerfile.rs parses this file and keeps USER and EXPOSE in step with the chart.
+# tests/tests/suite/dockerfile.rs parses this file and keeps USER and EXPOSE in step with the chart.
 
 ARG RUST_VERSION=1.95
 ARG DEBIAN_RELEASE=bookworm
