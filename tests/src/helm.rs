@@ -4,8 +4,8 @@
 //!
 //! It lives in the library because two areas of the suite read the chart: `tests/suite/helm_chart/`
 //! (the chart itself) and `tests/suite/dockerfile.rs` (the image must agree with the chart's
-//! defaults). Like the rest of this test support, helpers panic with a message naming the release and the object
-//! rather than return errors: every caller is a test.
+//! defaults). Like the rest of this test support, helpers panic with a message naming the release
+//! and the object rather than return errors: every caller is a test.
 //!
 //! Needs `helm` (Helm 3) on PATH: run `../shared/tools/install-helm` (CI does it in `.ci/run`).
 

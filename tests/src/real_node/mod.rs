@@ -1,6 +1,6 @@
 //! A real one-node Kubernetes cluster on this machine, for the suite's `real_node` area
-//! (`tests/suite/real_node/`): the gateway's image runs in Pods, installed by its Helm chart the way
-//! users install it, and Kubernetes' own e2e tests run through it.
+//! (`tests/suite/real_node/`): the gateway's image runs in Pods, installed by its Helm chart the
+//! way users install it, and Kubernetes' own e2e tests run through it.
 //!
 //! The cluster is the real control plane of [`crate::real`] plus a node: kube-controller-manager,
 //! kube-scheduler, kubelet and kube-proxy (iptables mode) of the same release, containerd and
