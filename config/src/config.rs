@@ -58,6 +58,10 @@ pub struct AuthnConfig {
     pub requestheader_client_ca_file: Option<PathBuf>,
     pub requestheader_allowed_names: Vec<String>,
     pub anonymous: bool,
+    /// `--anonymous-auth` was given (kube refuses it beside the file's `anonymous`).
+    pub anonymous_flag_set: bool,
+    /// `--authentication-config`.
+    pub authentication_config: Option<PathBuf>,
     pub token_webhook: bool,
     pub token_cache_ttl: Duration,
     pub token_cache_unauthorized_ttl: Duration,

@@ -2,6 +2,7 @@
 //! kube-apiserver names them), their validation into a [`Config`] before anything starts, and the
 //! TLS material (loading, self-signed generation, reloading). No networking lives here.
 
+pub mod authentication;
 pub mod config;
 pub mod duration;
 mod error;

@@ -79,6 +79,11 @@ options! {
         /// Common names allowed for the front proxy's certificate (empty: any CN signed by the CA).
         #[arg(long, value_name = "NAMES", value_delimiter = ',')]
         pub requestheader_allowed_names: Option<Vec<String>>,
+        /// kube-apiserver's structured authentication file (AuthenticationConfiguration,
+        /// apiserver.config.k8s.io/v1): JWT issuers whose tokens the gateway verifies itself,
+        /// and the anonymous authenticator. Reloaded when it changes.
+        #[arg(long, value_name = "FILE")]
+        pub authentication_config: Option<PathBuf>,
         /// Allow unauthenticated requests as system:anonymous [default: true].
         #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
         pub anonymous_auth: Option<bool>,

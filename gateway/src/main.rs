@@ -41,6 +41,12 @@ fn main() -> ExitCode {
     if let Err(code) = runtime.block_on(check_core(&config.core)) {
         return code;
     }
+    if let Err(e) = aggregation_gateway::auth::check_authentication_config(&config.authn) {
+        return refused(&gateway_config::ConfigError::new(
+            "authentication-config",
+            e,
+        ));
+    }
     if check_only {
         match serde_saphyr::to_string(&options) {
             Ok(yaml) => print!("# configuration is valid\n{yaml}"),

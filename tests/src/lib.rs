@@ -11,6 +11,7 @@ pub mod dockerfile;
 pub mod fixture;
 pub mod harness;
 pub mod helm;
+pub mod oidc;
 pub mod otlp;
 pub mod real;
 pub mod real_node;

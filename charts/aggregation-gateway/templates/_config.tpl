@@ -18,7 +18,6 @@ tests run `aggregation-gateway --check-config` on what this renders. extraConfig
   "enableAggregatorRouting" $v.serviceResolution.endpointRouting
   "apiserviceAvailabilityInterval" $v.apiServices.availabilityInterval
   "discoveryRefreshInterval" $v.apiServices.discoveryRefreshInterval
-  "anonymousAuth" $v.authentication.anonymous
   "authenticationTokenWebhook" $v.authentication.tokenWebhook.enabled
   "authenticationTokenWebhookCacheTtl" $v.authentication.tokenWebhook.cacheTTL
   "authenticationTokenWebhookCacheUnauthorizedTtl" $v.authentication.tokenWebhook.cacheUnauthorizedTTL
@@ -48,6 +47,19 @@ tests run `aggregation-gateway --check-config` on what this renders. extraConfig
 {{- if include "aggregation-gateway.proxyClientSecret" . }}
 {{- $_ := set $c "proxyClientCertFile" (printf "%s/proxy-client/tls.crt" $dir) }}
 {{- $_ := set $c "proxyClientKeyFile" (printf "%s/proxy-client/tls.key" $dir) }}
+{{- end }}
+{{- /* Structured authentication: the file's `anonymous`, when set, replaces anonymousAuth (the
+gateway refuses both, as kube-apiserver does); null anonymous renders no anonymousAuth either. */}}
+{{- $fileAnonymous := include "aggregation-gateway.authenticationFileAnonymous" . }}
+{{- if $fileAnonymous }}
+{{- if hasKey $v.extraConfig "anonymousAuth" }}
+{{- fail "extraConfig.anonymousAuth cannot be set when authentication.config has anonymous (anonymous: Forbidden: --anonymous-auth flag cannot be set when anonymous field is configured in authentication configuration file)" }}
+{{- end }}
+{{- else if kindIs "bool" $v.authentication.anonymous }}
+{{- $_ := set $c "anonymousAuth" $v.authentication.anonymous }}
+{{- end }}
+{{- if include "aggregation-gateway.authenticationConfigMap" . }}
+{{- $_ := set $c "authenticationConfig" (printf "%s/authentication/authentication-config.yaml" $dir) }}
 {{- end }}
 {{- with $v.authentication.clientCASecret }}
 {{- $_ := set $c "clientCaFile" (printf "%s/client-ca/ca.crt" $dir) }}

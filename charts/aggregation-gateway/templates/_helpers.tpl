@@ -319,3 +319,37 @@ core (metrics-rbac.yaml), the <fullname>-core manifests otherwise (_core.tpl).
   "subjects" $subjects) }}
 {{- end }}
 {{- end }}
+
+{{/*
+The ConfigMap holding the structured authentication file (key authentication-config.yaml):
+<fullname>-authentication rendered from authentication.config, or the user's
+authentication.configMap, or "" for no file.
+*/}}
+{{- define "aggregation-gateway.authenticationConfigMap" -}}
+{{- $auth := .Values.authentication }}
+{{- if and $auth.config $auth.configMap }}
+{{- fail "authentication.config and authentication.configMap are both set: the authentication file comes from one of them" }}
+{{- else if $auth.config }}
+{{- printf "%s-authentication" (include "aggregation-gateway.fullname" .) }}
+{{- else }}
+{{- $auth.configMap }}
+{{- end }}
+{{- end }}
+
+{{/* "true" when authentication.config sets `anonymous`, which then replaces anonymousAuth. */}}
+{{- define "aggregation-gateway.authenticationFileAnonymous" -}}
+{{- with .Values.authentication.config }}{{ if hasKey . "anonymous" }}true{{ end }}{{ end }}
+{{- end }}
+
+{{/*
+The AuthenticationConfiguration file from authentication.config: apiVersion and kind first (v1
+unless given), then the body as the user wrote it.
+*/}}
+{{- define "aggregation-gateway.authenticationConfiguration" -}}
+{{- $file := .Values.authentication.config -}}
+apiVersion: {{ $file.apiVersion | default "apiserver.config.k8s.io/v1" }}
+kind: {{ $file.kind | default "AuthenticationConfiguration" }}
+{{- with omit $file "apiVersion" "kind" }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}

@@ -83,6 +83,8 @@ impl Options {
             )?,
             requestheader_allowed_names: self.requestheader_allowed_names.unwrap_or_default(),
             anonymous: self.anonymous_auth.unwrap_or(true),
+            anonymous_flag_set: self.anonymous_auth.is_some(),
+            authentication_config: self.authentication_config,
             token_webhook: self.authentication_token_webhook.unwrap_or(true),
             token_cache_ttl: secs(self.authentication_token_webhook_cache_ttl, 120),
             token_cache_unauthorized_ttl: secs(

@@ -31,6 +31,7 @@ impl Clients {
             Duration,
         ),
         proxy_identity: &ProxyIdentityReload,
+        metrics: &crate::metrics::Metrics,
         drain: watch::Receiver<bool>,
     ) -> Result<Self, StartError> {
         // The core gets the proxy client certificate too: certificate users reach it as
@@ -38,16 +39,20 @@ impl Clients {
         // that follows its rotations runs with the controllers.
         let first = proxy_identity.receiver().borrow().clone();
         let core = Arc::new(CoreBackend::new(core, first.as_deref(), drain).await?);
-        let (authenticator, ca_watch) = crate::auth::start(
-            authn,
-            authz,
+        let started = crate::auth::start(
+            (authn, authz),
             cert_reload_interval,
             kube_client::client(core.clone()),
+            metrics.registry(),
         )?;
+        // The authentication file is followed for the life of the process, as kube does.
+        if let Some(jwt) = started.jwt {
+            tokio::spawn(jwt.follow_file());
+        }
         Ok(Self {
             core,
-            authenticator,
-            _ca_watch: ca_watch,
+            authenticator: started.authenticator,
+            _ca_watch: started.ca_watch,
         })
     }
 

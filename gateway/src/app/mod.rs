@@ -46,6 +46,8 @@ pub enum StartError {
     },
     #[error(transparent)]
     Core(#[from] CoreSetupError),
+    #[error(transparent)]
+    Authentication(#[from] crate::auth::AuthnStartError),
     #[error("services: {0}")]
     StaticServices(#[from] apiservice::resolve::StaticServiceError),
     #[error("proxy client certificate: {0}")]
@@ -95,7 +97,7 @@ pub async fn run(config: Config) -> Result<(), StartError> {
 
     // 2. Clients: the core server, and what rides on its transport.
     let parts = (&core, &authn, &authz, serving.cert_reload_interval);
-    let clients = Clients::start(parts, &proxy_identity, shutdown.drain()).await?;
+    let clients = Clients::start(parts, &proxy_identity, &metrics, shutdown.drain()).await?;
 
     // 3. Controllers: what the request path reads, published by loops of their own.
     let settings = ControllerSettings {

@@ -7,13 +7,16 @@
 //!    `--requestheader-client-ca-file` with a CN in `--requestheader-allowed-names` (any CN when
 //!    the list is empty), and only when `X-Remote-User` is set.
 //! 2. **x509**: a certificate chaining to `--client-ca-file`; CN is the user, each O a group.
-//! 3. **Bearer token**: a `TokenReview` on the core, cached (see `token`); from `Authorization`,
-//!    then, on a WebSocket upgrade, from a `base64url.bearer.authorization.k8s.io.<token>`
-//!    subprotocol (see `websocket`).
+//! 3. **Bearer token**: from `Authorization`, then, on a WebSocket upgrade, from a
+//!    `base64url.bearer.authorization.k8s.io.<token>` subprotocol (see `websocket`). A JWT of an
+//!    issuer in `--authentication-config` is verified here (see `jwt`); every other token, and
+//!    one the issuer refused (kube's union tries the next authenticator), gets a `TokenReview`
+//!    on the core, cached (see `token`).
 //! 4. **Anonymous** (`system:anonymous` / `system:unauthenticated`) when nothing above produced
 //!    a user *and nothing failed*: a certificate that authenticates nobody, or a rejected token,
 //!    is a 401 (kube's `FailOnError` around the anonymous authenticator), not anonymity.
-//!    With `--anonymous-auth=false` the request is a 401 too, except a GET or HEAD of `/livez`,
+//!    With `--anonymous-auth=false`, or the file's `anonymous` disabled or limited to paths
+//!    (`conditions`) this request's path is not, the request is a 401 too, except a GET or HEAD of `/livez`,
 //!    `/readyz`, `/healthz` or one of their checks (`/readyz/<check>`), which always answer:
 //!    probes carry no credentials. The gateway answers those itself; any other method or path
 //!    would go on to a backend and is authenticated like everything else.
@@ -38,6 +41,7 @@
 pub mod cache;
 pub mod forbidden;
 pub mod impersonation;
+pub mod jwt;
 pub mod onward;
 pub mod requestheader;
 pub mod sar;
@@ -74,6 +78,8 @@ pub enum Method {
     RequestHeader,
     /// A bearer token the core confirmed with a TokenReview.
     Token,
+    /// A JWT of a configured issuer, verified by the gateway (`--authentication-config`).
+    Jwt,
 }
 
 /// Request extension: the outcome of authentication (and impersonation).
@@ -161,8 +167,28 @@ pub fn is_health_probe(method: &http::Method, path: &str) -> bool {
         })
 }
 
+/// Who may be anonymous: kube's `--anonymous-auth`, or the `anonymous` of the authentication
+/// configuration file (enabled, and then on its `conditions`' paths only, when it lists any).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AnonymousPolicy {
+    Denied,
+    Allowed,
+    /// Anonymous requests to exactly these paths only.
+    Paths(Vec<String>),
+}
+
+impl AnonymousPolicy {
+    fn allows(&self, path: &str) -> bool {
+        match self {
+            Self::Denied => false,
+            Self::Allowed => true,
+            Self::Paths(paths) => paths.iter().any(|p| p == path),
+        }
+    }
+}
+
 pub struct AuthnSettings {
-    pub anonymous: bool,
+    pub anonymous: AnonymousPolicy,
     /// Constrained impersonation (KEP-5284) besides the legacy `impersonate` verb.
     pub constrained_impersonation: bool,
 }
@@ -171,7 +197,8 @@ pub struct AuthnSettings {
 pub struct Authenticator {
     certs: Option<CertAuthenticator>,
     tokens: Option<TokenReviewer>,
-    anonymous: bool,
+    jwt: Option<Arc<jwt::JwtAuthenticators>>,
+    anonymous: AnonymousPolicy,
     constrained_impersonation: bool,
     client: kube::Client,
     impersonation_cache: DecisionCache,
@@ -181,8 +208,11 @@ pub struct Authenticator {
 
 impl Authenticator {
     pub fn new(
-        certs: Option<CertAuthenticator>,
-        tokens: Option<TokenReviewer>,
+        (certs, tokens, jwt): (
+            Option<CertAuthenticator>,
+            Option<TokenReviewer>,
+            Option<Arc<jwt::JwtAuthenticators>>,
+        ),
         settings: AuthnSettings,
         client: kube::Client,
         impersonation_cache: DecisionCache,
@@ -190,6 +220,7 @@ impl Authenticator {
         Self {
             certs,
             tokens,
+            jwt,
             anonymous: settings.anonymous,
             constrained_impersonation: settings.constrained_impersonation,
             client,
@@ -205,7 +236,7 @@ impl Authenticator {
     /// token to review, or impersonation to check. When it may not, [`Self::authenticate`]
     /// is done at its first poll.
     pub fn may_wait(&self, headers: &HeaderMap) -> bool {
-        (self.tokens.is_some()
+        ((self.tokens.is_some() || self.jwt.is_some())
             && (token::bearer_token(headers).is_some() || websocket::offers_token(headers)))
             || impersonation::requested(headers)
     }
@@ -215,7 +246,9 @@ impl Authenticator {
     /// failure the answer to send (401, 400, 403 or 503 Status).
     pub async fn authenticate(&self, req: &mut Request) -> Result<(), Response> {
         // The decoded path: the router answers health on it (see `request_info::decided_path`).
-        let health = is_health_probe(req.method(), crate::request_info::decided_path(req));
+        let path = crate::request_info::decided_path(req);
+        let health = is_health_probe(req.method(), path);
+        let anonymous_allowed = self.anonymous.allows(path);
         // Only Sync parts are held across the reviews (the body is not Sync).
         let chain = RequestContext::conn_of(req.extensions())
             .and_then(|c| c.peer_certs.clone())
@@ -232,7 +265,7 @@ impl Authenticator {
             protocol_token,
         } = match found {
             Ok(Some(found)) => found,
-            Ok(None) if self.anonymous || health => anonymous(),
+            Ok(None) if anonymous_allowed || health => anonymous(),
             Ok(None) => return Err(unauthorized("anonymous requests are not allowed")),
             Err(_) if health => anonymous(),
             Err(resp) => return Err(resp),
@@ -322,10 +355,8 @@ impl Authenticator {
                 None => {}
             }
         }
-        if let Some(reviewer) = &self.tokens {
-            if let Some(found) = Self::token_user(reviewer, headers, &mut failures).await? {
-                return Ok(Some(found));
-            }
+        if let Some(found) = self.token_user(headers, &mut failures).await? {
+            return Ok(Some(found));
         }
         if failures.is_empty() {
             Ok(None)
@@ -338,26 +369,52 @@ impl Authenticator {
     /// subprotocol. kube's union tries the subprotocol whether or not `Authorization` failed:
     /// the first credential that names someone wins.
     async fn token_user(
-        reviewer: &TokenReviewer,
+        &self,
         headers: &HeaderMap,
         failures: &mut Vec<String>,
     ) -> Result<Option<Identified>, Response> {
         if let Some(token) = token::bearer_token(headers) {
-            if let Some(user) = Self::review(reviewer, token, "bearer token", failures).await? {
-                return Ok(Some(Identified::new(Method::Token, user)));
+            if let Some((method, user)) =
+                self.token_identity(token, "bearer token", failures).await?
+            {
+                return Ok(Some(Identified::new(method, user)));
             }
         }
         match websocket::token(headers) {
             Ok(Some(offered)) => {
                 let what = "bearer token in the WebSocket subprotocol";
-                if let Some(user) = Self::review(reviewer, &offered.token, what, failures).await? {
-                    let mut found = Identified::new(Method::Token, user);
+                if let Some((method, user)) =
+                    self.token_identity(&offered.token, what, failures).await?
+                {
+                    let mut found = Identified::new(method, user);
                     found.protocol_token = Some(offered.authorization);
                     return Ok(Some(found));
                 }
             }
             Ok(None) => {}
             Err(e) => failures.push(e.to_string()),
+        }
+        Ok(None)
+    }
+
+    /// One token through kube's token chain: the configured JWT issuers, then the TokenReview.
+    async fn token_identity(
+        &self,
+        token: &str,
+        what: &str,
+        failures: &mut Vec<String>,
+    ) -> Result<Option<(Method, UserInfo)>, Response> {
+        if let Some(issuers) = &self.jwt {
+            match issuers.authenticate(token).await {
+                jwt::Verdict::Authenticated(user) => return Ok(Some((Method::Jwt, user))),
+                jwt::Verdict::Rejected(why) => failures.push(format!("{what}: {why}")),
+                jwt::Verdict::NotOurs => {}
+            }
+        }
+        if let Some(reviewer) = &self.tokens {
+            if let Some(user) = Self::review(reviewer, token, what, failures).await? {
+                return Ok(Some((Method::Token, user)));
+            }
         }
         Ok(None)
     }
@@ -566,12 +623,29 @@ impl Authenticator {
 /// request-header CAs when their files change (kept alive by holding the returned watcher).
 /// Impersonation decisions are cached with the authorization TTLs; the CA files are checked
 /// every `--cert-reload-interval`.
+/// Why authentication could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthnStartError {
+    #[error("serving TLS: {0}")]
+    Tls(#[from] TlsError),
+    #[error("--authentication-config: {0}")]
+    AuthenticationConfig(String),
+}
+
+/// What [`start`] gives: the authenticator, the client CA files' watcher (dropping it stops
+/// their reloads), and the authentication file's follower to run beside the controllers.
+pub struct Started {
+    pub authenticator: Arc<Authenticator>,
+    pub ca_watch: Option<notify::RecommendedWatcher>,
+    pub jwt: Option<Arc<jwt::JwtAuthenticators>>,
+}
+
 pub fn start(
-    authn: &gateway_config::AuthnConfig,
-    authz: &gateway_config::AuthzConfig,
+    (authn, authz): (&gateway_config::AuthnConfig, &gateway_config::AuthzConfig),
     cert_reload_interval: std::time::Duration,
     client: kube::Client,
-) -> Result<(Arc<Authenticator>, Option<notify::RecommendedWatcher>), TlsError> {
+    registry: &prometheus::Registry,
+) -> Result<Started, AuthnStartError> {
     let certs = if authn.client_ca_file.is_some() || authn.requestheader_client_ca_file.is_some() {
         Some(CertAuthenticator::new(
             authn.client_ca_file.clone(),
@@ -588,11 +662,12 @@ pub fn start(
             authn.token_cache_unauthorized_ttl,
         )
     });
+    let jwt = start_jwt(authn, registry)?;
+    let anonymous = anonymous_policy(authn, jwt.as_deref())?;
     let authenticator = Arc::new(Authenticator::new(
-        certs,
-        tokens,
+        (certs, tokens, jwt.clone()),
         AuthnSettings {
-            anonymous: authn.anonymous,
+            anonymous,
             constrained_impersonation: authz.constrained_impersonation,
         },
         client,
@@ -603,7 +678,7 @@ pub fn start(
         ),
     ));
     let files = authenticator.certs().map(|c| c.files()).unwrap_or_default();
-    let watcher = if files.is_empty() {
+    let ca_watch = if files.is_empty() {
         None
     } else {
         let reloading = authenticator.clone();
@@ -619,7 +694,76 @@ pub fn start(
             }
         }
     };
-    Ok((authenticator, watcher))
+    Ok(Started {
+        authenticator,
+        ca_watch,
+        jwt,
+    })
+}
+
+/// The issuers of `--authentication-config`, loaded and validated (a bad file stops the start).
+fn start_jwt(
+    authn: &gateway_config::AuthnConfig,
+    registry: &prometheus::Registry,
+) -> Result<Option<Arc<jwt::JwtAuthenticators>>, AuthnStartError> {
+    let Some(path) = &authn.authentication_config else {
+        return Ok(None);
+    };
+    let metrics = jwt::metrics::JwtMetrics::register(registry, &apiserver_id())
+        .map_err(|e| AuthnStartError::AuthenticationConfig(e.to_string()))?;
+    let issuers = jwt::JwtAuthenticators::start(path, Arc::new(metrics))
+        .map_err(AuthnStartError::AuthenticationConfig)?;
+    Ok(Some(Arc::new(issuers)))
+}
+
+/// kube's refusal of `--anonymous-auth` beside the file's `anonymous`.
+const ANONYMOUS_TWICE: &str = "anonymous: Forbidden: --anonymous-auth flag cannot be set when anonymous field is configured in authentication configuration file";
+
+/// `--authentication-config` judged as a start judges it (the file, its CEL, and the
+/// `anonymous` rule), before anything starts: `--check-config` and a real start refuse alike.
+pub fn check_authentication_config(authn: &gateway_config::AuthnConfig) -> Result<(), String> {
+    let Some(path) = &authn.authentication_config else {
+        return Ok(());
+    };
+    let file = jwt::reload::check_file(path)?;
+    if file.anonymous.is_some() && authn.anonymous_flag_set {
+        return Err(ANONYMOUS_TWICE.into());
+    }
+    Ok(())
+}
+
+/// kube's rule: the file's `anonymous` and `--anonymous-auth` may not both be set.
+fn anonymous_policy(
+    authn: &gateway_config::AuthnConfig,
+    jwt: Option<&jwt::JwtAuthenticators>,
+) -> Result<AnonymousPolicy, AuthnStartError> {
+    let Some(file) = jwt.and_then(|j| j.anonymous()) else {
+        return Ok(if authn.anonymous {
+            AnonymousPolicy::Allowed
+        } else {
+            AnonymousPolicy::Denied
+        });
+    };
+    if authn.anonymous_flag_set {
+        return Err(AuthnStartError::AuthenticationConfig(
+            ANONYMOUS_TWICE.into(),
+        ));
+    }
+    Ok(match (file.enabled, file.conditions.as_slice()) {
+        (false, _) => AnonymousPolicy::Denied,
+        (true, []) => AnonymousPolicy::Allowed,
+        (true, conditions) => {
+            AnonymousPolicy::Paths(conditions.iter().map(|c| c.path.clone()).collect())
+        }
+    })
+}
+
+/// This replica's identity for the metrics' `apiserver_id_hash` (kube: its apiserver ID): the
+/// host name, which is the Pod's name in a cluster.
+fn apiserver_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "aggregation-gateway".into())
 }
 
 /// kube's 401: the body says only "Unauthorized" (why is for the log, not the caller).

@@ -8,7 +8,7 @@
 //! | mode | caller | connection to the core | identity headers |
 //! |---|---|---|---|
 //! | passthrough | token, anonymous | no client certificate | the caller's own `Authorization`, and the `Impersonate-*` the gateway allowed (the core checks both itself) |
-//! | passthrough | certificate, front proxy | our proxy client certificate | `X-Remote-*` of the (impersonated) user, set by us |
+//! | passthrough | certificate, front proxy, JWT | our proxy client certificate | `X-Remote-*` of the (impersonated) user, set by us |
 //! | impersonate | anyone | the gateway's own credentials | `Impersonate-*` of the (impersonated) user, set by us |
 //!
 //! Whatever the caller sent as `X-Remote-*`/`Impersonate-*` (underscore spellings included) or
@@ -62,7 +62,13 @@ pub fn prepare_core_request(
             CoreCredentials::Own
         }
         CoreIdentity::Passthrough => match auth {
-            Some(a) if matches!(a.method, Method::Certificate | Method::RequestHeader) => {
+            // The core cannot check these itself: the gateway vouches for them.
+            Some(a)
+                if matches!(
+                    a.method,
+                    Method::Certificate | Method::RequestHeader | Method::Jwt
+                ) =>
+            {
                 set_identity_headers(headers, a.user()).map_err(unencodable)?;
                 CoreCredentials::Proxy
             }

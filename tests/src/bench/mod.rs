@@ -38,7 +38,12 @@
 //! [`openapi`] runs a gateway of its own in front of many remote APIServices with large OpenAPI
 //! v2 specs: the merge after one spec changes, serving the cached merge beside the same bytes
 //! from the static backend, and the gateway's memory beside the merged document's size.
+//!
+//! [`authentication`] runs a gateway of its own in front of the fixture core with an
+//! `--authentication-config` naming the fixture OIDC issuer: a JWT verified in the gateway beside
+//! a token the core reviews (TokenReview), CPU and TokenReviews per request (issue 44).
 
+pub mod authentication;
 pub mod backend;
 pub mod documents;
 pub mod fairness;

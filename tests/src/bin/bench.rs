@@ -22,8 +22,8 @@ use e2e::bench::memory::{mb, raise_nofile_limit, rss_bytes, RssSampler};
 use e2e::bench::report::{self, Results, Row};
 use e2e::bench::setup::{self, Setup};
 use e2e::bench::{
-    backend, fairness, openapi, overload, peers, ready, real, rebuild, throughput, watch, BoxError,
-    Settings,
+    authentication, backend, fairness, openapi, overload, peers, ready, real, rebuild, throughput,
+    watch, BoxError, Settings,
 };
 use e2e::certs::install_crypto;
 use e2e::harness;
@@ -193,6 +193,9 @@ async fn run(cli: Cli) -> Result<(), BoxError> {
     }
     drop(setup);
     real::run(&settings, &gateway_binary, &mut results).await?;
+    if settings.wants(authentication::NAME) {
+        authentication::run(&settings, &gateway_binary, &mut results).await?;
+    }
     if settings.wants(openapi::NAME) {
         openapi::run(&settings, &gateway_binary, idle_gateway, &mut results).await?;
     }

@@ -26,6 +26,10 @@ struct Args {
     /// Answer /api and /apis with legacy discovery only, whatever Accept says.
     #[arg(long)]
     no_aggregated_discovery: bool,
+    /// Believe `X-Remote-*` identity headers from client certificates (verified against
+    /// --client-ca-file) with these CNs, as kube-apiserver's flag of that name; comma list.
+    #[arg(long, requires = "client_ca_file", value_delimiter = ',')]
+    requestheader_allowed_names: Vec<String>,
     /// JSON policy for TokenReview and SubjectAccessReview.
     #[arg(long)]
     policy: Option<PathBuf>,
@@ -117,6 +121,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     config.forbid = args.forbid;
     config.starting = args.starting;
     config.forbid_readyz = args.forbid_readyz;
+    if !args.requestheader_allowed_names.is_empty() {
+        config.request_header_authenticator = Some(e2e::fixture::RequestHeaderAuth {
+            allowed_names: args.requestheader_allowed_names,
+        });
+    }
     for group in &args.groups {
         let (name, versions) = group
             .split_once('=')

@@ -49,6 +49,15 @@ impl ControlPlane {
     /// Starts etcd, then kube-apiserver, and waits until kube-apiserver's `/readyz` passes (RBAC
     /// bootstrap roles included).
     pub async fn start(binaries: &RealBinaries) -> Result<ControlPlane, HarnessError> {
+        ControlPlane::start_with(binaries, &[]).await
+    }
+
+    /// [`ControlPlane::start`] with `extra` flags after the standard ones (e.g.
+    /// `--authentication-config FILE`; `--requestheader-uid-headers X-Remote-Uid`).
+    pub async fn start_with(
+        binaries: &RealBinaries,
+        extra: &[String],
+    ) -> Result<ControlPlane, HarnessError> {
         let pki = RealPki::new();
         let etcd = start_etcd(binaries, &pki).await?;
         let (etcd, etcd_url) = etcd;
@@ -108,6 +117,7 @@ impl ControlPlane {
         ]
         .into_iter()
         .map(Into::into)
+        .chain(extra.iter().cloned())
         .collect();
         let kube_apiserver_command = (binaries.kube_apiserver.clone(), args);
         let kube_apiserver = spawn_kube_apiserver(&kube_apiserver_command)?;

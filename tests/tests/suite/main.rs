@@ -37,5 +37,6 @@ mod request_metrics;
 mod request_tracing;
 mod rolling_restart;
 mod security_limits;
+mod structured_authentication;
 mod traffic;
 mod trust_configmap;

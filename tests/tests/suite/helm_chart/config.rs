@@ -12,12 +12,12 @@ use e2e::table::check_each;
 
 /// A stand-in for the Pod's filesystem: the files the config names, with real PEM contents, under a
 /// temporary root; the config's absolute paths are rewritten to point there.
-struct FakePodFs {
+pub(super) struct FakePodFs {
     root: tempfile::TempDir,
 }
 
 impl FakePodFs {
-    fn new(rendered: &Rendered) -> Self {
+    pub(super) fn new(rendered: &Rendered) -> Self {
         let root = tempfile::tempdir().unwrap();
         let (ca_pem, cert_pem, key_pem) = test_pki();
         let etc = root.path().join("etc");
@@ -40,17 +40,23 @@ impl FakePodFs {
         // The file source's directory holds what the APIService ConfigMap renders.
         let apiservices = etc.join("apiservices");
         std::fs::create_dir_all(&apiservices).unwrap();
+        // The structured authentication file, from the ConfigMap the chart renders for it.
+        let authentication = etc.join("authentication");
+        std::fs::create_dir_all(&authentication).unwrap();
         for cm in rendered.all("ConfigMap") {
-            if cm["metadata"]["name"] == format!("{FULLNAME}-apiservices") {
-                for (key, text) in cm["data"].as_object().unwrap() {
-                    std::fs::write(apiservices.join(key), text.as_str().unwrap()).unwrap();
-                }
+            let dir = match cm["metadata"]["name"].as_str() {
+                Some(n) if n == format!("{FULLNAME}-apiservices") => &apiservices,
+                Some(n) if n == format!("{FULLNAME}-authentication") => &authentication,
+                _ => continue,
+            };
+            for (key, text) in cm["data"].as_object().unwrap() {
+                std::fs::write(dir.join(key), text.as_str().unwrap()).unwrap();
             }
         }
         Self { root }
     }
 
-    fn rewrite(&self, config: &str) -> String {
+    pub(super) fn rewrite(&self, config: &str) -> String {
         let etc = self.root.path().join("etc");
         let sa = self.root.path().join("sa");
         let tmp = self.root.path().join("tmp");
@@ -60,7 +66,7 @@ impl FakePodFs {
             .replace("/tmp/aggregation-gateway", tmp.to_str().unwrap())
     }
 
-    fn write_config(&self, config: &str) -> PathBuf {
+    pub(super) fn write_config(&self, config: &str) -> PathBuf {
         let path = self.root.path().join("config.yaml");
         std::fs::write(&path, self.rewrite(config)).unwrap();
         path
@@ -202,7 +208,7 @@ fn gateway_binary() -> PathBuf {
     ensure_gateway_built().unwrap_or_else(|e| panic!("{e}"))
 }
 
-fn check_config(config: &Path) -> std::process::Output {
+pub(super) fn check_config(config: &Path) -> std::process::Output {
     Command::new(gateway_binary())
         .arg("--check-config")
         .arg("--config")

@@ -12,6 +12,9 @@
 //!   exactly when their values turn them on, and agree with what the gateway mounts and serves;
 //!   [`alerts_and_dashboard`]: the PrometheusRule passes `promtool` and its unit tests, and the
 //!   rules and the Grafana dashboard query only series the gateway exports.
+//! - [`authentication`]: `authentication.config` becomes the structured authentication file in a
+//!   ConfigMap mounted as a directory (so the gateway's reload sees updates), named by the config,
+//!   with no `anonymousAuth` beside the file's `anonymous` and no checksum rolling the Pods for it.
 //! - [`config`]: the config rendered into the ConfigMap is accepted by the gateway's own parser and
 //!   validation, and by the real binary's `--check-config`.
 //! - [`schema`]: values.schema.json rejects typos and wrong types with a message naming the field;
@@ -24,6 +27,7 @@
 
 mod alerts_and_dashboard;
 mod apiservices;
+mod authentication;
 mod certificates;
 mod config;
 mod flowcontrol;

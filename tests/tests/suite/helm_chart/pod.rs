@@ -202,6 +202,12 @@ fn every_path_in_the_config_is_mounted_as_a_directory() {
                             "{ctx}"
                         )
                     }
+                    ("authenticationConfig", "authentication-config.yaml") => {
+                        assert!(
+                            volume["configMap"]["name"].is_string(),
+                            "{ctx}: {key} from {volume}"
+                        )
+                    }
                     (_, "tls.crt" | "tls.key" | "ca.crt" | "token") => {
                         assert!(
                             volume["secret"]["secretName"].is_string(),

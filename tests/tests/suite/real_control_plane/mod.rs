@@ -32,6 +32,7 @@ mod protobuf;
 mod quiet_backend;
 mod session;
 mod status;
+mod structured_authentication;
 mod trust;
 mod watches;
 
