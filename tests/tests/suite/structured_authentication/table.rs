@@ -101,6 +101,11 @@ fn claims_rows(i: &Issuer) -> Vec<Row> {
             json!({"aud": SECOND_AUDIENCE}),
             alice(&AG),
         ),
+        ok(
+            "nbf 30 s ahead (inside kube's leeway)",
+            json!({"nbf": t + 30}),
+            alice(&AG),
+        ),
         bad("wrong audience", json!({"aud": "someone-else"})),
         bad("expired a minute ago", json!({"exp": t - 60})),
         bad("no exp", json!({"exp": null})),
