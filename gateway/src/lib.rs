@@ -49,6 +49,7 @@ pub mod extensions;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod health_check;
+pub mod host;
 pub use gateway_request::identity;
 pub mod logging;
 pub mod memory;

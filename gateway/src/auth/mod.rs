@@ -709,7 +709,7 @@ fn start_jwt(
     let Some(path) = &authn.authentication_config else {
         return Ok(None);
     };
-    let metrics = jwt::metrics::JwtMetrics::register(registry, &apiserver_id())
+    let metrics = jwt::metrics::JwtMetrics::register(registry, &crate::host::name())
         .map_err(|e| AuthnStartError::AuthenticationConfig(e.to_string()))?;
     let issuers = jwt::JwtAuthenticators::start(path, Arc::new(metrics))
         .map_err(AuthnStartError::AuthenticationConfig)?;
@@ -756,14 +756,6 @@ fn anonymous_policy(
             AnonymousPolicy::Paths(conditions.iter().map(|c| c.path.clone()).collect())
         }
     })
-}
-
-/// This replica's identity for the metrics' `apiserver_id_hash` (kube: its apiserver ID): the
-/// host name, which is the Pod's name in a cluster.
-fn apiserver_id() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_else(|_| "aggregation-gateway".into())
 }
 
 /// kube's 401: the body says only "Unauthorized" (why is for the log, not the caller).

@@ -168,7 +168,7 @@ impl LeaderElector {
         master_status: IntGauge,
         check: Arc<Check>,
     ) -> (Self, Leadership) {
-        let identity = format!("{}_{}", hostname(), uuid::Uuid::new_v4());
+        let identity = format!("{}_{}", crate::host::name(), uuid::Uuid::new_v4());
         let leadership = Leadership::new();
         master_status.set(0);
         let elector = Self {
@@ -555,21 +555,6 @@ fn holder(spec: &LeaseSpec) -> Option<&str> {
 fn jittered(period: Duration) -> Duration {
     let fraction = f64::from(uuid::Uuid::new_v4().as_bytes()[0]) / 255.0;
     period + period.mul_f64(1.2 * fraction)
-}
-
-/// The machine's host name (a Pod's name), or `unknown`.
-fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is valid for its length, and gethostname writes at most that much.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if rc != 0 {
-        return "unknown".to_owned();
-    }
-    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
-    match std::str::from_utf8(&buf[..end]) {
-        Ok(name) if !name.is_empty() => name.to_owned(),
-        _ => "unknown".to_owned(),
-    }
 }
 
 #[cfg(test)]

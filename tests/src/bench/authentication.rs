@@ -224,14 +224,6 @@ async fn worker(
     stats
 }
 
-fn percentile_ms(sorted: &[u32], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
-    sorted[rank.min(sorted.len() - 1)] as f64 / 1000.0
-}
-
 /// The load of one row: [`CONNECTIONS`] connections opened first, then `warmup` unmeasured and
 /// `window` measured (a fresh row ends sooner when its tokens run out).
 async fn drive(
@@ -285,8 +277,8 @@ async fn drive(
         errors: total.errors,
         error_sample: total.error_sample,
         seconds,
-        p50_ms: percentile_ms(&total.latencies_us, 50.0),
-        p99_ms: percentile_ms(&total.latencies_us, 99.0),
+        p50_ms: super::load::percentile(&total.latencies_us, 50.0),
+        p99_ms: super::load::percentile(&total.latencies_us, 99.0),
         exhausted: total.exhausted,
     })
 }

@@ -305,7 +305,8 @@ async fn worker(
     stats
 }
 
-fn percentile(sorted: &[u32], p: f64) -> f64 {
+/// The `p`th percentile, in milliseconds, of latencies in microseconds (sorted).
+pub(crate) fn percentile(sorted: &[u32], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }

@@ -206,7 +206,7 @@ impl KeySource {
                 .client
                 .request(request)
                 .await
-                .map_err(|e| format!("{url}: {}", causes(&e)))?;
+                .map_err(|e| format!("{url}: {}", apiservice::outage::chain(&e)))?;
             let status = response.status();
             let body = Limited::new(response.into_body(), MAX_DOCUMENT_BYTES)
                 .collect()
@@ -222,16 +222,4 @@ impl KeySource {
             .await
             .map_err(|_| format!("{url}: no answer within {}s", FETCH_TIMEOUT.as_secs()))?
     }
-}
-
-/// An error with its causes, `a: b: c`, as Go's wrapped errors print.
-fn causes(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut next = e.source();
-    while let Some(cause) = next {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        next = cause.source();
-    }
-    text
 }

@@ -85,11 +85,6 @@ impl JwtMetrics {
         })
     }
 
-    /// Families that are registered nowhere (unit tests).
-    pub fn unregistered() -> Self {
-        Self::register(&Registry::new(), "test").expect("valid metric definitions")
-    }
-
     /// One token an issuer judged: `result` is `success` or `failure`, as kube labels it.
     pub fn authenticated(&self, issuer_hash: &str, success: bool, elapsed: Duration) {
         let result = if success { "success" } else { "failure" };

@@ -100,11 +100,6 @@ impl JwtAuthenticators {
         self.anonymous.as_ref()
     }
 
-    /// Whether any issuer is configured (a file may hold none, to be filled in later).
-    pub fn any(&self) -> bool {
-        !self.issuers.load().issuers.is_empty()
-    }
-
     pub async fn authenticate(&self, token: &str) -> Verdict {
         let active = self.issuers.load_full();
         let key = key_of(token.as_bytes());
