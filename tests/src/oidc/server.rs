@@ -73,6 +73,19 @@ fn endless(n: usize) -> Response<Body> {
         .expect("a response")
 }
 
+/// Whether the request's `Accept` (none, `*/*`, `application/*` or the JWK set's own type)
+/// takes `application/jwk-set+json`.
+fn accepts_jwk_set(req: &Request<Incoming>) -> bool {
+    let Some(accept) = req.headers().get(http::header::ACCEPT) else {
+        return true;
+    };
+    let accept = accept.to_str().unwrap_or_default();
+    accept.split(',').any(|range| {
+        let range = range.split(';').next().unwrap_or_default().trim();
+        matches!(range, "*/*" | "application/*" | "application/jwk-set+json")
+    })
+}
+
 async fn respond(state: &State, req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path().to_owned();
     let discovery =
@@ -104,6 +117,13 @@ async fn respond(state: &State, req: Request<Incoming>) -> Response<Body> {
             });
             full(StatusCode::OK, "application/json", doc.to_string())
         }
+        // kube-apiserver serves its JWKS as `application/jwk-set+json` only, and refuses an
+        // `Accept` that excludes it (seen on the real node: 406 for `application/json`).
+        Misbehaviour::None | Misbehaviour::Refuse if !accepts_jwk_set(&req) => full(
+            StatusCode::NOT_ACCEPTABLE,
+            "text/plain",
+            "only application/jwk-set+json is served\n",
+        ),
         Misbehaviour::None | Misbehaviour::Refuse => {
             let keys = state.published();
             full(

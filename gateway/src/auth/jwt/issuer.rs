@@ -197,8 +197,9 @@ impl KeySource {
 
     async fn get(&self, url: &str) -> Result<Bytes, String> {
         let uri: http::Uri = url.parse().map_err(|e| format!("{url}: {e}"))?;
+        // No `Accept`, as go-oidc sends none: kube-apiserver serves its JWKS as
+        // `application/jwk-set+json` and answers `Accept: application/json` with a 406.
         let request = http::Request::get(uri)
-            .header(http::header::ACCEPT, "application/json")
             .body(Empty::new())
             .map_err(|e| e.to_string())?;
         let fetch = async {
