@@ -800,6 +800,50 @@ fn take_prefixed(headers: &mut HeaderMap, prefix: &str) -> Vec<(HeaderName, Head
 mod tests {
     use super::*;
 
+    /// kube's rule: the file's `anonymous` beside `--anonymous-auth` is refused; either alone
+    /// is not, and the file's conditions become the policy.
+    #[test]
+    fn the_files_anonymous_excludes_the_flag() {
+        let dir = std::env::temp_dir().join(format!("gw-authn-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("authn.yaml");
+        std::fs::write(
+            &file,
+            "apiVersion: apiserver.config.k8s.io/v1\nkind: AuthenticationConfiguration\n\
+             anonymous: {enabled: true, conditions: [{path: /livez}]}\n",
+        )
+        .unwrap();
+        let authn = |flag_set: bool| gateway_config::AuthnConfig {
+            client_ca_file: None,
+            requestheader_client_ca_file: None,
+            requestheader_allowed_names: Vec::new(),
+            anonymous: true,
+            anonymous_flag_set: flag_set,
+            authentication_config: Some(file.clone()),
+            token_webhook: true,
+            token_cache_ttl: std::time::Duration::from_secs(120),
+            token_cache_unauthorized_ttl: std::time::Duration::from_secs(10),
+        };
+        assert_eq!(check_authentication_config(&authn(false)), Ok(()));
+        assert_eq!(
+            check_authentication_config(&authn(true)),
+            Err(ANONYMOUS_TWICE.to_owned())
+        );
+        std::fs::write(
+            &file,
+            "apiVersion: apiserver.config.k8s.io/v1\nkind: AuthenticationConfiguration\n",
+        )
+        .unwrap();
+        assert_eq!(
+            check_authentication_config(&authn(true)),
+            Ok(()),
+            "no anonymous in the file: the flag decides"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(AnonymousPolicy::Paths(vec!["/livez".into()]).allows("/livez"));
+        assert!(!AnonymousPolicy::Paths(vec!["/livez".into()]).allows("/livez/etcd"));
+    }
+
     #[test]
     fn only_reads_of_health_endpoints_are_probes() {
         use http::Method;

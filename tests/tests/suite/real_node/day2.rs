@@ -106,7 +106,7 @@ impl Load {
     }
 }
 
-async fn rollout_status(admin: &Kubectl) {
+pub async fn rollout_status(admin: &Kubectl) {
     let out = admin
         .run(&[
             "-n",

@@ -24,6 +24,7 @@
 //! `e2e.test`; `REAL_NODE_USAGE_WINDOW=<seconds>` the front door's per-component measurement of
 //! the gateway's CPU and memory ([`component_load`]). Every difference from what a user expects is stated where it is checked.
 
+mod authentication;
 mod component_load;
 mod day2;
 mod front_door;

@@ -259,7 +259,7 @@ impl Node {
     }
 
     /// A values file in the cluster's directory.
-    fn values_file(&self, name: &str, yaml: &str) -> PathBuf {
+    pub(super) fn values_file(&self, name: &str, yaml: &str) -> PathBuf {
         let path = self.cluster.dir().join(format!("values-{name}.yaml"));
         std::fs::write(&path, yaml).unwrap();
         path

@@ -11,9 +11,9 @@ use e2e::harness::wait_until;
 use e2e::table::run_checks;
 use serde_json::Value;
 
-use super::day2;
 use super::shapes::{pod_report, Core, Installed, NAMESPACE, RELEASE};
 use super::wardle;
+use super::{authentication, day2};
 
 const ONLY: &str = "REAL_NODE_CHECKS";
 
@@ -44,6 +44,8 @@ pub async fn run(label: &str, installed: &Installed<'_>) -> Vec<String> {
                             priority_and_fairness_follows_the_core,
                         "rollout restart, helm upgrade and drain (PDB) under kubectl and watch load lose no request" =>
                             day2::restart_upgrade_drain_under_load,
+                        "the chart's authentication config: ServiceAccount tokens verified as JWTs, the file reloaded without a roll" =>
+                            authentication::service_account_tokens_verified_as_jwts_and_reloaded,
                     ],
                 )
                 .await,
