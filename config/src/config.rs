@@ -13,6 +13,8 @@ use crate::options::StaticService;
 #[derive(Debug, Clone)]
 pub struct Config {
     pub listen: SocketAddr,
+    /// How the process's threads are laid out (`--worker-threads`).
+    pub runtime: RuntimeShape,
     pub serving: ServingConfig,
     pub authn: AuthnConfig,
     pub authz: AuthzConfig,
@@ -29,6 +31,17 @@ pub struct Config {
     pub audit: AuditConfig,
     /// `--tracing-config-file`; `None`: requests are not traced.
     pub tracing: Option<crate::tracing_config::TracingConfig>,
+}
+
+/// The async runtime the gateway runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuntimeShape {
+    /// One thread runs every connection and loop (`--worker-threads=1`).
+    CurrentThread,
+    /// A work-stealing pool of this many worker threads (`--worker-threads=N`, N > 1).
+    MultiThread(u32),
+    /// A pool with one worker per CPU the process may use (`--worker-threads=0`).
+    PerCpu,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -17,7 +17,7 @@ pub mod validate;
 pub use config::{
     ApiServiceConfig, ApiServiceSource, AuditConfig, AuditLevel, AuthnConfig, AuthzConfig,
     CertKeyPair, Config, CoreConfig, CoreEndpoint, CoreIdentity, LeaderElection, Limits, LogFormat,
-    LoggingConfig, ServingConfig, TrustConfig,
+    LoggingConfig, RuntimeShape, ServingConfig, TrustConfig,
 };
 pub use duration::GoDuration;
 pub use error::ConfigError;

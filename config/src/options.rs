@@ -67,6 +67,13 @@ options! {
         /// half the open-file limit (raised to its hard limit at start) [default: 0].
         #[arg(long, value_name = "N")]
         pub max_client_connections: Option<u32>,
+        /// Threads that serve requests and run the gateway's loops. 1: one thread runs them all
+        /// (tokio's current-thread scheduler), which costs the least CPU per request where the
+        /// gateway shares its cores with kube-apiserver or its clients; N: tokio's multi-thread
+        /// scheduler with N workers, for a gateway that must use more than one core; 0: one
+        /// worker per CPU the process may use (a Pod's CPU limit counts) [default: 1].
+        #[arg(long, value_name = "N")]
+        pub worker_threads: Option<u32>,
 
         // ---- authentication ----
         /// CA bundle that verifies client certificates (user = CN, groups = O).

@@ -17,13 +17,18 @@ use crate::model::{Name, SchemaSpec, SubjectSpec};
 use crate::rules::{matches_schema, service_account_of, RequestDigest, SERVICE_ACCOUNT_PREFIX};
 
 /// FlowSchemas in matching order, with the subject index.
+/// Schema positions by a subject's name. Its keys come from the configuration, and the names a
+/// request brings are only looked up, so a fixed-seed fast hash is safe here and costs a
+/// fraction of SipHash's.
+type Index = HashMap<Box<str>, Vec<u32>, foldhash::fast::FixedState>;
+
 pub struct Classifier<T> {
     schemas: Vec<T>,
     /// Users named exactly, and ServiceAccounts named exactly (by their user names).
-    by_user: HashMap<Box<str>, Vec<u32>>,
-    by_group: HashMap<Box<str>, Vec<u32>>,
+    by_user: Index,
+    by_group: Index,
     /// ServiceAccount subjects for every account of a namespace.
-    by_service_account_namespace: HashMap<Box<str>, Vec<u32>>,
+    by_service_account_namespace: Index,
     /// Subjects `User *` and `Group *`.
     anyone: Vec<u32>,
     catch_all: usize,
@@ -35,9 +40,9 @@ impl<T: Borrow<SchemaSpec>> Classifier<T> {
     pub fn new(schemas: Vec<T>, catch_all: usize) -> Self {
         let mut c = Self {
             schemas,
-            by_user: HashMap::new(),
-            by_group: HashMap::new(),
-            by_service_account_namespace: HashMap::new(),
+            by_user: Index::default(),
+            by_group: Index::default(),
+            by_service_account_namespace: Index::default(),
             anyone: Vec::new(),
             catch_all,
         };

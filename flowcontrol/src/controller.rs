@@ -53,6 +53,17 @@ impl std::borrow::Borrow<SchemaSpec> for Arc<Schema> {
 /// The configuration requests are classified against.
 pub struct Configuration {
     pub classifier: Classifier<Arc<Schema>>,
+    /// Unique in the process: the key under which classifications are remembered
+    /// (`remembered`), so that none outlives its configuration.
+    pub generation: u64,
+}
+
+/// The source of [`Configuration::generation`]: process-wide, since threads' memories of
+/// classifications are shared by every flow control in the process (tests make several).
+static GENERATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+fn next_generation() -> u64 {
+    GENERATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 struct LevelState {
@@ -113,6 +124,7 @@ impl Controller {
     pub fn new(server_limit: u32, metrics: Arc<Metrics>) -> Self {
         let empty = Configuration {
             classifier: Classifier::new(Vec::new(), 0),
+            generation: next_generation(),
         };
         let c = Self {
             server_limit,
@@ -250,6 +262,7 @@ impl Controller {
             .expect("catch-all is always there");
         self.current.store(Arc::new(Configuration {
             classifier: Classifier::new(schemas, catch_all),
+            generation: next_generation(),
         }));
     }
 

@@ -12,7 +12,8 @@
 //! * `bootstrap`: kube's built-in FlowSchemas and PriorityLevelConfigurations, as data.
 //! * `model`: the API objects read, defaulted and validated.
 //! * `rules`, `classifier`: matching, and the index that finds the first matching FlowSchema
-//!   without a scan of all of them.
+//!   without a scan of all of them; `remembered`: each thread's memory of recent
+//!   classifications, keyed by the configuration's generation.
 //! * `request/` (kube's `flowcontrol/request`): how many seats a request takes and for how long
 //!   (`width`, `seats`, `list_sizes`, `watch_tracker`).
 //! * `fairqueuing/` (kube's `flowcontrol/fairqueuing`): the queues, fair queuing and dispatch
@@ -24,8 +25,9 @@
 //! core's FlowSchemas (or puts kube's built-in ones in force) and calls [`FlowControl`]'s
 //! `apply_*` methods. This crate depends only on `gateway-request` beneath it.
 //!
-//! On the request path: one lock-free load of the configuration, the classification, and one
-//! short lock of the request's level to start it (again to finish it). Everything that depends
+//! On the request path: one lock-free load of the configuration, the classification (usually
+//! remembered by the thread), and one short lock of the request's level to start it (again to
+//! finish it); nothing is allocated when the level has a free seat. Everything that depends
 //! only on the configuration (sorted schemas, the index, metric series, header values, seat
 //! limits) is computed when the configuration changes.
 
@@ -38,6 +40,7 @@ pub mod debug;
 pub mod fairqueuing;
 pub mod metrics;
 pub mod model;
+pub mod remembered;
 pub mod request;
 pub mod retry_after;
 pub mod rules;
@@ -171,30 +174,36 @@ impl FlowControl {
         timeout: Option<Duration>,
     ) -> Decision {
         let config = self.controller.current();
-        let schema = Arc::clone(config.classifier.classify(RequestDigest { info, user }));
-        drop(config);
-        let hash = if schema.hashed {
-            let distinguisher = match schema.spec.distinguisher {
-                Some(Distinguisher::ByUser) => user.name.as_str(),
-                Some(Distinguisher::ByNamespace) => info.namespace(),
-                None => "",
+        let remembered::Classified {
+            schema,
+            flow_hash: hash,
+        } = remembered::classified(config.generation, user, info, || {
+            let schema = Arc::clone(config.classifier.classify(RequestDigest { info, user }));
+            let flow_hash = if schema.hashed {
+                let distinguisher = match schema.spec.distinguisher {
+                    Some(Distinguisher::ByUser) => user.name.as_str(),
+                    Some(Distinguisher::ByNamespace) => info.namespace(),
+                    None => "",
+                };
+                schema.flow_hashes.get(distinguisher)
+            } else {
+                0
             };
-            schema.flow_hashes.get(distinguisher)
-        } else {
-            0
-        };
+            remembered::Classified { schema, flow_hash }
+        });
+        drop(config);
         let estimate = self.estimator.estimate(info, query, schema.max_seats);
         schema.flow.estimated_seats(estimate.work.max_seats());
         if let Some(n) = estimate.watch_count {
             schema.flow.watch_count(n as usize);
         }
-        let description = Arc::new(Description {
+        let description = Description {
             flow: schema.flow.clone(),
             schema: schema.spec.name.clone(),
             distinguisher: schema.spec.distinguisher,
             user: user.clone(),
             info: info.clone(),
-        });
+        };
         let admission =
             match schema
                 .level

@@ -236,3 +236,85 @@ fn editing_a_flowschemas_rules_in_place_is_a_change() {
         "an edited schema was not reported as a change"
     );
 }
+
+/// Classifications are remembered per thread, but never across configurations: a FlowSchema
+/// that starts to match a caller takes its next request at once, as kube classifies every
+/// request against the configuration in force.
+#[tokio::test]
+async fn a_new_configuration_classifies_the_next_request_though_the_last_was_remembered() {
+    let fc = flow_control(30);
+    let alice = user("alice", &["system:authenticated"]);
+    let target = "/api/v1/namespaces/x/configmaps/c";
+    for _ in 0..3 {
+        let d = admit(&fc, &alice, Method::GET, target);
+        assert_eq!(&*d.schema.spec.name, "global-default");
+    }
+    assert!(remembered::remembered() >= 1, "nothing was remembered");
+
+    // A schema for alice's reads, ahead of global-default.
+    let (levels, mut schemas) = controller::built_in_objects();
+    let mut mine = schemas
+        .iter()
+        .find(|s| s.metadata.name.as_deref() == Some("global-default"))
+        .unwrap()
+        .clone();
+    mine.metadata.name = Some("alice-reads".into());
+    mine.metadata.uid = Some("alice-reads-uid".into());
+    let spec = &mut mine.spec;
+    spec.matching_precedence = Some(100);
+    let rule = &mut spec.rules.as_mut().unwrap()[0];
+    rule.subjects = vec![serde_json::from_value(serde_json::json!(
+        {"kind": "User", "user": {"name": "alice"}}
+    ))
+    .unwrap()];
+    schemas.push(mine);
+    fc.controller().apply(levels.clone(), schemas.clone());
+    let d = admit(&fc, &alice, Method::GET, target);
+    assert_eq!(&*d.schema.spec.name, "alice-reads");
+    // Another caller, and another verb, are their own keys.
+    let bob = user("bob", &["system:authenticated"]);
+    assert_eq!(
+        &*admit(&fc, &bob, Method::GET, target).schema.spec.name,
+        "global-default"
+    );
+
+    // And back: the schema goes, alice's next request is global-default's again.
+    schemas.retain(|s| s.metadata.name.as_deref() != Some("alice-reads"));
+    fc.controller().apply(levels, schemas);
+    assert_eq!(
+        &*admit(&fc, &alice, Method::GET, target).schema.spec.name,
+        "global-default"
+    );
+}
+
+/// The memory of one thread is bounded whatever the variety of callers and paths, and a key
+/// too long to be worth keeping is not kept.
+#[tokio::test]
+async fn remembered_classifications_are_bounded() {
+    let fc = flow_control(4096);
+    for i in 0..(remembered::CAPACITY * 2 + 7) {
+        let u = user(&format!("user-{i}"), &["system:authenticated"]);
+        drop(admit(
+            &fc,
+            &u,
+            Method::GET,
+            "/api/v1/namespaces/x/configmaps",
+        ));
+        assert!(remembered::remembered() <= remembered::CAPACITY);
+    }
+    let long = user(&"x".repeat(remembered::MAX_KEY_BYTES), &[]);
+    let before = remembered::remembered();
+    drop(admit(
+        &fc,
+        &long,
+        Method::GET,
+        "/api/v1/namespaces/x/configmaps",
+    ));
+    drop(admit(
+        &fc,
+        &long,
+        Method::GET,
+        "/api/v1/namespaces/x/configmaps",
+    ));
+    assert!(remembered::remembered() <= before);
+}

@@ -25,14 +25,8 @@ fn main() -> ExitCode {
         Ok(settings) => settings,
         Err(code) => return code,
     };
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads)
-        .on_thread_park(aggregation_gateway::memory::collect_if_asked)
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
+    let (runtime, threads) = match runtime(config.runtime) {
+        Ok(built) => built,
         Err(e) => {
             eprintln!("aggregation-gateway: cannot start the runtime: {e}");
             return ExitCode::FAILURE;
@@ -107,6 +101,36 @@ impl Settings {
             log_filter,
         })
     }
+}
+
+/// The runtime `--worker-threads` asks for, and how many threads run its tasks.
+///
+/// One thread is the default. Where the gateway shares two cores with its clients and backend
+/// (a sidecar beside kube-apiserver), tokio's multi-thread scheduler cost about half as much CPU
+/// again per proxied request as the current-thread one, with one worker as with two: requests'
+/// memory, wake-ups and metric counters move between threads and caches (BENCHMARKS.md, "The
+/// runtime's shape"). Heavy work (OpenAPI merges, gzip) runs on the blocking pool either way.
+fn runtime(
+    shape: gateway_config::RuntimeShape,
+) -> std::io::Result<(tokio::runtime::Runtime, usize)> {
+    use gateway_config::RuntimeShape;
+    let (mut builder, threads) = match shape {
+        RuntimeShape::CurrentThread => (tokio::runtime::Builder::new_current_thread(), 1),
+        RuntimeShape::MultiThread(n) => (tokio::runtime::Builder::new_multi_thread(), n as usize),
+        RuntimeShape::PerCpu => (
+            tokio::runtime::Builder::new_multi_thread(),
+            // A Pod's CPU limit (the cgroup's quota) lowers this, as GOMAXPROCS-aware Go does.
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+        ),
+    };
+    if !matches!(shape, RuntimeShape::CurrentThread) {
+        builder.worker_threads(threads);
+    }
+    let runtime = builder
+        .on_thread_park(aggregation_gateway::memory::collect_if_asked)
+        .enable_all()
+        .build()?;
+    Ok((runtime, threads))
 }
 
 /// The settings of the core that only a look at its files can judge (certificates, keys, the

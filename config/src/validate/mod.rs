@@ -7,14 +7,17 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use crate::config::{
     ApiServiceConfig, ApiServiceSource, AuditConfig, AuditLevel, AuthnConfig, AuthzConfig, Config,
-    CoreConfig, CoreEndpoint, CoreIdentity, Limits, LogFormat, LoggingConfig, ServingConfig,
-    TrustConfig,
+    CoreConfig, CoreEndpoint, CoreIdentity, Limits, LogFormat, LoggingConfig, RuntimeShape,
+    ServingConfig, TrustConfig,
 };
 use crate::error::ConfigError;
 use crate::options::Options;
 use crate::selector::check_label_selector;
 
 mod checks;
+
+/// More worker threads than this is a typo, not a machine: tokio would start them all.
+const MAX_WORKER_THREADS: u32 = 1024;
 #[cfg(test)]
 mod tests;
 
@@ -27,6 +30,18 @@ impl Options {
             self.bind_address.unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)),
             self.secure_port.unwrap_or(8443),
         );
+
+        let runtime = match self.worker_threads.unwrap_or(1) {
+            0 => RuntimeShape::PerCpu,
+            1 => RuntimeShape::CurrentThread,
+            n if n <= MAX_WORKER_THREADS => RuntimeShape::MultiThread(n),
+            n => {
+                return Err(ConfigError::new(
+                    "worker-threads",
+                    format!("{n} is more than {MAX_WORKER_THREADS} threads; use 0 for one per CPU"),
+                ))
+            }
+        };
 
         let tls13_only = one_of(
             "tls-min-version",
@@ -338,6 +353,7 @@ impl Options {
 
         Ok(Config {
             listen,
+            runtime,
             serving,
             authn,
             authz,

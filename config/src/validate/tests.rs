@@ -27,6 +27,29 @@ mod unit {
         assert_eq!(c.limits.max_request_body_bytes, 3 * 1024 * 1024);
     }
 
+    /// `--worker-threads`: one thread unless asked, a pool of N, one worker per CPU for 0, and a
+    /// refusal that says what to write instead of an absurd count.
+    #[test]
+    fn worker_threads_pick_the_runtime() {
+        use crate::config::RuntimeShape;
+        for (yaml, want) in [
+            ("{}", RuntimeShape::CurrentThread),
+            ("workerThreads: 1", RuntimeShape::CurrentThread),
+            ("workerThreads: 0", RuntimeShape::PerCpu),
+            ("workerThreads: 4", RuntimeShape::MultiThread(4)),
+            ("workerThreads: 1024", RuntimeShape::MultiThread(1024)),
+        ] {
+            assert_eq!(opts(yaml).validate().unwrap().runtime, want, "{yaml}");
+        }
+        let err = opts("workerThreads: 100000").validate().unwrap_err();
+        assert_eq!(err.flag, "worker-threads");
+        assert!(
+            err.message
+                .contains("more than 1024 threads; use 0 for one per CPU"),
+            "{err}"
+        );
+    }
+
     /// One row per `--core-url`: the endpoint it means, or a part of the refusal naming the flag.
     #[test]
     fn core_url_forms() {
@@ -409,6 +432,7 @@ mod example {
             format!("{:?}", defaults.limits)
         );
         assert_eq!(from_file.listen, defaults.listen);
+        assert_eq!(from_file.runtime, defaults.runtime);
         assert_eq!(from_file.core.endpoint, defaults.core.endpoint);
         assert_eq!(from_file.apiservices.source, defaults.apiservices.source);
         assert_eq!(from_file.shutdown_timeout, defaults.shutdown_timeout);

@@ -137,7 +137,7 @@ fn broken_objects_are_ignored_and_their_fix_takes_effect() {
     assert_eq!(classify(&c, "bob"), "global-default");
 }
 
-fn description(c: &Controller, name: &str) -> Arc<Description> {
+fn description(c: &Controller, name: &str) -> Description {
     let config = c.current();
     let schema = config
         .classifier
@@ -145,13 +145,13 @@ fn description(c: &Controller, name: &str) -> Arc<Description> {
         .iter()
         .find(|s| &*s.spec.name == name)
         .unwrap();
-    Arc::new(Description {
+    Description {
         flow: schema.flow.clone(),
         schema: schema.spec.name.clone(),
         distinguisher: None,
         user: Arc::new(UserInfo::default()),
         info: Arc::new(RequestInfo::default()),
-    })
+    }
 }
 
 fn level_of(c: &Controller, name: &str) -> LevelView {

@@ -16,7 +16,7 @@ use tokio::time::{Instant, Sleep};
 
 use crate::admission::Admission;
 use crate::fairqueuing::queueset::{Admitted, Description, Finished, QueueSet, Queued};
-use crate::metrics::{LevelMetrics, RejectReason};
+use crate::metrics::{FlowMetrics, LevelMetrics, RejectReason};
 use crate::model::LimitResponse;
 use crate::request::seats::WorkEstimate;
 use crate::retry_after::RetryAfter;
@@ -66,31 +66,28 @@ impl PriorityLevel {
         self: &Arc<Self>,
         hash: u64,
         estimate: WorkEstimate,
-        description: Arc<Description>,
+        description: Description,
         wait_limit: Duration,
     ) -> Admission<Seat, Waiting, RejectReason> {
         let arrived = Instant::now();
-        let started = self
-            .lock()
-            .start(arrived, hash, estimate, description.clone());
+        let flow = Arc::clone(&description.flow);
+        let watch = description.is_watch();
+        let started = self.lock().start(arrived, hash, estimate, description);
         match started {
             Admission::Run(admitted) => {
                 if !self.exempt {
-                    description
-                        .flow
-                        .waited(true, arrived.elapsed().as_secs_f64());
+                    flow.waited(true, arrived.elapsed().as_secs_f64());
                 }
                 Admission::Run(Seat {
                     level: self.clone(),
                     admitted,
-                    description,
+                    flow,
+                    watch,
                 })
             }
             Admission::Reject(reason) => {
-                description.flow.rejected(reason);
-                description
-                    .flow
-                    .waited(false, arrived.elapsed().as_secs_f64());
+                flow.rejected(reason);
+                flow.waited(false, arrived.elapsed().as_secs_f64());
                 Admission::Reject(reason)
             }
             Admission::Wait(Queued { queue, id, rx }) => Admission::Wait(Waiting {
@@ -99,27 +96,24 @@ impl PriorityLevel {
                 id,
                 rx,
                 deadline: Box::pin(tokio::time::sleep_until(arrived + wait_limit)),
-                description,
+                flow,
+                watch,
                 arrived,
             }),
         }
     }
 
-    fn finish(self: &Arc<Self>, admitted: &Admitted, description: &Arc<Description>) {
+    fn finish(self: &Arc<Self>, admitted: &Admitted, flow: &Arc<FlowMetrics>, watch: bool) {
         let now = Instant::now();
-        description.flow.executed(
-            description.is_watch(),
+        flow.executed(
+            watch,
             now.saturating_duration_since(admitted.started)
                 .as_secs_f64(),
         );
         let finished = self.lock().finish(now, admitted);
         if let Finished::Linger(after) = finished {
-            let (level, admitted, description) = (self.clone(), *admitted, description.clone());
-            let release = move || {
-                level
-                    .lock()
-                    .release_final(Instant::now(), &admitted, &description.flow)
-            };
+            let (level, admitted, flow) = (self.clone(), *admitted, flow.clone());
+            let release = move || level.lock().release_final(Instant::now(), &admitted, &flow);
             match tokio::runtime::Handle::try_current() {
                 Ok(rt) => {
                     rt.spawn(async move {
@@ -138,7 +132,8 @@ impl PriorityLevel {
 pub struct Seat {
     level: Arc<PriorityLevel>,
     admitted: Admitted,
-    description: Arc<Description>,
+    flow: Arc<FlowMetrics>,
+    watch: bool,
 }
 
 impl Seat {
@@ -153,7 +148,7 @@ impl Seat {
 
 impl Drop for Seat {
     fn drop(&mut self) {
-        self.level.finish(&self.admitted, &self.description);
+        self.level.finish(&self.admitted, &self.flow, self.watch);
     }
 }
 
@@ -175,19 +170,19 @@ pub struct Waiting {
     id: u64,
     rx: oneshot::Receiver<Admitted>,
     deadline: Pin<Box<Sleep>>,
-    description: Arc<Description>,
+    flow: Arc<FlowMetrics>,
+    watch: bool,
     arrived: Instant,
 }
 
 impl Waiting {
     fn seat(&mut self, level: Arc<PriorityLevel>, admitted: Admitted) -> Seat {
-        self.description
-            .flow
-            .waited(true, self.arrived.elapsed().as_secs_f64());
+        self.flow.waited(true, self.arrived.elapsed().as_secs_f64());
         Seat {
             level,
             admitted,
-            description: self.description.clone(),
+            flow: self.flow.clone(),
+            watch: self.watch,
         }
     }
 
@@ -202,9 +197,8 @@ impl Waiting {
             .lock()
             .cancel(Instant::now(), self.queue, self.id, reason);
         if removed {
-            self.description.flow.rejected(reason);
-            self.description
-                .flow
+            self.flow.rejected(reason);
+            self.flow
                 .waited(false, self.arrived.elapsed().as_secs_f64());
             return Err(reason);
         }

@@ -70,6 +70,8 @@ pub enum StartError {
 pub async fn run(config: Config) -> Result<(), StartError> {
     let Config {
         listen,
+        // Built by `main` before this runs.
+        runtime: _,
         serving,
         authn,
         authz,

@@ -1,7 +1,5 @@
 //! What a queue set shows of itself in kube's debug dumps (`queueset.go`'s `Dump`).
 
-use std::sync::Arc;
-
 use tokio::time::Instant;
 
 use super::{Description, QueueSet, QueueSum};
@@ -48,7 +46,7 @@ impl QueueSet {
                 out.push(RequestDump {
                     queue: qi as i64,
                     position: ri as i64,
-                    description: Arc::clone(&w.description),
+                    description: w.description.clone(),
                     work: w.work.estimate,
                     arrived: w.arrived,
                     started: None,
@@ -59,7 +57,7 @@ impl QueueSet {
             out.push(RequestDump {
                 queue: r.queue.map_or(-1, i64::from),
                 position: -1,
-                description: Arc::clone(&r.description),
+                description: r.description.clone(),
                 work: r.work,
                 arrived: r.arrived,
                 started: Some(r.started),
@@ -80,7 +78,7 @@ pub struct QueueDump {
 pub struct RequestDump {
     pub queue: i64,
     pub position: i64,
-    pub description: Arc<Description>,
+    pub description: Description,
     pub work: WorkEstimate,
     pub arrived: Instant,
     pub started: Option<Instant>,

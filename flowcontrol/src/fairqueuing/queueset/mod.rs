@@ -48,7 +48,9 @@ const ESTIMATED_SERVICE: Duration = Duration::from_millis(3);
 const R_DECREMENT: SeatSeconds = SeatSeconds(u64::MAX / 2);
 const HIGH_R: SeatSeconds = SeatSeconds(u64::MAX / 2 + u64::MAX / 4);
 
-/// Who a request is, for the metrics and the debug dumps.
+/// Who a request is, for the metrics and the debug dumps. Held by value (its parts are shared),
+/// so that a request that runs at once allocates nothing here.
+#[derive(Clone)]
 pub struct Description {
     pub flow: Arc<FlowMetrics>,
     pub schema: Arc<str>,
@@ -101,7 +103,7 @@ pub enum Finished {
 
 /// A request that is executing, for the dumps.
 struct Running {
-    description: Arc<Description>,
+    description: Description,
     queue: Option<u32>,
     work: WorkEstimate,
     arrived: Instant,
@@ -222,7 +224,7 @@ impl QueueSet {
         now: Instant,
         hash: u64,
         estimate: WorkEstimate,
-        description: Arc<Description>,
+        description: Description,
     ) -> Admission<Admitted, Queued, RejectReason> {
         self.sync(now);
         let work = CompletedWork::new(estimate, ESTIMATED_SERVICE);
@@ -252,7 +254,7 @@ impl QueueSet {
         &mut self,
         now: Instant,
         work: CompletedWork,
-        description: Arc<Description>,
+        description: Description,
     ) -> Admission<Admitted, Queued, RejectReason> {
         if self.limit_response != LimitResponse::Exempt && !self.can_accommodate(work.max_seats()) {
             self.counts.rejected += 1;
@@ -268,7 +270,7 @@ impl QueueSet {
         now: Instant,
         q: usize,
         mut work: CompletedWork,
-        description: Arc<Description>,
+        description: Description,
     ) -> Admission<Admitted, Queued, RejectReason> {
         let queue = &mut self.queues[q];
         if !queue.is_active() {
@@ -298,7 +300,7 @@ impl QueueSet {
         now: Instant,
         q: usize,
         work: CompletedWork,
-        description: Arc<Description>,
+        description: Description,
     ) -> Admission<Admitted, Queued, RejectReason> {
         let seats = work.max_seats();
         let id = self.next_id;
@@ -421,7 +423,7 @@ impl QueueSet {
         queue: Option<u32>,
         work: CompletedWork,
         arrived: Instant,
-        description: Arc<Description>,
+        description: Description,
     ) -> Admitted {
         let seats = work.max_seats();
         self.executing += 1;

@@ -3,7 +3,6 @@
 //! shuffle sharder compare, and the queue's virtual start time.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -18,7 +17,7 @@ pub struct Waiter {
     /// R when it arrived: its queue's virtual start never precedes it.
     pub arrival_r: SeatSeconds,
     pub arrived: Instant,
-    pub description: Arc<Description>,
+    pub description: Description,
     /// Told when it is dispatched. Dropped unsent when it is taken out for any other reason.
     pub tx: oneshot::Sender<Admitted>,
 }

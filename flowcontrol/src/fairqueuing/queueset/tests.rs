@@ -30,14 +30,14 @@ fn queuing(queues: u32, hand_size: u32, queue_length_limit: u32) -> LimitRespons
     })
 }
 
-fn description(m: &Metrics, flow: &str) -> Arc<Description> {
-    Arc::new(Description {
+fn description(m: &Metrics, flow: &str) -> Description {
+    Description {
         flow: Arc::new(FlowMetrics::new(m, &"test".into(), &flow.into())),
         schema: flow.into(),
         distinguisher: None,
         user: Arc::new(UserInfo::default()),
         info: Arc::new(RequestInfo::default()),
-    })
+    }
 }
 
 impl QueueSet {

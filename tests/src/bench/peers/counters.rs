@@ -32,6 +32,10 @@ pub fn probe(short: bool) -> Counting {
     };
     if short {
         Counting::Unavailable(format!("{why}; callgrind is not run in --short mode"))
+    } else if std::env::var_os("BENCH_PEERS_NO_CALLGRIND").is_some() {
+        Counting::Unavailable(format!(
+            "{why}; callgrind not run (BENCH_PEERS_NO_CALLGRIND)"
+        ))
     } else if super::on_path("valgrind") && super::on_path("callgrind_control") {
         Counting::Callgrind(why)
     } else {

@@ -4,9 +4,9 @@
 //! - **fallthrough**: TLS in, plain HTTP to the core (a path no APIService claims);
 //! - **remote**: TLS in, TLS to the remote APIService's backend (`/apis/bench.example.com/v1/...`).
 //!
-//! Rounds are interleaved (each round visits direct, gateway, nginx and HAProxy, starting one
-//! further along each time) so that whatever else the shared machine does spreads over all of
-//! them; the table has medians over rounds. Each measured run also records the serving process's
+//! Rounds are interleaved (each round visits direct, gateway, nginx, HAProxy and the gateway with
+//! priority and fairness off, starting one further along each time) so that whatever else the
+//! shared machine does spreads over all of them; the table has medians over rounds. Each measured run also records the serving process's
 //! CPU time and, where the machine has hardware counters, its instructions ([`counters`]) per
 //! request, which do not depend on what else runs.
 //!
@@ -64,13 +64,17 @@ enum Server {
     Gateway,
     Nginx,
     Haproxy,
+    /// The same gateway with `--enable-priority-and-fairness=false`, so that what priority and
+    /// fairness costs is read within one run.
+    GatewayWithoutApf,
 }
 
-const SERVERS: [Server; 4] = [
+const SERVERS: [Server; 5] = [
     Server::Direct,
     Server::Gateway,
     Server::Nginx,
     Server::Haproxy,
+    Server::GatewayWithoutApf,
 ];
 
 impl Server {
@@ -80,6 +84,7 @@ impl Server {
             Server::Gateway => "gateway",
             Server::Nginx => "nginx (1 worker)",
             Server::Haproxy => "HAProxy (1 thread)",
+            Server::GatewayWithoutApf => "gateway, priority and fairness off",
         }
     }
 }
@@ -122,6 +127,7 @@ struct Targets<'a> {
     setup: &'a Setup,
     nginx: Peer,
     haproxy: Peer,
+    without_apf: Gateway,
 }
 
 impl Targets<'_> {
@@ -131,6 +137,7 @@ impl Targets<'_> {
             Server::Gateway => self.setup.gateway.addr,
             Server::Nginx => self.nginx.addr,
             Server::Haproxy => self.haproxy.addr,
+            Server::GatewayWithoutApf => self.without_apf.addr,
         }
     }
 
@@ -142,6 +149,7 @@ impl Targets<'_> {
             Server::Gateway => self.setup.gateway.process.id(),
             Server::Nginx => self.nginx.pid(),
             Server::Haproxy => self.haproxy.pid(),
+            Server::GatewayWithoutApf => self.without_apf.process.id(),
         }
     }
 }
@@ -191,6 +199,7 @@ pub async fn run(
         setup,
         nginx: proxies::start_nginx(setup, dir.path(), None).await?,
         haproxy: proxies::start_haproxy(setup, dir.path(), None).await?,
+        without_apf: start_gateway_without_apf(setup).await?,
     };
     let shapes = shapes();
     for shape in &shapes {
@@ -461,10 +470,25 @@ async fn callgrind_pass(
 ) -> Result<Vec<CallgrindFigure>, BoxError> {
     let cg = Callgrind::new(dir)?;
     let mut figures = Vec::new();
-    for server in [Server::Gateway, Server::Nginx, Server::Haproxy] {
+    for server in [
+        Server::Gateway,
+        Server::Nginx,
+        Server::Haproxy,
+        Server::GatewayWithoutApf,
+    ] {
         eprintln!("bench: {NAME}: {} under callgrind", server.label());
         let started = match server {
-            Server::Gateway => start_gateway_under(setup, &cg).await.map(Counted::Gateway),
+            Server::Gateway => start_gateway_under(setup, &cg, GATEWAY_UNDER_CALLGRIND, &[])
+                .await
+                .map(Counted::Gateway),
+            Server::GatewayWithoutApf => start_gateway_under(
+                setup,
+                &cg,
+                GATEWAY_WITHOUT_APF_UNDER_CALLGRIND,
+                &["--enable-priority-and-fairness=false"],
+            )
+            .await
+            .map(Counted::Gateway),
             Server::Nginx => proxies::start_nginx(setup, dir, Some(&cg))
                 .await
                 .map(Counted::Peer),
@@ -473,7 +497,15 @@ async fn callgrind_pass(
                 .map(Counted::Peer),
         };
         let (addr, pid, name) = match &started {
-            Ok(Counted::Gateway(g)) => (g.addr, g.process.id(), "gateway-callgrind"),
+            Ok(Counted::Gateway(g)) => (
+                g.addr,
+                g.process.id(),
+                if server == Server::Gateway {
+                    GATEWAY_UNDER_CALLGRIND
+                } else {
+                    GATEWAY_WITHOUT_APF_UNDER_CALLGRIND
+                },
+            ),
             Ok(Counted::Peer(p)) => (p.addr, p.pid(), p.process.name()),
             Err(e) => {
                 eprintln!(
@@ -530,8 +562,28 @@ async fn callgrind_pass(
     Ok(figures)
 }
 
-/// The bench's gateway once more (same flags, backends and certificates), under callgrind.
-async fn start_gateway_under(setup: &Setup, cg: &Callgrind) -> Result<Gateway, BoxError> {
+/// The bench's gateway once more (same flags, backends and certificates) with priority and
+/// fairness off.
+async fn start_gateway_without_apf(setup: &Setup) -> Result<Gateway, BoxError> {
+    let options = setup
+        .gateway_options
+        .clone()
+        .args(["--enable-priority-and-fairness=false"]);
+    Ok(Gateway::start(options).await?)
+}
+
+/// The labels of the gateways' callgrind dumps.
+const GATEWAY_UNDER_CALLGRIND: &str = "gateway-callgrind";
+const GATEWAY_WITHOUT_APF_UNDER_CALLGRIND: &str = "gateway-without-apf-callgrind";
+
+/// The bench's gateway once more (same flags, backends and certificates, and `extra`), under
+/// callgrind, its dumps labelled `name`.
+async fn start_gateway_under(
+    setup: &Setup,
+    cg: &Callgrind,
+    name: &str,
+    extra: &[&str],
+) -> Result<Gateway, BoxError> {
     let binary = setup
         .gateway_options
         .binary
@@ -543,8 +595,9 @@ async fn start_gateway_under(setup: &Setup, cg: &Callgrind) -> Result<Gateway, B
     let mut options = setup
         .gateway_options
         .clone()
-        .binary(cg.script("gateway-callgrind", &binary)?)
-        .args(["--discovery-refresh-interval", "1h"]);
+        .binary(cg.script(name, &binary)?)
+        .args(["--discovery-refresh-interval", "1h"])
+        .args(extra.iter().copied());
     options.startup_timeout = Duration::from_secs(180);
     Ok(Gateway::start(options).await?)
 }
@@ -700,10 +753,12 @@ fn section_markdown(
          token would need); the gateway then reaches the remote backend over HTTP/1.1, as nginx and \
          HAProxy do (the main table's remote row is a client-certificate user over HTTP/2). \
          {rounds} round(s) of {seconds} s after one unmeasured second each; every round visits the \
-         four servers, starting one further along each time; figures are medians over rounds, the \
+         five servers, starting one further along each time; figures are medians over rounds, the \
          ratio is the median of each round's ratio to that round's direct run. CPU per request: the \
          serving process's user + system time (`/proc`) per request — the proxy's, or the \
-         backend's for the direct row. Instructions per request: {instructions_method}.\n\n"
+         backend's for the direct row. The last row of each shape is the same gateway started a \
+         second time with `--enable-priority-and-fairness=false`, so that what priority and \
+         fairness costs is read in the same run. Instructions per request: {instructions_method}.\n\n"
     );
     out.push_str(
         "| shape | server | req/s | ratio to direct | p99 | CPU per request | instructions per request | allocations per request | errors |\n\
@@ -730,7 +785,7 @@ fn section_markdown(
     }
     out.push_str("\nIssue 17's targets (the gateway against nginx and HAProxy, this run):\n\n");
     for (shape, by_server) in shapes.iter().zip(summaries) {
-        let [_, gateway, nginx, haproxy] = by_server.as_slice() else {
+        let [_, gateway, nginx, haproxy, ..] = by_server.as_slice() else {
             continue;
         };
         let yes = |met: bool| if met { "met" } else { "**not met**" };
@@ -767,6 +822,21 @@ fn section_markdown(
                     gateway.cpu_us / nginx.cpu_us
                 );
             }
+        }
+        if let Some(off) = by_server.get(4) {
+            let _ = writeln!(
+                out,
+                "- {}: priority and fairness on ÷ off, same run: throughput {:.2}× ({:.0} vs {:.0} req/s), \
+                 p99 {:.2} vs {:.2} ms, CPU per request {:.1} vs {:.1} µs.",
+                shape.key,
+                gateway.requests_per_s / off.requests_per_s,
+                gateway.requests_per_s,
+                off.requests_per_s,
+                gateway.p99_ms,
+                off.p99_ms,
+                gateway.cpu_us,
+                off.cpu_us
+            );
         }
     }
     out
