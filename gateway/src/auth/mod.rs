@@ -38,6 +38,7 @@
 //! so no later layer, log or backend sees a credential or a claimed identity. The core path puts back what it needs (see
 //! `onward`).
 
+mod anonymous;
 pub mod cache;
 pub mod forbidden;
 pub mod impersonation;
@@ -46,13 +47,13 @@ pub mod onward;
 pub mod requestheader;
 pub mod sar;
 pub mod selector;
+mod start;
 pub mod token;
 pub mod websocket;
 pub mod x509;
 
 use std::sync::Arc;
 
-use gateway_config::tls::TlsError;
 use http::header::{HeaderName, HeaderValue, AUTHORIZATION};
 use http::{HeaderMap, StatusCode};
 
@@ -63,6 +64,9 @@ use crate::identity::{
     strip_identity_headers, UserInfo, ANONYMOUS, AUTHENTICATED, UNAUTHENTICATED,
 };
 use crate::status::{status_response, StatusDetails};
+
+pub use self::anonymous::{is_health_probe, AnonymousPolicy};
+pub use self::start::{check_authentication_config, start, AuthnStartError, Started};
 
 use self::sar::{cached_review, Action, Attributes, DecisionCache};
 use self::token::{TokenReviewer, Verdict};
@@ -150,41 +154,6 @@ pub fn with_authenticated_group(mut user: UserInfo) -> UserInfo {
         user.groups.push(AUTHENTICATED.to_owned());
     }
     user
-}
-
-/// A health probe: GET or HEAD of `/livez`, `/readyz`, `/healthz` or `/<endpoint>/<check>`.
-/// The router answers every such request itself (see `health::Endpoint::from_path`), so letting
-/// it through without credentials exposes nothing beyond the gateway's own health.
-pub fn is_health_probe(method: &http::Method, path: &str) -> bool {
-    (method == http::Method::GET || method == http::Method::HEAD)
-        && ["/livez", "/readyz", "/healthz"].iter().any(|p| {
-            path.strip_prefix(p).is_some_and(|rest| {
-                rest.is_empty()
-                    || rest
-                        .strip_prefix('/')
-                        .is_some_and(|check| !check.is_empty())
-            })
-        })
-}
-
-/// Who may be anonymous: kube's `--anonymous-auth`, or the `anonymous` of the authentication
-/// configuration file (enabled, and then on its `conditions`' paths only, when it lists any).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AnonymousPolicy {
-    Denied,
-    Allowed,
-    /// Anonymous requests to exactly these paths only.
-    Paths(Vec<String>),
-}
-
-impl AnonymousPolicy {
-    fn allows(&self, path: &str) -> bool {
-        match self {
-            Self::Denied => false,
-            Self::Allowed => true,
-            Self::Paths(paths) => paths.iter().any(|p| p == path),
-        }
-    }
 }
 
 pub struct AuthnSettings {
@@ -619,145 +588,6 @@ impl Authenticator {
     }
 }
 
-/// Builds the authenticator from the configuration, with a watch that reloads the client and
-/// request-header CAs when their files change (kept alive by holding the returned watcher).
-/// Impersonation decisions are cached with the authorization TTLs; the CA files are checked
-/// every `--cert-reload-interval`.
-/// Why authentication could not be set up.
-#[derive(Debug, thiserror::Error)]
-pub enum AuthnStartError {
-    #[error("serving TLS: {0}")]
-    Tls(#[from] TlsError),
-    #[error("--authentication-config: {0}")]
-    AuthenticationConfig(String),
-}
-
-/// What [`start`] gives: the authenticator, the client CA files' watcher (dropping it stops
-/// their reloads), and the authentication file's follower to run beside the controllers.
-pub struct Started {
-    pub authenticator: Arc<Authenticator>,
-    pub ca_watch: Option<notify::RecommendedWatcher>,
-    pub jwt: Option<Arc<jwt::JwtAuthenticators>>,
-}
-
-pub fn start(
-    (authn, authz): (&gateway_config::AuthnConfig, &gateway_config::AuthzConfig),
-    cert_reload_interval: std::time::Duration,
-    client: kube::Client,
-    registry: &prometheus::Registry,
-) -> Result<Started, AuthnStartError> {
-    let certs = if authn.client_ca_file.is_some() || authn.requestheader_client_ca_file.is_some() {
-        Some(CertAuthenticator::new(
-            authn.client_ca_file.clone(),
-            authn.requestheader_client_ca_file.clone(),
-            authn.requestheader_allowed_names.clone(),
-        )?)
-    } else {
-        None
-    };
-    let tokens = authn.token_webhook.then(|| {
-        TokenReviewer::new(
-            client.clone(),
-            authn.token_cache_ttl,
-            authn.token_cache_unauthorized_ttl,
-        )
-    });
-    let jwt = start_jwt(authn, registry)?;
-    let anonymous = anonymous_policy(authn, jwt.as_deref())?;
-    let authenticator = Arc::new(Authenticator::new(
-        (certs, tokens, jwt.clone()),
-        AuthnSettings {
-            anonymous,
-            constrained_impersonation: authz.constrained_impersonation,
-        },
-        client,
-        DecisionCache::new(
-            "SubjectAccessReview for impersonation",
-            authz.cache_authorized_ttl,
-            authz.cache_unauthorized_ttl,
-        ),
-    ));
-    let files = authenticator.certs().map(|c| c.files()).unwrap_or_default();
-    let ca_watch = if files.is_empty() {
-        None
-    } else {
-        let reloading = authenticator.clone();
-        match gateway_config::tls::watch_files(&files, cert_reload_interval, move || {
-            if let Some(certs) = reloading.certs() {
-                certs.reload();
-            }
-        }) {
-            Ok(w) => Some(w),
-            Err(e) => {
-                tracing::warn!(error = %e, "client CA files are not watched; changes need a restart");
-                None
-            }
-        }
-    };
-    Ok(Started {
-        authenticator,
-        ca_watch,
-        jwt,
-    })
-}
-
-/// The issuers of `--authentication-config`, loaded and validated (a bad file stops the start).
-fn start_jwt(
-    authn: &gateway_config::AuthnConfig,
-    registry: &prometheus::Registry,
-) -> Result<Option<Arc<jwt::JwtAuthenticators>>, AuthnStartError> {
-    let Some(path) = &authn.authentication_config else {
-        return Ok(None);
-    };
-    let metrics = jwt::metrics::JwtMetrics::register(registry, &crate::host::name())
-        .map_err(|e| AuthnStartError::AuthenticationConfig(e.to_string()))?;
-    let issuers = jwt::JwtAuthenticators::start(path, Arc::new(metrics))
-        .map_err(AuthnStartError::AuthenticationConfig)?;
-    Ok(Some(Arc::new(issuers)))
-}
-
-/// kube's refusal of `--anonymous-auth` beside the file's `anonymous`.
-const ANONYMOUS_TWICE: &str = "anonymous: Forbidden: --anonymous-auth flag cannot be set when anonymous field is configured in authentication configuration file";
-
-/// `--authentication-config` judged as a start judges it (the file, its CEL, and the
-/// `anonymous` rule), before anything starts: `--check-config` and a real start refuse alike.
-pub fn check_authentication_config(authn: &gateway_config::AuthnConfig) -> Result<(), String> {
-    let Some(path) = &authn.authentication_config else {
-        return Ok(());
-    };
-    let file = jwt::reload::check_file(path)?;
-    if file.anonymous.is_some() && authn.anonymous_flag_set {
-        return Err(ANONYMOUS_TWICE.into());
-    }
-    Ok(())
-}
-
-/// kube's rule: the file's `anonymous` and `--anonymous-auth` may not both be set.
-fn anonymous_policy(
-    authn: &gateway_config::AuthnConfig,
-    jwt: Option<&jwt::JwtAuthenticators>,
-) -> Result<AnonymousPolicy, AuthnStartError> {
-    let Some(file) = jwt.and_then(|j| j.anonymous()) else {
-        return Ok(if authn.anonymous {
-            AnonymousPolicy::Allowed
-        } else {
-            AnonymousPolicy::Denied
-        });
-    };
-    if authn.anonymous_flag_set {
-        return Err(AuthnStartError::AuthenticationConfig(
-            ANONYMOUS_TWICE.into(),
-        ));
-    }
-    Ok(match (file.enabled, file.conditions.as_slice()) {
-        (false, _) => AnonymousPolicy::Denied,
-        (true, []) => AnonymousPolicy::Allowed,
-        (true, conditions) => {
-            AnonymousPolicy::Paths(conditions.iter().map(|c| c.path.clone()).collect())
-        }
-    })
-}
-
 /// kube's 401: the body says only "Unauthorized" (why is for the log, not the caller).
 fn unauthorized(why: &str) -> Response {
     tracing::debug!(reason = %why, "authentication failed");
@@ -799,94 +629,6 @@ fn take_prefixed(headers: &mut HeaderMap, prefix: &str) -> Vec<(HeaderName, Head
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// kube's rule: the file's `anonymous` beside `--anonymous-auth` is refused; either alone
-    /// is not, and the file's conditions become the policy.
-    #[test]
-    fn the_files_anonymous_excludes_the_flag() {
-        let dir = std::env::temp_dir().join(format!("gw-authn-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("authn.yaml");
-        std::fs::write(
-            &file,
-            "apiVersion: apiserver.config.k8s.io/v1\nkind: AuthenticationConfiguration\n\
-             anonymous: {enabled: true, conditions: [{path: /livez}]}\n",
-        )
-        .unwrap();
-        let authn = |flag_set: bool| gateway_config::AuthnConfig {
-            client_ca_file: None,
-            requestheader_client_ca_file: None,
-            requestheader_allowed_names: Vec::new(),
-            anonymous: true,
-            anonymous_flag_set: flag_set,
-            authentication_config: Some(file.clone()),
-            token_webhook: true,
-            token_cache_ttl: std::time::Duration::from_secs(120),
-            token_cache_unauthorized_ttl: std::time::Duration::from_secs(10),
-        };
-        assert_eq!(check_authentication_config(&authn(false)), Ok(()));
-        assert_eq!(
-            check_authentication_config(&authn(true)),
-            Err(ANONYMOUS_TWICE.to_owned())
-        );
-        std::fs::write(
-            &file,
-            "apiVersion: apiserver.config.k8s.io/v1\nkind: AuthenticationConfiguration\n",
-        )
-        .unwrap();
-        assert_eq!(
-            check_authentication_config(&authn(true)),
-            Ok(()),
-            "no anonymous in the file: the flag decides"
-        );
-        let _ = std::fs::remove_dir_all(&dir);
-        assert!(AnonymousPolicy::Paths(vec!["/livez".into()]).allows("/livez"));
-        assert!(!AnonymousPolicy::Paths(vec!["/livez".into()]).allows("/livez/etcd"));
-    }
-
-    #[test]
-    fn only_reads_of_health_endpoints_are_probes() {
-        use http::Method;
-        for p in [
-            "/livez",
-            "/readyz",
-            "/healthz",
-            "/readyz/ping",
-            "/livez/etcd",
-            "/readyz/shutdown",
-        ] {
-            assert!(is_health_probe(&Method::GET, p), "{p}");
-            assert!(is_health_probe(&Method::HEAD, p), "{p}");
-            // Whatever is exempt, the gateway answers itself: nothing unauthenticated reaches
-            // a backend.
-            assert!(
-                crate::handlers::health::Endpoint::from_path(p).is_some(),
-                "{p}"
-            );
-        }
-        for method in [
-            Method::POST,
-            Method::PUT,
-            Method::PATCH,
-            Method::DELETE,
-            Method::OPTIONS,
-        ] {
-            for p in ["/healthz", "/readyz/ping", "/livez/etcd"] {
-                assert!(!is_health_probe(&method, p), "{method} {p}");
-            }
-        }
-        for p in [
-            "/readyzz",
-            "/api",
-            "/",
-            "/apis/readyz",
-            "/readyz/",
-            "//healthz",
-            "/healthz%2Fping",
-        ] {
-            assert!(!is_health_probe(&Method::GET, p), "{p}");
-        }
-    }
 
     #[test]
     fn underscore_identity_headers_are_dropped_unread() {

@@ -130,6 +130,41 @@ pub fn assert_within(what: &str, took: Option<Duration>, bound: Duration) {
     }
 }
 
+// ---- ports --------------------------------------------------------------------------------------
+
+/// A loopback address where nothing answers, for as long as this value lives: a socket bound to
+/// it without listening, so connections are refused. A port found free and released at once
+/// would not do in a suite that starts hundreds of servers on port 0: the next one (the gateway
+/// under test among them) may be given it. Bound without `SO_REUSEADDR`, no listener can share it
+/// and no outgoing connection takes it as its source port.
+pub struct RefusingPort {
+    _socket: tokio::net::TcpSocket,
+    addr: SocketAddr,
+}
+
+impl RefusingPort {
+    pub fn bind() -> Result<RefusingPort, HarnessError> {
+        let io = |source| HarnessError::Io {
+            context: "binding a loopback port that refuses connections".into(),
+            source,
+        };
+        let socket = tokio::net::TcpSocket::new_v4().map_err(io)?;
+        socket
+            .bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .map_err(io)?;
+        let addr = socket.local_addr().map_err(io)?;
+        Ok(RefusingPort {
+            _socket: socket,
+            addr,
+        })
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

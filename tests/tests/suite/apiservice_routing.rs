@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use e2e::certs::CertifiedPair;
-use e2e::harness::{self, Gateway, GatewayOptions, Kubectl};
+use e2e::harness::{self, Gateway, GatewayOptions, Kubectl, RefusingPort};
 use e2e::scenario::{self, get_as, json_or_null, recorded_header, ApiService, Scenario};
 use http::{Request, StatusCode};
 use http_body_util::Full;
@@ -320,12 +320,8 @@ async fn a_broken_manifest_edit_keeps_the_last_good_set_and_names_the_file() {
 #[tokio::test]
 async fn before_the_first_sync_unclaimed_groups_get_503_with_retry_after() {
     // No core at all: the kube source can never sync.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let gateway = Gateway::start(GatewayOptions::new(format!("http://127.0.0.1:{port}")))
+    let core = RefusingPort::bind().unwrap();
+    let gateway = Gateway::start(GatewayOptions::new(core.url()))
         .await
         .unwrap();
     let client = gateway.http1_client(None);

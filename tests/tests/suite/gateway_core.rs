@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use e2e::harness::{self, FixtureCore, Gateway, GatewayOptions};
+use e2e::harness::{self, FixtureCore, Gateway, GatewayOptions, RefusingPort};
 use e2e::scenario::{core_and_gateway, recorded_header};
 use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -267,23 +267,19 @@ async fn forwarded_for_and_a_new_audit_id_on_every_request_of_a_connection() {
 }
 
 /// A gateway whose core URL is a port nothing listens on (bound, read, closed), and that URL.
-async fn gateway_without_core() -> (String, Gateway) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let core_url = format!("http://127.0.0.1:{port}");
+async fn gateway_without_core() -> (String, Gateway, RefusingPort) {
+    let core = RefusingPort::bind().unwrap();
+    let core_url = core.url();
     let gateway =
         Gateway::start(GatewayOptions::new(core_url.clone()).args(["--apiservice-source", "none"]))
             .await
             .unwrap();
-    (core_url, gateway)
+    (core_url, gateway, core)
 }
 
 #[tokio::test]
 async fn core_down_is_a_503_status_naming_the_core() {
-    let (core_url, gateway) = gateway_without_core().await;
+    let (core_url, gateway, _core) = gateway_without_core().await;
     let client = gateway.http1_client(None);
     let (status, headers, body) =
         harness::get(&client, &format!("{}/api/v1/namespaces", gateway.url()))
@@ -330,7 +326,7 @@ async fn core_down_is_a_503_status_naming_the_core() {
 
 #[tokio::test]
 async fn core_down_fails_the_core_server_readiness_check() {
-    let (_, gateway) = gateway_without_core().await;
+    let (_, gateway, _core) = gateway_without_core().await;
     let client = gateway.http1_client(None);
     let (ready, _, text) = harness::get(&client, &format!("{}/readyz?verbose", gateway.url()))
         .await

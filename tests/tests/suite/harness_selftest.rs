@@ -7,7 +7,7 @@ use std::time::Duration;
 use e2e::certs::{install_crypto, TestCa};
 use e2e::harness::{
     get, http1_client, http2_client, read_head, tls_connect, wait_until, Kubectl, KubectlVersion,
-    Process, Stream,
+    Process, RefusingPort, Stream,
 };
 
 /// A tiny TLS server answering every request with "ok" over h1 or h2, to exercise the clients.
@@ -187,4 +187,18 @@ async fn process_is_killed_on_drop() {
         .map(|c| c.contains("sleep"))
         .unwrap_or(false);
     assert!(!alive, "sleep {pid} survived the drop");
+}
+
+#[tokio::test]
+async fn a_refusing_port_refuses_connections_and_cannot_be_taken_while_held() {
+    let port = RefusingPort::bind().unwrap();
+    let addr = port.url().trim_start_matches("http://").to_string();
+    let refused = tokio::net::TcpStream::connect(&addr).await.unwrap_err();
+    assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
+    // A listener (std's sets SO_REUSEADDR, as servers do) cannot take the port while it is held,
+    // so no server started meanwhile answers in its place; once it is dropped, one can.
+    let taken = std::net::TcpListener::bind(&addr).unwrap_err();
+    assert_eq!(taken.kind(), std::io::ErrorKind::AddrInUse);
+    drop(port);
+    std::net::TcpListener::bind(&addr).unwrap();
 }

@@ -11,7 +11,6 @@
 use std::time::Duration;
 
 use e2e::harness::wait_until;
-use e2e::helm::chart_dir;
 use serde_json::Value;
 
 use super::day2::rollout_status;
@@ -36,21 +35,8 @@ fn values(ca_pem: &str, prefix: &str) -> String {
 /// The gateway Pods' UIDs, to tell a roll from a reload.
 async fn pod_uids(installed: &Installed<'_>) -> String {
     installed
-        .node
-        .cluster
-        .admin()
-        .run_ok(&[
-            "-n",
-            NAMESPACE,
-            "get",
-            "pods",
-            "-l",
-            &format!("app.kubernetes.io/instance={RELEASE}"),
-            "-o",
-            "jsonpath={.items[*].metadata.uid}",
-        ])
+        .pods_jsonpath(&[], "{.items[*].metadata.uid}")
         .await
-        .stdout
 }
 
 /// The username `kubectl auth whoami` shows through the gateway, or what kubectl said instead.
@@ -63,23 +49,6 @@ async fn whoami(installed: &Installed<'_>, token: &str) -> Result<String, String
         .as_str()
         .map(str::to_owned)
         .ok_or_else(|| out.stdout.clone())
-}
-
-fn upgrade(installed: &Installed<'_>, file: &std::path::Path) {
-    let chart = chart_dir().display().to_string();
-    installed
-        .node
-        .helm(&[
-            "upgrade",
-            RELEASE,
-            &chart,
-            "-n",
-            NAMESPACE,
-            "--reuse-values",
-            "-f",
-            &file.display().to_string(),
-        ])
-        .unwrap_or_else(|e| panic!("helm upgrade: {e}"));
 }
 
 /// What the gateway Pods logged about the authentication file and its issuers.
@@ -117,7 +86,7 @@ pub async fn service_account_tokens_verified_as_jwts_and_reloaded(installed: &In
         .await;
     let ca = std::fs::read_to_string(&node.cluster.pki.cluster_ca_file).expect("cluster CA");
     let first = node.values_file("authentication-jwt", &values(&ca, "jwt:"));
-    upgrade(installed, &first);
+    installed.upgrade(&["-f", &first.display().to_string()]);
     rollout_status(&admin).await;
     let token = admin
         .run_ok(&[
@@ -156,7 +125,7 @@ pub async fn service_account_tokens_verified_as_jwts_and_reloaded(installed: &In
     // A changed ConfigMap: the file is reloaded in the running Pods.
     let before = pod_uids(installed).await;
     let second = node.values_file("authentication-jwt2", &values(&ca, "jwt2:"));
-    upgrade(installed, &second);
+    installed.upgrade(&["-f", &second.display().to_string()]);
     let want = format!("jwt2:system:serviceaccount:{NAMESPACE}:e2e-admin");
     // The kubelet refreshes a ConfigMap volume within about a minute; the gateway then reloads.
     let reloaded = wait_until(Duration::from_secs(150), || async {
@@ -177,19 +146,7 @@ pub async fn service_account_tokens_verified_as_jwts_and_reloaded(installed: &In
     assert_eq!(before, after, "the reload rolled no Pod");
 
     // Back to the shape's values for the checks that follow.
-    installed
-        .node
-        .helm(&[
-            "upgrade",
-            RELEASE,
-            &chart_dir().display().to_string(),
-            "-n",
-            NAMESPACE,
-            "--reuse-values",
-            "--set",
-            "authentication.config=null",
-        ])
-        .unwrap_or_else(|e| panic!("helm upgrade: {e}"));
+    installed.upgrade(&["--set", "authentication.config=null"]);
     rollout_status(&admin).await;
     let _ = admin
         .run(&["delete", "clusterrolebinding", "e2e-issuer-discovery"])

@@ -14,7 +14,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use e2e::harness::{wait_until, Kubectl};
-use e2e::helm::chart_dir;
 use e2e::real_node::pki::NODE_NAME;
 use serde_json::Value;
 
@@ -140,20 +139,7 @@ pub async fn restart_upgrade_drain_under_load(installed: &Installed<'_>) {
         .await;
     rollout_status(&admin).await;
 
-    let chart = chart_dir().display().to_string();
-    installed
-        .node
-        .helm(&[
-            "upgrade",
-            RELEASE,
-            &chart,
-            "-n",
-            NAMESPACE,
-            "--reuse-values",
-            "--set",
-            "logging.level=debug",
-        ])
-        .unwrap_or_else(|e| panic!("helm upgrade: {e}"));
+    installed.upgrade(&["--set", "logging.level=debug"]);
     rollout_status(&admin).await;
 
     // One node: the first eviction is allowed, its replacement stays Pending on the cordoned

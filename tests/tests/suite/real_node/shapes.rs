@@ -574,25 +574,42 @@ impl<'a> Installed<'a> {
 
     /// The gateway's Pods' names.
     pub async fn pods(&self) -> Vec<String> {
+        self.pods_jsonpath(
+            &["--field-selector=status.phase=Running"],
+            "{.items[*].metadata.name}",
+        )
+        .await
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
+    }
+
+    /// `jsonpath` over the release's Pods, narrowed by `selectors` (kubectl flags).
+    pub async fn pods_jsonpath(&self, selectors: &[&str], jsonpath: &str) -> String {
+        let label = format!("app.kubernetes.io/instance={RELEASE}");
+        let output = format!("jsonpath={jsonpath}");
+        let mut args = vec!["-n", NAMESPACE, "get", "pods", "-l", &label];
+        args.extend_from_slice(selectors);
+        args.extend(["-o", output.as_str()]);
+        self.node.cluster.admin().run_ok(&args).await.stdout
+    }
+
+    /// `helm upgrade --reuse-values` of the release with `values` (Helm flags: `--set k=v`,
+    /// `-f file`) on top.
+    pub fn upgrade(&self, values: &[&str]) {
+        let chart = chart_dir().display().to_string();
+        let mut args = vec![
+            "upgrade",
+            RELEASE,
+            &chart,
+            "-n",
+            NAMESPACE,
+            "--reuse-values",
+        ];
+        args.extend_from_slice(values);
         self.node
-            .cluster
-            .admin()
-            .run_ok(&[
-                "-n",
-                NAMESPACE,
-                "get",
-                "pods",
-                "-l",
-                &format!("app.kubernetes.io/instance={RELEASE}"),
-                "--field-selector=status.phase=Running",
-                "-o",
-                "jsonpath={.items[*].metadata.name}",
-            ])
-            .await
-            .stdout
-            .split_whitespace()
-            .map(str::to_owned)
-            .collect()
+            .helm(&args)
+            .unwrap_or_else(|e| panic!("helm upgrade: {e}"));
     }
 }
 
